@@ -1,0 +1,20 @@
+# vlsens: Qwen2.5-VL checkpoint -> verified ONNX models (and, as stages land, calibration,
+# quantization sensitivity and mixed-precision profiles). A table of contents: logic lives in
+# src/vlsens/, rules in rules/, entry points in workflow/scripts/.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/checkpoint.smk"
+include: "rules/vision.smk"
+
+
+rule all:
+    input:
+        get_final_output(),
+    default_target: True

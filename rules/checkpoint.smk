@@ -1,0 +1,22 @@
+# Stage: the checkpoint. A local directory is read in place; a preset is built here.
+
+
+rule tiny_checkpoint:
+    output:
+        checkpoint=directory("results/{preset}/checkpoint"),
+    log:
+        "results/{preset}/logs/tiny_checkpoint.log",
+    benchmark:
+        "results/{preset}/benchmarks/tiny_checkpoint.tsv"
+    wildcard_constraints:
+        preset="tiny",
+    params:
+        seed=config["model"]["tiny"]["seed"],
+        versions=stage_versions("checkpoint"),
+    threads: 1
+    resources:
+        gpu=0,
+    conda:
+        "../envs/vlsens.yaml"
+    script:
+        "../workflow/scripts/build_tiny_checkpoint.py"

@@ -1,0 +1,108 @@
+# Stage: vision tower -> ONNX per fixed size, then FP16 and simplified variants.
+# Every model is parity-gated against the transformers reference of its size.
+
+
+rule vision_reference:
+    input:
+        checkpoint=checkpoint_dir,
+        images=parity_images(),
+    output:
+        reference="results/{model}/vision/{size}/reference.npz",
+    log:
+        "results/{model}/logs/vision_reference/{size}.log",
+    benchmark:
+        "results/{model}/benchmarks/vision_reference/{size}.tsv"
+    params:
+        names=parity_image_names(),
+        device=config["device"],
+        versions=stage_versions("reference"),
+    threads: config["threads"]
+    resources:
+        gpu=1,
+    conda:
+        "../envs/vlsens.yaml"
+    script:
+        "../workflow/scripts/vision_reference.py"
+
+
+rule export_vision:
+    input:
+        checkpoint=checkpoint_dir,
+        reference=rules.vision_reference.output.reference,
+    output:
+        model=vision_dir("fp32") + "/model.onnx",
+        data=vision_dir("fp32") + "/model.onnx.data",
+        parity=vision_dir("fp32") + "/parity.json",
+    log:
+        "results/{model}/logs/export_vision/{size}.log",
+    benchmark:
+        "results/{model}/benchmarks/export_vision/{size}.tsv"
+    params:
+        tolerance=tolerance("fp32"),
+        batch_size=config["vision"]["batch_size"],
+        opset=config["export"]["opset"],
+        attn_implementation=config["export"]["attn_implementation"],
+        device=config["device"],
+        versions=stage_versions("export"),
+    threads: config["threads"]
+    resources:
+        gpu=1,
+    conda:
+        "../envs/vlsens.yaml"
+    script:
+        "../workflow/scripts/export_vision.py"
+
+
+rule vision_fp16:
+    input:
+        model=rules.export_vision.output.model,
+        data=rules.export_vision.output.data,
+        reference=rules.vision_reference.output.reference,
+    output:
+        model=vision_dir("fp16") + "/model.onnx",
+        data=vision_dir("fp16") + "/model.onnx.data",
+        parity=vision_dir("fp16") + "/parity.json",
+    log:
+        "results/{model}/logs/vision_fp16/{size}.log",
+    benchmark:
+        "results/{model}/benchmarks/vision_fp16/{size}.tsv"
+    params:
+        tolerance=tolerance("fp16"),
+        max_activation=config["fp16"]["max_activation"],
+        max_initializer=config["fp16"]["max_initializer"],
+        device=config["device"],
+        versions=stage_versions("fp16"),
+    threads: config["threads"]
+    resources:
+        gpu=1,
+    conda:
+        "../envs/vlsens.yaml"
+    script:
+        "../workflow/scripts/vision_fp16.py"
+
+
+rule vision_simplify:
+    input:
+        model=vision_dir("{base}") + "/model.onnx",
+        data=vision_dir("{base}") + "/model.onnx.data",
+        reference=rules.vision_reference.output.reference,
+    output:
+        model=vision_dir("{base}-sim") + "/model.onnx",
+        data=vision_dir("{base}-sim") + "/model.onnx.data",
+        parity=vision_dir("{base}-sim") + "/parity.json",
+    log:
+        "results/{model}/logs/vision_simplify/{size}-{base}.log",
+    benchmark:
+        "results/{model}/benchmarks/vision_simplify/{size}-{base}.tsv"
+    params:
+        tolerance=lambda wildcards: tolerance(wildcards.base),
+        check_max_bytes=config["simplify"]["check_max_bytes"],
+        device=config["device"],
+        versions=stage_versions("simplify"),
+    threads: config["threads"]
+    resources:
+        gpu=1,
+    conda:
+        "../envs/vlsens.yaml"
+    script:
+        "../workflow/scripts/vision_simplify.py"

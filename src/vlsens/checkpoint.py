@@ -1,0 +1,275 @@
+"""Checkpoints: the built-in ``tiny`` preset and safe loading of local Qwen2.5-VL directories.
+
+The tiny preset is a real, complete Hugging Face checkpoint (config, safetensors weights,
+tokenizer, chat template, image-processor config) with random weights from a fixed seed, so the
+loading code below serves presets and user checkpoints alike.
+
+Security: weights are loaded from safetensors only (``use_safetensors=True``), never with
+``trust_remote_code``; a directory that holds only pickle weights is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from vlsens.errors import CheckpointError
+from vlsens.fsutil import atomic_dir
+
+log = logging.getLogger(__name__)
+
+MODEL_TYPE = "qwen2_5_vl"
+PRESETS = ("tiny",)
+
+#: Qwen2.5-VL special tokens, in the order the real tokenizer lists them.
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+#: Qwen2-VL's chat template (image/video placeholders expand in the processor).
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+#: Text the tiny tokenizer's BPE merges are learnt from (shipped, so no download is needed).
+_TOKENIZER_CORPUS = """
+You are a helpful assistant. Describe this image in detail. What is in the picture?
+An astronaut in a white suit stands in front of a flag. A cat with green eyes lies on a blanket.
+A cup of coffee on a saucer, seen from above. A rocket on the launch pad before take-off.
+Two motorcycles parked side by side. Stars and galaxies of the deep field. How many objects
+are there, and what colour are they? Answer in one short sentence. The quick brown fox jumps
+over the lazy dog. Read the text in the image. Where is the person looking? Is it day or night?
+"""
+
+#: Architecture of the tiny preset: the real layout (windowed and full-attention vision blocks,
+#: patch 14, merge 2, temporal patch 2, 3-D mRoPE) at toy widths.
+TINY_VISION = dict(
+    depth=4,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=4,
+    out_hidden_size=64,
+    window_size=112,
+    fullatt_block_indexes=[1, 3],
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    in_channels=3,
+)
+TINY_TEXT = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0},
+)
+
+
+def build_tiny_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer with the Qwen special tokens, trained offline on a shipped text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_TOKENIZER_CORPUS] * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        model_max_length=TINY_TEXT["max_position_embeddings"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(tokenizer) -> Any:
+    """The Qwen2_5_VLConfig of the tiny preset, with token ids taken from ``tokenizer``."""
+    from transformers import Qwen2_5_VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = dict(TINY_TEXT)
+    text.update(
+        vocab_size=len(tokenizer),
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+    return Qwen2_5_VLConfig(
+        vision_config=dict(TINY_VISION),
+        text_config=text,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+
+
+def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write the tiny preset as a complete HF checkpoint into ``out_dir`` (atomically)."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tiny_tokenizer()
+    config = tiny_config(tokenizer)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    image_processor = Qwen2VLImageProcessorPil()
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        image_processor.save_pretrained(tmp)
+        # The real checkpoints name their processor class here, so AutoProcessor resolves it.
+        pp = tmp / "preprocessor_config.json"
+        data = json.loads(pp.read_text())
+        data["processor_class"] = "Qwen2_5_VLProcessor"
+        pp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": "tiny", "seed": seed}) + "\n")
+    log.info("tiny checkpoint written to %s (%d parameters)", out_dir, model.num_parameters())
+    return out_dir
+
+
+# --------------------------------------------------------------------------------------------
+# Checking and loading
+# --------------------------------------------------------------------------------------------
+
+def check_checkpoint_dir(path: str | Path, key: str = "model.checkpoint") -> Path:
+    """Raise :class:`CheckpointError` unless ``path`` is a loadable Qwen2.5-VL safetensors checkpoint.
+
+    Cheap (reads ``config.json`` and lists files), so it runs when the DAG is built.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(
+            f"{key}: checkpoint directory '{path}' does not exist. Give a local Hugging Face "
+            f"Qwen2.5-VL directory (with config.json and *.safetensors) or a preset: {', '.join(PRESETS)}."
+        )
+    if not p.is_dir():
+        raise CheckpointError(f"{key}: '{path}' is a file; a checkpoint is a directory with config.json.")
+    cfg = p / "config.json"
+    if not cfg.is_file():
+        raise CheckpointError(f"{key}: '{path}' has no config.json; is it a Hugging Face checkpoint directory?")
+    try:
+        model_type = json.loads(cfg.read_text()).get("model_type")
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{key}: '{cfg}' is not valid JSON ({e}).") from e
+    if model_type != MODEL_TYPE:
+        raise CheckpointError(
+            f"{key}: '{path}' holds model_type '{model_type}', vlsens needs '{MODEL_TYPE}' (Qwen2.5-VL)."
+        )
+    if not any(p.glob("*.safetensors")):
+        pickles = sorted(x.name for x in p.iterdir() if x.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        if pickles:
+            raise CheckpointError(
+                f"{key}: '{path}' holds only pickle weights ({', '.join(pickles[:3])}); vlsens loads "
+                "safetensors only, because unpickling runs arbitrary code. Convert it once in a trusted "
+                "environment (model.save_pretrained(dir, safe_serialization=True))."
+            )
+        raise CheckpointError(f"{key}: '{path}' has no *.safetensors weight files.")
+    return p
+
+
+def load_model(path: str | Path, attn_implementation: str | None = None, device: str = "cpu"):
+    """Load Qwen2_5_VLForConditionalGeneration in float32 from safetensors, eval mode."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    p = check_checkpoint_dir(path)
+    kwargs = dict(
+        dtype=torch.float32,
+        use_safetensors=True,
+        trust_remote_code=False,
+        local_files_only=True,
+    )
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(p), **kwargs)
+    return model.to(device).eval()
+
+
+def load_image_processor(path: str | Path):
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+
+
+def _image_text_processor_class():
+    from transformers import Qwen2_5_VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    class ImageTextProcessor(Qwen2_5_VLProcessor):
+        """Qwen2_5_VLProcessor without its video sub-processor.
+
+        transformers' video processor needs torchvision, which has no CPU build; images and text
+        go through the very same ``Qwen2_5_VLProcessor.__call__`` code.
+        """
+
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+            self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    return ImageTextProcessor
+
+
+def load_processor(path: str | Path):
+    """The checkpoint's processor: ``AutoProcessor`` where it loads, else the image+text processor.
+
+    ``AutoProcessor`` needs torchvision for Qwen2.5-VL's video processor; on hosts without it the
+    same image processor and tokenizer are combined by :func:`_image_text_processor_class`.
+    """
+    from transformers import AutoProcessor, AutoTokenizer
+
+    try:
+        return AutoProcessor.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (ImportError, ModuleNotFoundError) as e:
+        log.info("AutoProcessor unavailable (%s); using image processor + tokenizer", str(e).strip()[:80])
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    cls = _image_text_processor_class()
+    return cls(load_image_processor(path), tokenizer, chat_template=getattr(tokenizer, "chat_template", None))

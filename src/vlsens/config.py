@@ -1,0 +1,138 @@
+"""Semantic config checks and the plan derived from a config.
+
+The JSON schema (``workflow/schemas/config.schema.yaml``) checks types and fills defaults; this
+module checks what a schema cannot (sizes against the patch geometry, that the checkpoint
+directory is a usable safetensors checkpoint, that images exist) and raises
+:class:`~vlsens.errors.ConfigError` naming the key, the value and what would be valid. It runs
+when the DAG is built, so bad input fails before any job starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlsens.checkpoint import PRESETS, check_checkpoint_dir
+from vlsens.errors import CheckpointError, ConfigError, ImageError
+from vlsens.images import ImageRef, resolve_images
+from vlsens.vision import parse_size, size_str
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+VARIANTS = ("fp32", "fp16", "fp32-sim", "fp16-sim")
+RESULTS = "results"
+
+
+@dataclass
+class Plan:
+    """What the workflow will build, derived from a checked config."""
+
+    model: str
+    checkpoint: str  # directory the rules read
+    preset: str | None  # set when the checkpoint is built by the workflow
+    sizes: list[str]
+    variants: list[str]
+    parity_images: list[ImageRef] = field(default_factory=list)
+
+    def checkpoint_dir(self) -> str:
+        return self.checkpoint
+
+
+def _get(config: dict, dotted: str) -> Any:
+    cur: Any = config
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            raise ConfigError(f"{dotted}: missing from the config (see config/README.md).")
+        cur = cur[part]
+    return cur
+
+
+def model_name(config: dict) -> str:
+    ckpt = str(_get(config, "model.checkpoint"))
+    name = config.get("model", {}).get("name")
+    if ckpt in PRESETS:
+        if name and name != ckpt:
+            raise ConfigError(f"model.name: '{name}' cannot rename the preset '{ckpt}'; leave it unset.")
+        return ckpt
+    if not name:
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(ckpt.rstrip("/")).name) or "model"
+    if not NAME_RE.match(name):
+        raise ConfigError(
+            f"model.name: '{name}' may only hold letters, digits, '.', '_' and '-' (it names the "
+            "results/<name>/ folder)."
+        )
+    return name
+
+
+def check_sizes(sizes: list, key: str = "vision.sizes") -> list[str]:
+    if not sizes:
+        raise ConfigError(f"{key}: give at least one size, e.g. [224x224, 224x336].")
+    out = []
+    for i, s in enumerate(sizes):
+        h, w = parse_size(str(s), key=f"{key}[{i}]")
+        out.append(size_str(h, w))
+    dup = {s for s in out if out.count(s) > 1}
+    if dup:
+        raise ConfigError(f"{key}: size(s) {', '.join(sorted(dup))} listed more than once.")
+    return out
+
+
+def check_tolerances(config: dict) -> None:
+    tol = _get(config, "parity.tolerance")
+    for prec in ("fp32", "fp16"):
+        if prec not in tol:
+            raise ConfigError(f"parity.tolerance.{prec}: missing; give min_cosine and max_rel_error.")
+        t = tol[prec]
+        if not 0.0 < float(t["min_cosine"]) <= 1.0:
+            raise ConfigError(f"parity.tolerance.{prec}.min_cosine: {t['min_cosine']} must be in (0, 1].")
+        if float(t["max_rel_error"]) <= 0:
+            raise ConfigError(f"parity.tolerance.{prec}.max_rel_error: {t['max_rel_error']} must be > 0.")
+
+
+def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
+    """Check ``config`` (already schema-validated) and derive the :class:`Plan`."""
+    workdir = Path(workdir)
+    ckpt = str(_get(config, "model.checkpoint"))
+    name = model_name(config)
+    if ckpt in PRESETS:
+        preset, ckpt_dir = ckpt, f"{RESULTS}/{name}/checkpoint"
+    else:
+        preset = None
+        path = Path(ckpt)
+        try:
+            check_checkpoint_dir(path if path.is_absolute() else workdir / path, key="model.checkpoint")
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from e
+        ckpt_dir = ckpt
+    sizes = check_sizes(list(_get(config, "vision.sizes")))
+    variants = list(config.get("vision", {}).get("variants", VARIANTS))
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise ConfigError(f"vision.variants: {bad} unknown; valid: {', '.join(VARIANTS)}.")
+    check_tolerances(config)
+    n = int(_get(config, "parity.num_images"))
+    try:
+        images = resolve_images(_get(config, "parity.images"), key="parity.images")
+    except ImageError as e:
+        raise ConfigError(str(e)) from e
+    if len(images) < n:
+        raise ConfigError(
+            f"parity.num_images: {n} requested but parity.images yields only {len(images)} image(s)."
+        )
+    return Plan(name, ckpt_dir, preset, sizes, variants, images[:n])
+
+
+def vision_targets(plan: Plan) -> list[str]:
+    out = []
+    for size in plan.sizes:
+        for v in plan.variants:
+            base = f"{RESULTS}/{plan.model}/vision/{size}/{v}"
+            out += [f"{base}/model.onnx", f"{base}/parity.json"]
+    return out
+
+
+def tolerance_for(config: dict, variant: str) -> dict:
+    """The parity tolerance of a variant (``*-sim`` uses its base precision's)."""
+    prec = "fp16" if variant.startswith("fp16") else "fp32"
+    return dict(config["parity"]["tolerance"][prec])

@@ -1,0 +1,204 @@
+"""Stage: FP32 ONNX -> FP16 ONNX (I/O kept FP32) with a range-based FP32 fallback.
+
+Two facts shape this (see ../shared/FACTS.md):
+
+* ``onnxconverter_common.float16`` leaves the model's own ``Cast(to=FLOAT)`` nodes alone, and ORT
+  then refuses the graph (a float32 tensor feeds an fp16 consumer). The Casts are noted before
+  conversion and retargeted to FLOAT16 afterwards, except those kept in FP32.
+* Real Qwen2.5-VL checkpoints overflow FP16 in places (the last vision block's MLP down
+  projection). Random weights do not show it, so the fallback is measured, not listed: every
+  float tensor's max |value| is observed on the parity images in one ORT run (``Abs`` +
+  ``ReduceMax`` side outputs, so no activation is kept), and a node stays FP32 when one of its
+  float inputs or outputs exceeds ``max_activation`` or one of its initializers exceeds
+  ``max_initializer`` (65504 is FP16's largest finite value).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from vlsens import parity
+from vlsens.artifacts import publish_model
+from vlsens.fsutil import staging_dir
+from vlsens.onnxutil import (
+    check_model,
+    data_path,
+    link_or_copy,
+    make_session,
+    save_with_external_data,
+    untie_identity_initializers,
+)
+from vlsens.vision import Reference
+
+log = logging.getLogger(__name__)
+
+FP16_MAX = 65504.0
+ABSMAX_SUFFIX = "__vlsens_absmax"
+
+
+def float_tensors(model_path: str | Path, scratch: Path) -> tuple[list[str], "object"]:
+    """Names of all float32 tensors produced by nodes (via path-based shape inference), and the
+    inferred model proto loaded without its weights."""
+    import onnx
+
+    inferred = scratch / "inferred.onnx"
+    onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))
+    m = onnx.load(str(inferred), load_external_data=False)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in
+             list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input)}
+    inits = {i.name for i in m.graph.initializer}
+    names = []
+    for node in m.graph.node:
+        for o in node.output:
+            if o and o not in inits and types.get(o) == onnx.TensorProto.FLOAT:
+                names.append(o)
+    for i in m.graph.input:
+        if types.get(i.name) == onnx.TensorProto.FLOAT:
+            names.append(i.name)
+    inferred.unlink()
+    return names, m
+
+
+def activation_absmax(model_path: str | Path, inputs: list[dict], scratch: Path, threads: int = 0,
+                      device: str = "auto") -> dict[str, float]:
+    """Max |value| of every float tensor of the model over ``inputs`` (one session, one run each)."""
+    import onnx
+    from onnx import helper
+
+    names, m = float_tensors(model_path, scratch)
+    g = m.graph
+    for n in names:
+        a = f"{n}{ABSMAX_SUFFIX}_abs"
+        r = f"{n}{ABSMAX_SUFFIX}"
+        g.node.extend([
+            helper.make_node("Abs", [n], [a], name=f"{n}{ABSMAX_SUFFIX}_Abs"),
+            helper.make_node("ReduceMax", [a], [r], name=f"{n}{ABSMAX_SUFFIX}_ReduceMax", keepdims=0),
+        ])
+        g.output.append(helper.make_tensor_value_info(r, onnx.TensorProto.FLOAT, []))
+    aug = scratch / "absmax.onnx"
+    onnx.save_model(m, str(aug))  # weights stay in the original data file, linked beside it
+    link_or_copy(data_path(model_path), scratch / data_path(model_path).name)
+    sess = make_session(aug, threads=threads, device=device)
+    out_names = [o.name for o in sess.get_outputs()]
+    wanted = [o for o in out_names if o.endswith(ABSMAX_SUFFIX)]
+    result = {n: 0.0 for n in names}
+    for feed in inputs:
+        vals = sess.run(wanted, feed)
+        for o, v in zip(wanted, vals):
+            key = o[: -len(ABSMAX_SUFFIX)]
+            v = float(v)
+            result[key] = max(result[key], v) if np.isfinite(v) else float("inf")
+    del sess
+    aug.unlink()
+    (scratch / data_path(model_path).name).unlink()
+    return result
+
+
+def choose_fp32_nodes(model, absmax: dict[str, float], max_activation: float,
+                      max_initializer: float = FP16_MAX) -> dict[str, str]:
+    """Nodes to keep in FP32, each with the reason (``model`` must have its weights loaded)."""
+    from onnx import numpy_helper
+
+    init_max = {}
+    for init in model.graph.initializer:
+        if init.data_type == 1:  # FLOAT
+            arr = numpy_helper.to_array(init)
+            init_max[init.name] = float(np.abs(arr).max()) if arr.size else 0.0
+    keep: dict[str, str] = {}
+    for node in model.graph.node:
+        for t in list(node.input) + list(node.output):
+            if t in absmax and absmax[t] > max_activation:
+                keep[node.name] = f"activation '{t}' reaches {absmax[t]:.4g} > {max_activation:g}"
+                break
+            if t in init_max and init_max[t] > max_initializer:
+                keep[node.name] = f"initializer '{t}' reaches {init_max[t]:.4g} > {max_initializer:g}"
+                break
+    return keep
+
+
+def own_float_casts(model) -> list[str]:
+    """Names of the model's own ``Cast(to=FLOAT)`` nodes."""
+    out = []
+    for node in model.graph.node:
+        if node.op_type == "Cast":
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            if to == 1:
+                out.append(node.name)
+    return out
+
+
+def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True):
+    """Convert a loaded ModelProto to FP16 (I/O FP32), keeping ``keep_fp32`` nodes in FP32."""
+    from onnx import TensorProto
+    from onnxconverter_common import float16
+
+    for i, node in enumerate(model.graph.node):
+        if not node.name:  # the converter keys its block list on names
+            node.name = f"{node.op_type}_vlsens_{i}"
+    casts = own_float_casts(model)
+    converted = float16.convert_float_to_float16(
+        model,
+        keep_io_types=True,
+        disable_shape_infer=True,  # shape inference serializes the proto (fails above 2 GB)
+        node_block_list=list(keep_fp32),
+        max_finite_val=FP16_MAX,
+        min_positive_val=5.96e-08,
+        check_fp16_ready=False,
+    )
+    if retarget_casts:
+        keep = set(keep_fp32)
+        cast_names = set(casts) - keep
+        for node in converted.graph.node:
+            if node.name in cast_names:
+                for a in node.attribute:
+                    if a.name == "to":
+                        a.i = TensorProto.FLOAT16
+    return converted, casts
+
+
+def convert_vision_fp16(src_model: str | Path, reference_path: str | Path, out_model: str | Path,
+                        out_parity: str | Path, tolerance: dict, max_activation: float,
+                        max_initializer: float = FP16_MAX, threads: int = 0, device: str = "auto",
+                        variant: str = "fp16") -> dict:
+    """Convert, gate against the transformers reference, publish model + data + parity.json."""
+    import onnx
+
+    out_model = Path(out_model)
+    ref = Reference.load(reference_path)
+    sess = make_session(src_model, threads=threads, device="cpu")
+    inp = sess.get_inputs()[0]
+    batch = inp.shape[0] if isinstance(inp.shape[0], int) else 1
+    del sess
+    feeds = [{inp.name: ref.pixel_values[i:i + batch]} for i in range(0, len(ref.pixel_values) - batch + 1, batch)]
+    with staging_dir(out_model.parent) as tmp:
+        absmax = activation_absmax(src_model, feeds, tmp, threads=threads, device=device)
+        # Path-based shape inference gives the converter the value types it needs to put Casts
+        # around FP32 nodes; its in-memory inference would serialize (and fail above 2 GB).
+        inferred = tmp / "inferred.onnx"
+        onnx.shape_inference.infer_shapes_path(str(src_model), str(inferred))
+        model = onnx.load(str(inferred), load_external_data=False)
+        onnx.external_data_helper.load_external_data_for_model(model, str(Path(src_model).parent))
+        inferred.unlink()
+        untied = untie_identity_initializers(model)
+        keep = choose_fp32_nodes(model, absmax, max_activation, max_initializer)
+        converted, casts = to_fp16(model, list(keep))
+        del model
+        staged = save_with_external_data(converted, tmp / "model.onnx")
+        del converted
+        check_model(staged)
+        extra = {
+            "converter": "onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)",
+            "max_activation": max_activation,
+            "max_initializer": max_initializer,
+            "fp32_fallback": [{"node": n, "reason": r} for n, r in sorted(keep.items())],
+            "retargeted_casts": len(set(casts) - set(keep)),
+            "untied_initializers": untied,
+            "observed_max_activation": max(absmax.values()) if absmax else 0.0,
+        }
+        record = parity.check_vision(staged, ref, tolerance, variant=variant, threads=threads,
+                                     device=device, extra=extra, artifact=out_model)
+        publish_model(staged, record, out_model, out_parity)
+    return record

@@ -1,0 +1,136 @@
+"""Image sources: the built-in photos shipped in scikit-image's wheel, or the user's files.
+
+A source spec is ``builtin``, a directory, a glob pattern, a ``.txt`` file listing one path per
+line (relative paths are relative to that file), or a list of any of these paths.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import hashlib
+import importlib.resources
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from vlsens.errors import ImageError
+
+log = logging.getLogger(__name__)
+
+#: Colour photos in scikit-image's wheel, in a fixed order (the first ones feed parity checks).
+BUILTIN_IMAGES = (
+    "astronaut.png",
+    "coffee.png",
+    "chelsea.png",
+    "rocket.jpg",
+    "motorcycle_left.png",
+    "hubble_deep_field.jpg",
+    "retina.jpg",
+    "ihc.png",
+    "motorcycle_right.png",
+)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif")
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One image file and the name it is reported under."""
+
+    path: Path
+    name: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+
+def builtin_dir() -> Path:
+    return Path(str(importlib.resources.files("skimage") / "data"))
+
+
+def resolve_images(spec: str | list[str] | tuple[str, ...], key: str = "images") -> list[ImageRef]:
+    """Turn a source spec into a sorted, de-duplicated list of image files.
+
+    Raises :class:`ImageError` naming ``key`` when the spec matches nothing.
+    """
+    if isinstance(spec, (list, tuple)):
+        refs: list[ImageRef] = []
+        for item in spec:
+            refs.extend(resolve_images(item, key))
+        return _dedup(refs)
+    if spec == "builtin":
+        d = builtin_dir()
+        refs = [ImageRef(d / n, n) for n in BUILTIN_IMAGES if (d / n).is_file()]
+        if not refs:
+            raise ImageError(f"{key}: no built-in images found under {d}; is scikit-image installed?")
+        return refs
+    p = Path(spec)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise ImageError(f"{key}: directory '{spec}' holds no images ({', '.join(IMAGE_SUFFIXES)}).")
+        return [ImageRef(f, f.name) for f in files]
+    if p.is_file() and p.suffix.lower() == ".txt":
+        refs = []
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            f = Path(line) if Path(line).is_absolute() else p.parent / line
+            if not f.is_file():
+                raise ImageError(f"{key}: '{spec}' line {n} names '{line}', which does not exist.")
+            refs.append(ImageRef(f, f.name))
+        if not refs:
+            raise ImageError(f"{key}: list file '{spec}' names no images.")
+        return refs
+    if p.is_file():
+        return [ImageRef(p, p.name)]
+    matches = sorted(Path(m) for m in _glob.glob(str(spec), recursive=True))
+    matches = [m for m in matches if m.is_file()]
+    if matches:
+        return [ImageRef(m, m.name) for m in matches]
+    raise ImageError(
+        f"{key}: '{spec}' is not 'builtin', an existing directory, a .txt list file, an image file "
+        "or a glob pattern that matches files."
+    )
+
+
+def _dedup(refs: Iterable[ImageRef]) -> list[ImageRef]:
+    seen, out = set(), []
+    for r in refs:
+        k = r.path.resolve()
+        if k not in seen:
+            seen.add(k)
+            out.append(r)
+    return out
+
+
+def open_rgb(ref: ImageRef):
+    """Open an image as an RGB PIL image (grayscale and RGBA are converted).
+
+    Raises :class:`ImageError` naming the file when it is unreadable or corrupt.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(ref.path) as im:
+            im.load()
+            if im.mode in ("RGBA", "LA", "P"):
+                im = im.convert("RGBA")
+                background = Image.new("RGBA", im.size, (255, 255, 255, 255))
+                im = Image.alpha_composite(background, im)
+            return im.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise ImageError(f"image '{ref.path}' cannot be read: {e}") from e
+
+
+def resize_exact(image, height: int, width: int, resample: int | None = None):
+    """Resize a PIL image to exactly ``height`` x ``width`` (the processor's bicubic by default)."""
+    from PIL import Image
+
+    if image.size == (width, height):
+        return image
+    return image.resize((width, height), resample=Image.Resampling.BICUBIC if resample is None else resample)

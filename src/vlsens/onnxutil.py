@@ -1,0 +1,139 @@
+"""ONNX files and ONNX Runtime sessions.
+
+Every model vlsens writes is ``model.onnx`` plus one external data file ``model.onnx.data``
+beside it, whatever its size (protobuf cannot hold more than 2 GB inline, and one layout for all
+sizes keeps the DAG uniform). Only path-based ONNX APIs touch models that may exceed 2 GB.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+DATA_SUFFIX = ".data"
+
+
+def data_path(model_path: str | Path) -> Path:
+    model_path = Path(model_path)
+    return model_path.with_name(model_path.name + DATA_SUFFIX)
+
+
+#: Tensors below this many bytes stay inline: ORT needs small shape/axes constants inline, and
+#: every real weight matrix is far larger.
+INLINE_MAX_BYTES = 1024
+
+
+def save_with_external_data(model, dst: str | Path) -> Path:
+    """Save a ModelProto (external data already loaded into it) as ``dst`` + ``dst.data``.
+
+    The data file always exists afterwards (empty only for a model without any large tensor).
+    """
+    import onnx
+
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    data = data_path(dst)
+    if data.exists():
+        data.unlink()
+    onnx.save_model(
+        model,
+        str(dst),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=INLINE_MAX_BYTES,
+        convert_attribute=False,
+    )
+    data.touch(exist_ok=True)
+    return dst
+
+
+def resave(src: str | Path, dst: str | Path) -> Path:
+    """Load ``src`` with whatever external data it references and re-save it in vlsens' layout."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=True)
+    return save_with_external_data(model, dst)
+
+
+def check_model(path: str | Path) -> None:
+    """The ONNX checker, path-based (works above 2 GB)."""
+    import onnx
+
+    onnx.checker.check_model(str(path))
+
+
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """Hard-link ``src`` to ``dst`` (same file system), else copy it."""
+    import shutil
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def available_providers(device: str = "auto") -> list[str]:
+    """ORT execution providers for ``device`` (auto: CUDA when onnxruntime-gpu sees a GPU)."""
+    import onnxruntime as ort
+
+    have = ort.get_available_providers()
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in have:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if device == "cuda":
+        raise RuntimeError(
+            "device: cuda was requested but onnxruntime has no CUDAExecutionProvider "
+            f"(available: {have}); install the 'gpu' extra (onnxruntime-gpu)."
+        )
+    return ["CPUExecutionProvider"]
+
+
+def make_session(path: str | Path, threads: int = 0, device: str = "auto",
+                 providers: Sequence[str] | None = None, optimize: bool = True):
+    """An InferenceSession; ``threads`` = 0 lets ORT choose."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=so, providers=list(providers or available_providers(device)))
+
+
+def untie_identity_initializers(model) -> int:
+    """Replace ``Identity(initializer)`` nodes by initializers of their own (in place).
+
+    The TorchScript exporter deduplicates identical weights (e.g. equal bias vectors) and feeds
+    them to many nodes through Identity nodes. Per-node transforms (FP16 fallback, per-op
+    quantization) need each node to own its weights. Returns the number of nodes removed.
+    """
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    graph_outputs = {o.name for o in model.graph.output}
+    removed = []
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input[0] in inits and node.output[0] not in graph_outputs:
+            src = inits[node.input[0]]
+            arr = numpy_helper.to_array(src)
+            model.graph.initializer.append(numpy_helper.from_array(arr, name=node.output[0]))
+            removed.append(node)
+    for node in removed:
+        model.graph.node.remove(node)
+    names = {n.output[0] for n in removed}
+    for vi in [v for v in model.graph.value_info if v.name in names]:
+        model.graph.value_info.remove(vi)
+    if removed:
+        used = {i for n in model.graph.node for i in n.input} | graph_outputs
+        for init in [i for i in model.graph.initializer if i.name not in used]:
+            model.graph.initializer.remove(init)
+    return len(removed)

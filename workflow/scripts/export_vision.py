@@ -1,0 +1,16 @@
+"""Export the vision tower at one fixed size; parity-gated."""
+from vlsens.export import export_vision_fixed
+from vlsens.scripting import run
+from vlsens.vision import parse_size
+
+
+def main(sm):
+    h, w = parse_size(sm.wildcards.size)
+    export_vision_fixed(
+        sm.input.checkpoint, sm.input.reference, sm.output.model, sm.output.parity, h, w,
+        tolerance=sm.params.tolerance, batch=sm.params.batch_size, opset=sm.params.opset,
+        attn_implementation=sm.params.attn_implementation, threads=sm.threads, device=sm.params.device,
+    )
+
+
+run(snakemake, main)  # noqa: F821

@@ -1,0 +1,14 @@
+"""onnxsim on an FP32 or FP16 vision model; parity-gated."""
+from vlsens.scripting import run
+from vlsens.simplify import simplify_vision
+
+
+def main(sm):
+    simplify_vision(
+        sm.input.model, sm.input.reference, sm.output.model, sm.output.parity,
+        tolerance=sm.params.tolerance, variant=f"{sm.wildcards.base}-sim",
+        check_max_bytes=sm.params.check_max_bytes, threads=sm.threads, device=sm.params.device,
+    )
+
+
+run(snakemake, main)  # noqa: F821
