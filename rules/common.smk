@@ -1,16 +1,14 @@
 # Shared setup: config validation, the plan, and the small functions every rule uses.
-import os
 import sys
 from pathlib import Path
 
 from snakemake.utils import validate
 
-# The rules' scripts import the package from src/ (also when it is not pip-installed, e.g. in a
-# conda env made from envs/*.yaml); jobs inherit this environment, cluster jobs re-parse it.
+# The Snakefile imports the package from src/ also when it is not pip-installed; the scripts do
+# the same through workflow/scripts/_vlsens.py.
 _SRC = str(Path(workflow.basedir) / "src")
 if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, os.environ.get("PYTHONPATH")) if p)
 
 from vlsens.config import make_plan, tolerance_for, vision_targets
 from vlsens.errors import ConfigError
@@ -48,7 +46,3 @@ def parity_image_names():
 
 def tolerance(variant):
     return tolerance_for(config, variant)
-
-
-def vision_dir(stage):
-    return f"results/{{model}}/vision/{{size}}/{stage}"

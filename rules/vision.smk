@@ -30,9 +30,9 @@ rule export_vision:
         checkpoint=checkpoint_dir,
         reference=rules.vision_reference.output.reference,
     output:
-        model=vision_dir("fp32") + "/model.onnx",
-        data=vision_dir("fp32") + "/model.onnx.data",
-        parity=vision_dir("fp32") + "/parity.json",
+        model="results/{model}/vision/{size}/fp32/model.onnx",
+        data="results/{model}/vision/{size}/fp32/model.onnx.data",
+        parity="results/{model}/vision/{size}/fp32/parity.json",
     log:
         "results/{model}/logs/export_vision/{size}.log",
     benchmark:
@@ -59,9 +59,9 @@ rule vision_fp16:
         data=rules.export_vision.output.data,
         reference=rules.vision_reference.output.reference,
     output:
-        model=vision_dir("fp16") + "/model.onnx",
-        data=vision_dir("fp16") + "/model.onnx.data",
-        parity=vision_dir("fp16") + "/parity.json",
+        model="results/{model}/vision/{size}/fp16/model.onnx",
+        data="results/{model}/vision/{size}/fp16/model.onnx.data",
+        parity="results/{model}/vision/{size}/fp16/parity.json",
     log:
         "results/{model}/logs/vision_fp16/{size}.log",
     benchmark:
@@ -83,13 +83,13 @@ rule vision_fp16:
 
 rule vision_simplify:
     input:
-        model=vision_dir("{base}") + "/model.onnx",
-        data=vision_dir("{base}") + "/model.onnx.data",
+        model="results/{model}/vision/{size}/{base}/model.onnx",
+        data="results/{model}/vision/{size}/{base}/model.onnx.data",
         reference=rules.vision_reference.output.reference,
     output:
-        model=vision_dir("{base}-sim") + "/model.onnx",
-        data=vision_dir("{base}-sim") + "/model.onnx.data",
-        parity=vision_dir("{base}-sim") + "/parity.json",
+        model="results/{model}/vision/{size}/{base}-sim/model.onnx",
+        data="results/{model}/vision/{size}/{base}-sim/model.onnx.data",
+        parity="results/{model}/vision/{size}/{base}-sim/parity.json",
     log:
         "results/{model}/logs/vision_simplify/{size}-{base}.log",
     benchmark:

@@ -147,17 +147,23 @@ def tiny_config(tokenizer) -> Any:
     )
 
 
-def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write the tiny preset as a complete HF checkpoint into ``out_dir`` (atomically)."""
+def make_tiny_model(seed: int = 0):
+    """The tiny preset in memory: (model, tokenizer), random weights from ``seed``."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    out_dir = Path(out_dir)
     tokenizer = build_tiny_tokenizer()
     config = tiny_config(tokenizer)
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    return Qwen2_5_VLForConditionalGeneration(config).eval(), tokenizer
+
+
+def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write the tiny preset as a complete HF checkpoint into ``out_dir`` (atomically)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    out_dir = Path(out_dir)
+    model, tokenizer = make_tiny_model(seed)
     image_processor = Qwen2VLImageProcessorPil()
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)

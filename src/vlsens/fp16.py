@@ -131,7 +131,12 @@ def own_float_casts(model) -> list[str]:
 
 
 def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True):
-    """Convert a loaded ModelProto to FP16 (I/O FP32), keeping ``keep_fp32`` nodes in FP32."""
+    """Convert a loaded ModelProto to FP16 (I/O FP32), keeping ``keep_fp32`` nodes in FP32.
+
+    The model's own ``Cast(to=FLOAT)`` nodes outside ``keep_fp32`` are retargeted to FLOAT16
+    *before* conversion: afterwards the converter's clean-up would already have removed those
+    that follow one of its inserted ``Cast(to=FLOAT16)``, leaving an FP32 value in an FP16 graph.
+    """
     from onnx import TensorProto
     from onnxconverter_common import float16
 
@@ -139,6 +144,13 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True):
         if not node.name:  # the converter keys its block list on names
             node.name = f"{node.op_type}_vlsens_{i}"
     casts = own_float_casts(model)
+    if retarget_casts:
+        retarget = set(casts) - set(keep_fp32)
+        for node in model.graph.node:
+            if node.name in retarget:
+                for a in node.attribute:
+                    if a.name == "to":
+                        a.i = TensorProto.FLOAT16
     converted = float16.convert_float_to_float16(
         model,
         keep_io_types=True,
@@ -148,15 +160,79 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True):
         min_positive_val=5.96e-08,
         check_fp16_ready=False,
     )
-    if retarget_casts:
-        keep = set(keep_fp32)
-        cast_names = set(casts) - keep
-        for node in converted.graph.node:
-            if node.name in cast_names:
-                for a in node.attribute:
-                    if a.name == "to":
-                        a.i = TensorProto.FLOAT16
+    repaired = repair_boundaries(converted, set(keep_fp32))
+    if repaired:
+        log.info("inserted %d Cast(s) the converter missed at FP32/FP16 boundaries", repaired)
     return converted, casts
+
+
+def repair_boundaries(model, keep_fp32: set[str]) -> int:
+    """Insert Casts where a node's float inputs do not match its precision (in place).
+
+    onnxconverter-common decides where to put Casts around blocked nodes from ``value_info`` and
+    then removes Cast pairs it thinks redundant; in some layouts a kept-FP32 node ends up reading
+    an FP16 tensor (or the reverse) and ORT refuses the graph. This pass propagates element types
+    through the converted graph in topological order and, for every node whose float inputs
+    differ from the precision it should run in (FP32 if kept, FP16 otherwise), casts them.
+    Type-polymorphic ops only; nodes that take no float inputs are left alone.
+    """
+    from onnx import TensorProto, helper
+
+    F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+    g = model.graph
+    dtype: dict[str, int] = {i.name: i.data_type for i in g.initializer}
+    dtype.update({i.name: i.type.tensor_type.elem_type for i in g.input})
+    # Ops whose float inputs are not the data they compute on in that precision.
+    fixed_type_inputs = {"Cast", "Shape", "Size", "ConstantOfShape", "Range", "NonZero"}
+    new_nodes, inserted = [], 0
+    for node in g.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    dtype[node.output[0]] = a.t.data_type
+        elif node.op_type not in fixed_type_inputs:
+            want = F32 if node.name in keep_fp32 else F16
+            for i, name in enumerate(node.input):
+                have = dtype.get(name)
+                if have in (F32, F16) and have != want and not (node.op_type in ("Resize",) and i > 0):
+                    cast_out = f"{name}__vlsens_to{'32' if want == F32 else '16'}_{node.name}"
+                    new_nodes.append(helper.make_node("Cast", [name], [cast_out], to=want,
+                                                      name=f"{node.name}__vlsens_cast_in{i}"))
+                    dtype[cast_out] = want
+                    node.input[i] = cast_out
+                    inserted += 1
+        new_nodes.append(node)
+        out_type = _output_type(node, dtype, F32, F16)
+        for o in node.output:
+            if out_type is not None and o not in dtype:
+                dtype[o] = out_type
+    if inserted:
+        del g.node[:]
+        g.node.extend(new_nodes)
+        # value_info may now disagree with the repaired types: drop the float entries ORT re-infers.
+        stale = [v for v in g.value_info if v.type.tensor_type.elem_type in (F32, F16)]
+        for v in stale:
+            g.value_info.remove(v)
+    return inserted
+
+
+def _output_type(node, dtype, F32, F16):
+    if node.op_type == "Cast":
+        return next(a.i for a in node.attribute if a.name == "to")
+    if node.op_type in ("Shape", "Size", "NonZero", "ArgMax", "ArgMin"):
+        return 7  # INT64
+    if node.op_type in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "IsNaN", "IsInf"):
+        return 9  # BOOL
+    if node.op_type == "ConstantOfShape":
+        for a in node.attribute:
+            if a.name == "value":
+                return a.t.data_type
+        return F32
+    ins = [dtype.get(i) for i in node.input if i]
+    floats = [t for t in ins if t in (F32, F16)]
+    if floats:
+        return floats[-1] if node.op_type == "Where" else floats[0]
+    return ins[0] if ins else None
 
 
 def convert_vision_fp16(src_model: str | Path, reference_path: str | Path, out_model: str | Path,

@@ -1,4 +1,5 @@
 """Build the tiny preset checkpoint (Snakemake script: unpacks the rule, calls the package)."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from vlsens.checkpoint import build_tiny_checkpoint
 from vlsens.scripting import run
 

@@ -1,4 +1,5 @@
 """Export the vision tower at one fixed size; parity-gated."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from vlsens.export import export_vision_fixed
 from vlsens.scripting import run
 from vlsens.vision import parse_size

@@ -1,4 +1,5 @@
 """FP32 -> FP16 with range-based FP32 fallback; parity-gated."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from vlsens.fp16 import convert_vision_fp16
 from vlsens.scripting import run
 

@@ -1,4 +1,5 @@
 """transformers' vision features on real preprocessed images: the reference every gate uses."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from vlsens.device import torch_device
 from vlsens.images import ImageRef
 from vlsens.scripting import run

@@ -1,4 +1,5 @@
 """onnxsim on an FP32 or FP16 vision model; parity-gated."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from vlsens.scripting import run
 from vlsens.simplify import simplify_vision
 

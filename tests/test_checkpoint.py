@@ -1,0 +1,90 @@
+"""The tiny preset is a complete checkpoint; loading is safetensors-only."""
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+
+from vlsens.checkpoint import (
+    build_tiny_checkpoint,
+    check_checkpoint_dir,
+    load_model,
+    load_processor,
+    make_tiny_model,
+)
+from vlsens.errors import CheckpointError
+
+
+def _sha(p):
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_tiny_checkpoint_is_complete(tiny_ckpt):
+    names = {p.name for p in tiny_ckpt.iterdir()}
+    for required in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                     "preprocessor_config.json", "generation_config.json"):
+        assert required in names, f"{required} missing from {sorted(names)}"
+    cfg = json.loads((tiny_ckpt / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2_5_vl"
+    v = cfg["vision_config"]
+    assert v["depth"] >= 4
+    full = set(v["fullatt_block_indexes"])
+    assert full and full != set(range(v["depth"])), "needs windowed and full-attention blocks"
+    assert cfg["text_config"]["num_hidden_layers"] >= 2
+    assert json.loads((tiny_ckpt / "preprocessor_config.json").read_text())["processor_class"] == "Qwen2_5_VLProcessor"
+    assert not any(p.suffix == ".bin" for p in tiny_ckpt.iterdir())
+
+
+def test_tiny_checkpoint_is_deterministic_and_reloads_bit_identically(tiny_ckpt, tmp_path):
+    again = build_tiny_checkpoint(tmp_path / "again", seed=0)
+    assert _sha(again / "model.safetensors") == _sha(tiny_ckpt / "model.safetensors")
+    assert (again / "tokenizer.json").read_text() == (tiny_ckpt / "tokenizer.json").read_text()
+    other = build_tiny_checkpoint(tmp_path / "other", seed=1)
+    assert _sha(other / "model.safetensors") != _sha(tiny_ckpt / "model.safetensors")
+
+    built = make_tiny_model(seed=0)[0].state_dict()
+    loaded = load_model(tiny_ckpt).state_dict()
+    assert set(built) == set(loaded)
+    for k, v in built.items():
+        assert torch.equal(loaded[k], v), k
+
+
+def test_multimodal_forward_through_the_processor(tiny_ckpt, parity_refs):
+    from vlsens.images import open_rgb, resize_exact
+
+    proc = load_processor(tiny_ckpt)
+    model = load_model(tiny_ckpt)
+    images = [resize_exact(open_rgb(parity_refs[0]), 224, 224), resize_exact(open_rgb(parity_refs[1]), 224, 336)]
+    messages = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this image."}]}]] * 2
+    text = [proc.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in messages]
+    inputs = proc(images=[[images[0]], [images[1]]], text=text, return_tensors="pt", padding=True)
+    assert "mm_token_type_ids" in inputs
+    n_image_tokens = (inputs["input_ids"] == model.config.image_token_id).sum(dim=1).tolist()
+    assert n_image_tokens == [64, 96]  # (224/28)^2 and (224/28)*(336/28)
+    with torch.no_grad():
+        out = model(**inputs)
+    assert out.logits.shape == (*inputs["input_ids"].shape, model.config.text_config.vocab_size)
+    assert torch.isfinite(out.logits).all()
+
+
+def test_pickle_only_checkpoint_is_refused(tiny_ckpt, tmp_path):
+    bad = tmp_path / "pickled"
+    bad.mkdir()
+    shutil.copy(tiny_ckpt / "config.json", bad / "config.json")
+    (bad / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(CheckpointError, match="only pickle weights.*safetensors only"):
+        check_checkpoint_dir(bad)
+    with pytest.raises(CheckpointError, match="pickle"):
+        load_model(bad)
+
+
+def test_missing_and_foreign_checkpoints(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist.*tiny"):
+        check_checkpoint_dir(tmp_path / "nope")
+    d = tmp_path / "llama"
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(CheckpointError, match="model_type 'llama'.*qwen2_5_vl"):
+        check_checkpoint_dir(d)

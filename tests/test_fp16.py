@@ -1,0 +1,82 @@
+"""FP16 conversion: the model's own Cast nodes and the range-based FP32 fallback."""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import TOL_FP16
+from vlsens.fp16 import choose_fp32_nodes, convert_vision_fp16, own_float_casts, to_fp16
+from vlsens.onnxutil import save_with_external_data, untie_identity_initializers
+from vlsens.parity import compare
+from vlsens.vision import Reference
+
+
+def _load(path):
+    m = onnx.load(str(path), load_external_data=True)
+    untie_identity_initializers(m)
+    return m
+
+
+def test_own_cast_nodes_must_be_retargeted(fp32_224, reference_224, tmp_path):
+    model = _load(fp32_224)
+    assert own_float_casts(model), "the exported vision tower has its own Cast(to=FLOAT) nodes"
+    raw, _ = to_fp16(_load(fp32_224), [], retarget_casts=False)
+    save_with_external_data(raw, tmp_path / "raw" / "model.onnx")
+    with pytest.raises(Exception, match="(?i)type"):
+        ort.InferenceSession(str(tmp_path / "raw" / "model.onnx"), providers=["CPUExecutionProvider"])
+
+    fixed, casts = to_fp16(model, [], retarget_casts=True)
+    assert not any("__vlsens_cast_in" in n.name for n in fixed.graph.node)  # no repair needed here
+    save_with_external_data(fixed, tmp_path / "ok" / "model.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "ok" / "model.onnx"), providers=["CPUExecutionProvider"])
+    ref = Reference.load(reference_224)
+    out = sess.run(None, {"pixel_values": ref.pixel_values[:1]})[0]
+    assert out.dtype == np.float32  # I/O kept FP32
+    assert compare(out[0], ref.features[0])["cosine"] > 0.999
+    retargeted = [n for n in fixed.graph.node if n.name in set(casts)]
+    assert retargeted and all(a.i == TensorProto.FLOAT16 for n in retargeted for a in n.attribute if a.name == "to")
+
+
+def test_fp16_stage_default_bound_keeps_nothing_on_random_weights(fp32_224, reference_224, tmp_path):
+    out = tmp_path / "fp16" / "model.onnx"
+    rec = convert_vision_fp16(fp32_224, reference_224, out, out.with_name("parity.json"), TOL_FP16, max_activation=512)
+    assert rec["passed"] and rec["extra"]["fp32_fallback"] == []
+    assert rec["extra"]["retargeted_casts"] > 0
+    assert 0 < rec["extra"]["observed_max_activation"] < 512
+    assert json.loads(out.with_name("parity.json").read_text())["variant"] == "fp16"
+    inits = onnx.load(str(out), load_external_data=False).graph.initializer
+    assert sum(i.data_type == TensorProto.FLOAT16 for i in inits) > sum(i.data_type == TensorProto.FLOAT for i in inits)
+
+
+@pytest.mark.parametrize("bound", [1.0, 3.0, 4.0])
+def test_fp16_fallback_keeps_large_activation_nodes_in_fp32(fp32_224, reference_224, tmp_path, bound):
+    out = tmp_path / "fb" / "model.onnx"
+    rec = convert_vision_fp16(fp32_224, reference_224, out, out.with_name("parity.json"), TOL_FP16, max_activation=bound)
+    kept = {f["node"] for f in rec["extra"]["fp32_fallback"]}
+    assert kept and all(f"> {bound:g}" in f["reason"] for f in rec["extra"]["fp32_fallback"])
+    assert rec["passed"]
+    model = onnx.load(str(out), load_external_data=False)
+    # Kept nodes compute in FP32: the converter wraps them in Casts from/to FP16.
+    by_name = {n.name: n for n in model.graph.node}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    some = next(n for n in kept if by_name[n].op_type in ("MatMul", "Add", "Mul", "Gemm", "Conv"))
+    feeds = [producers.get(i) for i in by_name[some].input]
+    assert any(p is not None and p.op_type == "Cast" and p.attribute[0].i == TensorProto.FLOAT for p in feeds)
+
+
+def test_choose_fp32_nodes_reasons():
+    big = numpy_helper.from_array(np.full((2, 2), 1e5, dtype=np.float32), "W")
+    small = numpy_helper.from_array(np.ones((2, 2), dtype=np.float32), "V")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm_big"),
+         helper.make_node("MatMul", ["y", "V"], ["z"], name="mm_small"),
+         helper.make_node("Relu", ["z"], ["out"], name="relu")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 2])], [big, small])
+    keep = choose_fp32_nodes(helper.make_model(g), {"x": 1.0, "y": 3.0, "z": 900.0, "out": 900.0}, max_activation=512)
+    assert "initializer 'W'" in keep["mm_big"]
+    assert "activation 'z'" in keep["mm_small"] and "relu" in keep
