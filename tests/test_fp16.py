@@ -24,13 +24,12 @@ def _load(path):
 def test_own_cast_nodes_must_be_retargeted(fp32_224, reference_224, tmp_path):
     model = _load(fp32_224)
     assert own_float_casts(model), "the exported vision tower has its own Cast(to=FLOAT) nodes"
-    raw, _ = to_fp16(_load(fp32_224), [], retarget_casts=False)
+    raw, _ = to_fp16(_load(fp32_224), [], retarget_casts=False, repair=False)
     save_with_external_data(raw, tmp_path / "raw" / "model.onnx")
     with pytest.raises(Exception, match="(?i)type"):
         ort.InferenceSession(str(tmp_path / "raw" / "model.onnx"), providers=["CPUExecutionProvider"])
 
-    fixed, casts = to_fp16(model, [], retarget_casts=True)
-    assert not any("__vlsens_cast_in" in n.name for n in fixed.graph.node)  # no repair needed here
+    fixed, casts = to_fp16(model, [], retarget_casts=True, repair=False)
     save_with_external_data(fixed, tmp_path / "ok" / "model.onnx")
     sess = ort.InferenceSession(str(tmp_path / "ok" / "model.onnx"), providers=["CPUExecutionProvider"])
     ref = Reference.load(reference_224)

@@ -130,7 +130,7 @@ def own_float_casts(model) -> list[str]:
     return out
 
 
-def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True):
+def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bool = True):
     """Convert a loaded ModelProto to FP16 (I/O FP32), keeping ``keep_fp32`` nodes in FP32.
 
     The model's own ``Cast(to=FLOAT)`` nodes outside ``keep_fp32`` are retargeted to FLOAT16
@@ -160,7 +160,7 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True):
         min_positive_val=5.96e-08,
         check_fp16_ready=False,
     )
-    repaired = repair_boundaries(converted, set(keep_fp32))
+    repaired = repair_boundaries(converted, set(keep_fp32)) if repair else 0
     if repaired:
         log.info("inserted %d Cast(s) the converter missed at FP32/FP16 boundaries", repaired)
     return converted, casts
