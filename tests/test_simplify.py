@@ -23,3 +23,12 @@ def test_simplify_skips_its_own_check_for_large_models(fp32_224, reference_224, 
     rec = simplify_vision(fp32_224, reference_224, out, out.with_name("parity.json"), TOL_FP32, "fp32-sim",
                           check_max_bytes=10)
     assert rec["extra"]["onnxsim_check"].startswith("skipped") and rec["passed"]
+
+
+def test_any_output_file_name_keeps_its_data_reference(fp32_224, reference_224, tmp_path):
+    import onnxruntime as ort
+
+    out = tmp_path / "renamed" / "vision_224.onnx"
+    simplify_vision(fp32_224, reference_224, out, tmp_path / "renamed" / "p.json", TOL_FP32, "fp32-sim")
+    assert (tmp_path / "renamed" / "vision_224.onnx.data").is_file()
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])

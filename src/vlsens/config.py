@@ -135,4 +135,7 @@ def vision_targets(plan: Plan) -> list[str]:
 def tolerance_for(config: dict, variant: str) -> dict:
     """The parity tolerance of a variant (``*-sim`` uses its base precision's)."""
     prec = "fp16" if variant.startswith("fp16") else "fp32"
-    return dict(config["parity"]["tolerance"][prec])
+    tol = config["parity"]["tolerance"][prec]
+    # Canonical form (sorted keys, floats): Snakemake compares params by value representation,
+    # so reordering or reformatting the YAML must not re-run anything.
+    return {k: float(tol[k]) for k in sorted(tol)}

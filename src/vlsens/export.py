@@ -45,7 +45,7 @@ def export_vision_fixed(checkpoint: str | Path, reference_path: str | Path, out_
                 do_constant_folding=True,
             )
         del model, module
-        staged = resave(raw, tmp / "model.onnx")
+        staged = resave(raw, tmp / out_model.name)
         check_model(staged)
         record = parity.check_vision(
             staged, ref, tolerance, variant="fp32", threads=threads, device=device, artifact=out_model,

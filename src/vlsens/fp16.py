@@ -262,7 +262,7 @@ def convert_vision_fp16(src_model: str | Path, reference_path: str | Path, out_m
         keep = choose_fp32_nodes(model, absmax, max_activation, max_initializer)
         converted, casts = to_fp16(model, list(keep))
         del model
-        staged = save_with_external_data(converted, tmp / "model.onnx")
+        staged = save_with_external_data(converted, tmp / out_model.name)
         del converted
         check_model(staged)
         extra = {

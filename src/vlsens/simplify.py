@@ -49,7 +49,7 @@ def simplify_vision(src_model: str | Path, reference_path: str | Path, out_model
             raise ParityError(
                 f"onnxsim's own check failed for {src_model} on the parity images; nothing was written."
             )
-        staged = resave(raw, tmp / "model.onnx")
+        staged = resave(raw, tmp / out_model.name)
         check_model(staged)
         nodes_after = len(onnx.load(str(staged), load_external_data=False).graph.node)
         extra = {

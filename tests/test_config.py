@@ -1,0 +1,112 @@
+"""Bad configuration fails when the DAG is built, with a message that names key, value and fix."""
+
+import copy
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+from vlsens.config import make_plan, vision_targets
+from vlsens.errors import ConfigError
+
+DEFAULT = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def _cfg(**changes):
+    cfg = copy.deepcopy(DEFAULT)
+    for dotted, value in changes.items():
+        cur = cfg
+        *parents, last = dotted.split("__")
+        for p in parents:
+            cur = cur[p]
+        cur[last] = value
+    return cfg
+
+
+def test_default_config_plan():
+    plan = make_plan(_cfg(), workdir=REPO)
+    assert plan.model == "tiny" and plan.preset == "tiny"
+    assert plan.checkpoint == "results/tiny/checkpoint"
+    assert plan.sizes == ["224x224", "224x336"]
+    assert [r.name for r in plan.parity_images] == ["astronaut.png", "coffee.png"]
+    targets = vision_targets(plan)
+    assert "results/tiny/vision/224x336/fp16-sim/model.onnx" in targets and len(targets) == 16
+
+
+def test_schema_accepts_default_and_rejects_unknown_keys():
+    from snakemake.utils import validate
+
+    schema = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
+    validate(_cfg(), schema)
+    bad = _cfg()
+    bad["vision"]["sizez"] = ["224x224"]
+    with pytest.raises(Exception, match="sizez"):
+        validate(bad, schema)
+    with pytest.raises(Exception, match="cuda"):
+        validate(_cfg(device="gpu"), schema)
+
+
+def test_invalid_size():
+    with pytest.raises(ConfigError, match=r"vision\.sizes\[0\]: size '230x224'.*224x224, 252x224"):
+        make_plan(_cfg(vision__sizes=["230x224"]))
+
+
+def test_duplicate_size():
+    with pytest.raises(ConfigError, match="more than once"):
+        make_plan(_cfg(vision__sizes=["224x224", "224x224"]))
+
+
+def test_missing_checkpoint_dir(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.checkpoint: checkpoint directory .*nope' does not exist"):
+        make_plan(_cfg(model__checkpoint=str(tmp_path / "nope")))
+
+
+def test_pickle_only_checkpoint(tiny_ckpt, tmp_path):
+    d = tmp_path / "pickled"
+    d.mkdir()
+    shutil.copy(tiny_ckpt / "config.json", d / "config.json")
+    (d / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="model.checkpoint: .*only pickle weights"):
+        make_plan(_cfg(model__checkpoint=str(d)))
+
+
+def test_local_checkpoint_gets_its_directory_name(tiny_ckpt):
+    plan = make_plan(_cfg(model__checkpoint=str(tiny_ckpt)))
+    assert plan.model == tiny_ckpt.name and plan.preset is None and plan.checkpoint == str(tiny_ckpt)
+    with pytest.raises(ConfigError, match="model.name"):
+        make_plan(_cfg(model__checkpoint=str(tiny_ckpt), model__name="a/b"))
+
+
+def test_parity_images_errors(tmp_path):
+    with pytest.raises(ConfigError, match="parity.images: .*not 'builtin'"):
+        make_plan(_cfg(parity__images=str(tmp_path / "none*.png")))
+    with pytest.raises(ConfigError, match="parity.num_images: 50"):
+        make_plan(_cfg(parity__num_images=50))
+
+
+def test_tolerance_range():
+    cfg = _cfg()
+    cfg["parity"]["tolerance"]["fp16"]["min_cosine"] = 1.5
+    with pytest.raises(ConfigError, match=r"parity\.tolerance\.fp16\.min_cosine"):
+        make_plan(cfg)
+
+
+@pytest.mark.parametrize("change,expect", [
+    ({"vision__sizes": ["230x224"]}, "Nearest valid sizes: 224x224, 252x224"),
+    ({"model__checkpoint": "/nonexistent/qwen"}, "does not exist"),
+    ({"vision__sizes": "224x224"}, "is not of type 'array'"),
+])
+def test_cli_reports_bad_config_before_any_job(tmp_path, change, expect):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(**change)))
+    r = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(tmp_path),
+         "--configfile", str(cfg), "-n", "--cores", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode != 0
+    assert expect in r.stdout + r.stderr
+    assert not (tmp_path / "results").exists()

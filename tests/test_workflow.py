@@ -1,0 +1,76 @@
+"""The whole DAG on the tiny preset through Snakemake's command line."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def smk(workdir, *args, timeout=900):
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(workdir),
+           "--configfile", str(workdir / "config.yaml"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("workflow")
+    shutil.copy(REPO / "config" / "config.yaml", wd / "config.yaml")
+    r = smk(wd, "--cores", "2", "--resources", "gpu=1")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return wd
+
+
+@pytest.mark.slow
+def test_whole_dag_builds_verified_models(finished_run):
+    wd = finished_run
+    for size in ("224x224", "224x336"):
+        for variant in ("fp32", "fp16", "fp32-sim", "fp16-sim"):
+            d = wd / "results" / "tiny" / "vision" / size / variant
+            assert (d / "model.onnx").is_file() and (d / "model.onnx.data").is_file()
+            rec = json.loads((d / "parity.json").read_text())
+            assert rec["passed"] is True and rec["variant"] == variant
+            h, w = map(int, size.split("x"))
+            assert rec["input_shape"] == [2, 3, h, w]
+        assert (wd / "results" / "tiny" / "logs" / "export_vision" / f"{size}.log").is_file()
+        assert (wd / "results" / "tiny" / "benchmarks" / "export_vision" / f"{size}.tsv").is_file()
+    assert not list((wd / "results").rglob(".staging-*"))
+
+
+@pytest.mark.slow
+def test_rerun_has_nothing_to_do(finished_run):
+    r = smk(finished_run, "-n", "--cores", "2")
+    assert r.returncode == 0
+    assert "Nothing to be done" in r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_changed_tolerance_reruns_only_gated_stages_downstream(finished_run):
+    """A changed FP16 param re-runs FP16 and what consumes it, nothing upstream."""
+    import yaml
+
+    wd = finished_run
+    cfg = yaml.safe_load((wd / "config.yaml").read_text())
+    cfg["fp16"]["max_activation"] = 256
+    alt = wd / "alt.yaml"
+    alt.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(wd),
+         "--configfile", str(alt), "-n", "--cores", "2", "--quiet", "rules"],
+        capture_output=True, text=True, timeout=300,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "vision_fp16" in out and "vision_simplify" in out
+    assert "export_vision" not in out and "vision_reference" not in out and "tiny_checkpoint" not in out
+
+
+def test_lint_is_clean():
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(REPO),
+                        "--lint"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Congratulations" in r.stdout + r.stderr
