@@ -17,6 +17,6 @@ rule tiny_checkpoint:
     resources:
         gpu=0,
     conda:
-        "../envs/vlsens.yaml"
+        "../envs/torch.yaml"
     script:
         "../workflow/scripts/build_tiny_checkpoint.py"

@@ -20,7 +20,7 @@ rule vision_reference:
     resources:
         gpu=1,
     conda:
-        "../envs/vlsens.yaml"
+        "../envs/torch.yaml"
     script:
         "../workflow/scripts/vision_reference.py"
 
@@ -48,7 +48,7 @@ rule export_vision:
     resources:
         gpu=1,
     conda:
-        "../envs/vlsens.yaml"
+        "../envs/torch.yaml"
     script:
         "../workflow/scripts/export_vision.py"
 
@@ -76,7 +76,7 @@ rule vision_fp16:
     resources:
         gpu=1,
     conda:
-        "../envs/vlsens.yaml"
+        "../envs/onnx.yaml"
     script:
         "../workflow/scripts/vision_fp16.py"
 
@@ -103,6 +103,6 @@ rule vision_simplify:
     resources:
         gpu=1,
     conda:
-        "../envs/vlsens.yaml"
+        "../envs/onnx.yaml"
     script:
         "../workflow/scripts/vision_simplify.py"

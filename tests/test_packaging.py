@@ -20,8 +20,40 @@ def _env_pip_deps(path):
     return {Requirement(r).name: str(Requirement(r).specifier) for r in pip}
 
 
-def test_conda_env_matches_pyproject():
-    assert _env_pip_deps(REPO / "envs" / "vlsens.yaml") == _pyproject_deps()
+def test_conda_envs_use_pyproject_requirements():
+    deps = _pyproject_deps()
+    envs = sorted((REPO / "envs").glob("*.yaml"))
+    assert {p.name for p in envs} >= {"torch.yaml", "onnx.yaml"}
+    for env in envs:
+        for name, spec in _env_pip_deps(env).items():
+            assert name in deps, f"{env.name}: {name} is not a dependency in pyproject.toml"
+            assert spec == deps[name], f"{env.name}: {name}{spec} differs from pyproject's {name}{deps[name]}"
+
+
+def test_rules_use_existing_envs():
+    for smk in (REPO / "rules").glob("*.smk"):
+        for env in re.findall(r'conda:\s*\n\s*"\.\./(envs/[^"]+)"', smk.read_text()):
+            assert (REPO / env).is_file(), f"{smk.name} names missing {env}"
+
+
+ONNX_ONLY_STAGES = """
+import sys
+sys.modules["torch"] = None          # any import of torch now raises ImportError
+sys.modules["transformers"] = None
+import vlsens.fp16, vlsens.simplify, vlsens.scripting, vlsens.parity
+from vlsens.device import set_threads
+set_threads(2)
+print("ok")
+"""
+
+
+def test_onnx_only_stages_do_not_need_torch():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", ONNX_ONLY_STAGES], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(REPO / "src")})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
 def test_constraints_satisfy_pyproject_ranges():

@@ -16,8 +16,14 @@ def torch_device(device: str = "auto") -> str:
 
 
 def set_threads(threads: int) -> None:
-    """Bound torch's CPU threads to what the Snakemake rule declared."""
-    import torch
+    """Bound torch's CPU threads to what the Snakemake rule declared.
 
-    if threads and threads > 0:
+    ONNX-only stages run in environments without torch: then there is nothing to bound (ONNX
+    Runtime sessions get their thread count explicitly).
+    """
+    import importlib.util
+
+    if threads and threads > 0 and importlib.util.find_spec("torch") is not None:
+        import torch
+
         torch.set_num_threads(int(threads))
