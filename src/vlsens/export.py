@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 def export_vision_fixed(checkpoint: str | Path, reference_path: str | Path, out_model: str | Path,
                         out_parity: str | Path, height: int, width: int, tolerance: dict,
-                        batch: int = 1, opset: int = 17, attn_implementation: str = "eager",
+                        batch: int = 1, opset: int = 19, attn_implementation: str = "eager",
                         threads: int = 0, device: str = "auto") -> dict:
     """Export the vision tower for ``height`` x ``width`` with the TorchScript exporter, gate it
     against the transformers reference and publish ``model.onnx`` + data + ``parity.json``.

@@ -1,0 +1,195 @@
+"""ONNX Runtime static quantization (QDQ) with one calibration, reused everywhere.
+
+Every quantized model vlsens builds (per-op reference models, the all-op model the engine is
+made from, the mixed-precision profile) comes from ``onnxruntime.quantization.quantize_static``
+with the same :class:`QuantSettings` and the same calibration cache, so their Q/DQ parameters
+agree exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv")
+_QTYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
+_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    op_types: tuple[str, ...] = DEFAULT_OP_TYPES
+    activation_type: str = "uint8"
+    weight_type: str = "int8"
+    per_channel: bool = True
+    calibrate_method: str = "minmax"
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "QuantSettings":
+        return cls(
+            op_types=tuple(cfg.get("op_types", DEFAULT_OP_TYPES)),
+            activation_type=cfg.get("activation_type", "uint8"),
+            weight_type=cfg.get("weight_type", "int8"),
+            per_channel=bool(cfg.get("per_channel", True)),
+            calibrate_method=cfg.get("calibrate_method", "minmax"),
+        )
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["op_types"] = list(self.op_types)
+        return d
+
+    def kwargs(self) -> dict:
+        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+
+        return dict(
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(self.op_types),
+            per_channel=self.per_channel,
+            activation_type=getattr(QuantType, _QTYPES[self.activation_type]),
+            weight_type=getattr(QuantType, _QTYPES[self.weight_type]),
+            calibrate_method=getattr(CalibrationMethod, _METHODS[self.calibrate_method]),
+            use_external_data_format=True,
+            extra_options={},
+        )
+
+
+class ArrayReader:
+    """``CalibrationDataReader`` over an (N, ...) array, fed in the graph's batch size."""
+
+    def __init__(self, input_name: str, data: np.ndarray, batch: int = 1):
+        n = len(data) - len(data) % batch
+        self._feeds = [{input_name: data[i:i + batch]} for i in range(0, n, batch)]
+        self._it = iter(self._feeds)
+
+    def get_next(self):
+        return next(self._it, None)
+
+    def __len__(self):
+        return len(self._feeds)
+
+    def rewind(self):
+        self._it = iter(self._feeds)
+
+
+@dataclass
+class Op:
+    """A quantizable node of the float graph."""
+
+    name: str
+    op_type: str
+    weight_params: int
+    block: int | None = None
+    role: str = ""
+
+    def as_row(self) -> dict:
+        return {"op": self.name, "op_type": self.op_type,
+                "block": "" if self.block is None else self.block, "role": self.role,
+                "weight_params": self.weight_params}
+
+
+_BLOCK_RE = re.compile(r"(?:^|/|\.)(?:blocks|layers)\.(\d+)(?:/|\.|$)")
+
+
+def parse_op_name(name: str, op_type: str = "") -> tuple[int | None, str]:
+    """Block index and role from an exported node name.
+
+    ``/visual/blocks.7/mlp/down_proj/Gemm`` -> (7, ``mlp.down_proj``);
+    ``/visual/merger/mlp/mlp.2/Gemm`` -> (None, ``merger.mlp.mlp.2``);
+    ``/visual/blocks.0/attn/MatMul_3`` -> (0, ``attn.MatMul_3``).
+    """
+    m = _BLOCK_RE.search(name)
+    block = int(m.group(1)) if m else None
+    parts = [p for p in name.strip("/").split("/") if p]
+    if parts and parts[0] in ("visual", "model", "language_model"):
+        parts = parts[1:]
+    if m:
+        idx = next(i for i, p in enumerate(parts) if re.fullmatch(r"(blocks|layers)\.\d+", p))
+        parts = parts[idx + 1:]
+    if len(parts) > 1 and parts[-1] == op_type:  # ".../down_proj/Gemm" -> "down_proj"
+        parts = parts[:-1]
+    return block, ".".join(parts)
+
+
+def quantizable_ops(model, op_types: Iterable[str] = DEFAULT_OP_TYPES) -> list[Op]:
+    """Nodes of ``op_types`` in graph order, with their weight parameter counts."""
+    inits = {i.name: int(np.prod(i.dims)) if len(i.dims) else 1 for i in model.graph.initializer}
+    wanted = set(op_types)
+    ops = []
+    for node in model.graph.node:
+        if node.op_type in wanted:
+            # The weight is the second input (Conv W, Gemm B, MatMul B) when it is an initializer.
+            w = inits.get(node.input[1], 0) if len(node.input) > 1 else 0
+            block, role = parse_op_name(node.name, node.op_type)
+            ops.append(Op(node.name, node.op_type, w, block, role))
+    names = [o.name for o in ops]
+    if len(set(names)) != len(names):
+        raise ValueError("quantizable nodes must have unique names")
+    return ops
+
+
+def prepare_float_model(src: str | Path, dst: str | Path) -> Path:
+    """The float model the quantizer works on: shared (Identity) weights untied, nodes named."""
+    import onnx
+
+    from vlsens.onnxutil import save_with_external_data, untie_identity_initializers
+
+    model = onnx.load(str(src), load_external_data=True)
+    untie_identity_initializers(model)
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_vlsens_{i}"
+    return save_with_external_data(model, dst)
+
+
+def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str],
+             settings: QuantSettings, cache: str | Path, reader=None) -> Path:
+    """QDQ-quantize exactly ``nodes``; the calibration cache is created on first use and reused."""
+    from onnxruntime.quantization import quantize_static
+
+    out_model = Path(out_model)
+    out_model.parent.mkdir(parents=True, exist_ok=True)
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.INFO))
+    quantize_static(str(float_model), str(out_model), reader, nodes_to_quantize=list(nodes),
+                    calibration_cache_path=str(cache), **settings.kwargs())
+    return out_model
+
+
+def engine_session(path: str | Path, threads: int = 0, providers: Sequence[str] | None = None):
+    """An ORT session with basic optimizations only: Q/DQ stay as they are (fake quantization),
+    so the fast engine and the one-model-per-op reference compute exactly the same thing."""
+    import onnxruntime as ort
+
+    from vlsens.onnxutil import available_providers
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    if threads:
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=so, providers=list(providers or available_providers("auto")))
+
+
+def output_metrics(actual: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+    """MSE, cosine and SQNR (dB) of a model output against the float reference."""
+    a = np.asarray(actual, dtype=np.float64).ravel()
+    r = np.asarray(reference, dtype=np.float64).ravel()
+    err = a - r
+    mse = float(np.mean(err * err))
+    noise = float(np.sum(err * err))
+    signal = float(np.sum(r * r))
+    na, nr = np.linalg.norm(a), np.linalg.norm(r)
+    cos = float(a @ r / (na * nr)) if na > 0 and nr > 0 else float(na == nr)
+    sqnr = float("inf") if noise == 0 else (10.0 * np.log10(signal / noise) if signal > 0 else float("-inf"))
+    if not np.isfinite(a).all():
+        return {"mse": float("inf"), "cosine": -1.0, "sqnr_db": float("-inf")}
+    return {"mse": mse, "cosine": cos, "sqnr_db": sqnr}
+
