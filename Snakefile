@@ -12,6 +12,9 @@ configfile: "config/config.yaml"
 include: "rules/common.smk"
 include: "rules/checkpoint.smk"
 include: "rules/vision.smk"
+include: "rules/calibration.smk"
+include: "rules/sensitivity.smk"
+include: "rules/profile.smk"
 
 
 rule all:

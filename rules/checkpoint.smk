@@ -12,6 +12,7 @@ rule tiny_checkpoint:
         preset="tiny",
     params:
         seed=config["model"]["tiny"]["seed"],
+        outlier=canonical(config["model"]["tiny"]["outlier"]),
         versions=stage_versions("checkpoint"),
     threads: 1
     resources:

@@ -10,7 +10,7 @@ _SRC = str(Path(workflow.basedir) / "src")
 if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 
-from vlsens.config import make_plan, tolerance_for, vision_targets
+from vlsens.config import all_targets, canonical, make_plan, tolerance_for
 from vlsens.errors import ConfigError
 from vlsens.versions import stage_versions
 
@@ -26,10 +26,12 @@ wildcard_constraints:
     model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     size=r"[0-9]+x[0-9]+",
     base="fp32|fp16",
+    variant="fp32|fp16",
+    engine="ort",
 
 
 def get_final_output():
-    return vision_targets(PLAN)
+    return all_targets(PLAN)
 
 
 def checkpoint_dir(wildcards):
@@ -46,3 +48,22 @@ def parity_image_names():
 
 def tolerance(variant):
     return tolerance_for(config, variant)
+
+
+def calibration_images():
+    return [str(r.path) for r in PLAN.calib_images]
+
+
+def calibration_image_names():
+    return [r.name for r in PLAN.calib_images]
+
+
+def shard_csvs(wildcards):
+    n = config["sensitivity"]["shards"]
+    base = f"results/{wildcards.model}/sensitivity/vision/{wildcards.size}/{wildcards.variant}/shards"
+    return [f"{base}/ort.{i}-of-{n}.csv" for i in range(n)]
+
+
+def quant_settings():
+    s = config["sensitivity"]
+    return {k: s[k] for k in ("op_types", "activation_type", "weight_type", "per_channel", "calibrate_method")}

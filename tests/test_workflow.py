@@ -37,6 +37,12 @@ def test_whole_dag_builds_verified_models(finished_run):
             h, w = map(int, size.split("x"))
             assert rec["input_shape"] == [2, 3, h, w]
         assert (wd / "results" / "tiny" / "logs" / "export_vision" / f"{size}.log").is_file()
+        for variant in ("fp32", "fp16"):
+            sens = wd / "results" / "tiny" / "sensitivity" / "vision" / size / variant
+            assert (sens / "ort.csv").is_file() and (sens / "ort.json").is_file()
+            ev = json.loads((wd / "results" / "tiny" / "profile" / "vision" / size / variant / "eval.json").read_text())
+            assert ev["status"] == "met" and ev["meets_target"] and ev["measured"]["cosine"] >= 0.999
+        assert (wd / "results" / "tiny" / "calib" / "vision" / size / "calib.tar").is_file()
         assert (wd / "results" / "tiny" / "benchmarks" / "export_vision" / f"{size}.tsv").is_file()
     assert not list((wd / "results").rglob(".staging-*"))
 
@@ -65,8 +71,9 @@ def test_changed_tolerance_reruns_only_gated_stages_downstream(finished_run):
     )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "vision_fp16" in out and "vision_simplify" in out
+    assert "vision_fp16" in out and "vision_simplify" in out and "sensitivity_prepare" in out
     assert "export_vision" not in out and "vision_reference" not in out and "tiny_checkpoint" not in out
+    assert "calibration" not in out
 
 
 def test_lint_is_clean():

@@ -84,7 +84,7 @@ def write_tar(path: Path, arrays: np.ndarray, prefix: str = "pixel_values") -> N
 
 def read_tar(path: str | Path) -> np.ndarray:
     with tarfile.open(path) as tar:
-        members = sorted(m for m in tar.getmembers() if m.name.endswith(".npy"))
+        members = sorted((m for m in tar.getmembers() if m.name.endswith(".npy")), key=lambda m: m.name)
         return np.concatenate([np.load(io.BytesIO(tar.extractfile(m).read()), allow_pickle=False) for m in members])
 
 

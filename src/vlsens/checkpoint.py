@@ -85,6 +85,9 @@ TINY_VISION = dict(
     spatial_merge_size=2,
     temporal_patch_size=2,
     in_channels=3,
+    # Wider than the 0.02 default: with 0.02 every block's output is negligible next to the
+    # residual stream, unlike trained towers, and no single op could matter.
+    initializer_range=0.1,
 )
 TINY_TEXT = dict(
     hidden_size=64,
@@ -124,7 +127,7 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
-def tiny_config(tokenizer) -> Any:
+def tiny_config(tokenizer, vision: dict | None = None) -> Any:
     """The Qwen2_5_VLConfig of the tiny preset, with token ids taken from ``tokenizer``."""
     from transformers import Qwen2_5_VLConfig
 
@@ -137,7 +140,7 @@ def tiny_config(tokenizer) -> Any:
         pad_token_id=ids["<|endoftext|>"],
     )
     return Qwen2_5_VLConfig(
-        vision_config=dict(TINY_VISION),
+        vision_config={**TINY_VISION, **(vision or {})},
         text_config=text,
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
@@ -147,23 +150,61 @@ def tiny_config(tokenizer) -> Any:
     )
 
 
-def make_tiny_model(seed: int = 0):
-    """The tiny preset in memory: (model, tokenizer), random weights from ``seed``."""
+def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 1000.0,
+                         gain: float = 1.0) -> list[int]:
+    """Plant a function-preserving activation outlier in one vision block's MLP (in place).
+
+    Qwen2.5-VL's vision MLP is ``down(act(gate(x)) * up(x))``. Multiplying ``channels`` rows of
+    ``up_proj`` by ``scale`` and dividing the same columns of ``down_proj`` by it leaves the float
+    function unchanged, but those hidden channels now carry values ``scale`` times larger than
+    the rest: the tensor ``down_proj`` reads gets a huge per-tensor INT8 range, as real
+    checkpoints' outlier channels do. Random initialisation leaves every MLP's output tiny next to
+    the residual stream (losing it would barely show), so ``gain`` scales ``down_proj`` to make
+    this block's MLP matter as trained ones do. Returns the channel indices.
+    """
+    import torch
+
+    vis = model.model.visual
+    if not 0 <= block < len(vis.blocks):
+        raise ValueError(f"model.tiny.outlier.block: {block} is not a vision block (0..{len(vis.blocks) - 1})")
+    mlp = vis.blocks[block].mlp
+    n = mlp.up_proj.out_features
+    idx = list(range(0, n, max(1, n // channels)))[:channels]
+    with torch.no_grad():
+        mlp.up_proj.weight[idx, :] *= scale
+        if mlp.up_proj.bias is not None:
+            mlp.up_proj.bias[idx] *= scale
+        mlp.down_proj.weight[:, idx] /= scale
+        mlp.down_proj.weight *= gain
+        if mlp.down_proj.bias is not None:
+            mlp.down_proj.bias *= gain
+    return idx
+
+
+def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | None = None):
+    """The tiny preset in memory: (model, tokenizer), random weights from ``seed``; ``outlier``
+    ({block, channels, scale, gain}) plants a sensitivity with :func:`plant_vision_outlier`;
+    ``vision`` overrides vision-config keys (benchmarks use real widths)."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     tokenizer = build_tiny_tokenizer()
-    config = tiny_config(tokenizer)
+    config = tiny_config(tokenizer, vision)
     torch.manual_seed(seed)
-    return Qwen2_5_VLForConditionalGeneration(config).eval(), tokenizer
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    if outlier:
+        plant_vision_outlier(model, int(outlier["block"]), int(outlier.get("channels", 2)),
+                             float(outlier.get("scale", 1000.0)), float(outlier.get("gain", 1.0)))
+    return model, tokenizer
 
 
-def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
+def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, outlier: dict | None = None,
+                          vision: dict | None = None) -> Path:
     """Write the tiny preset as a complete HF checkpoint into ``out_dir`` (atomically)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     out_dir = Path(out_dir)
-    model, tokenizer = make_tiny_model(seed)
+    model, tokenizer = make_tiny_model(seed, outlier, vision)
     image_processor = Qwen2VLImageProcessorPil()
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -174,7 +215,7 @@ def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
         data = json.loads(pp.read_text())
         data["processor_class"] = "Qwen2_5_VLProcessor"
         pp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": "tiny", "seed": seed}) + "\n")
+        (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": "tiny", "seed": seed, "outlier": outlier}) + "\n")
     log.info("tiny checkpoint written to %s (%d parameters)", out_dir, model.num_parameters())
     return out_dir
 

@@ -34,6 +34,9 @@ class Plan:
     sizes: list[str]
     variants: list[str]
     parity_images: list[ImageRef] = field(default_factory=list)
+    calib_images: list[ImageRef] = field(default_factory=list)
+    sens_variants: list[str] = field(default_factory=list)
+    engines: list[str] = field(default_factory=list)
 
     def checkpoint_dir(self) -> str:
         return self.checkpoint
@@ -120,7 +123,31 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
         raise ConfigError(
             f"parity.num_images: {n} requested but parity.images yields only {len(images)} image(s)."
         )
-    return Plan(name, ckpt_dir, preset, sizes, variants, images[:n])
+    cal = config.get("calibration", {})
+    try:
+        calib = resolve_images(cal.get("images", "builtin"), key="calibration.images")
+    except ImageError as e:
+        raise ConfigError(str(e)) from e
+    need = int(cal.get("num_calib", 6)) + int(cal.get("num_eval", 3))
+    if len(calib) < need:
+        raise ConfigError(
+            f"calibration.num_calib + calibration.num_eval = {need}, but calibration.images yields only "
+            f"{len(calib)} image(s); lower them or add images."
+        )
+    sens = config.get("sensitivity", {})
+    sens_variants = list(sens.get("variants", ["fp32", "fp16"]))
+    for v in sens_variants:
+        if v not in variants:
+            raise ConfigError(f"sensitivity.variants: '{v}' needs vision.variants to build '{v}' too.")
+    outlier = config.get("model", {}).get("tiny", {}).get("outlier")
+    if outlier and preset == "tiny":
+        from vlsens.checkpoint import TINY_VISION
+
+        if not 0 <= int(outlier["block"]) < TINY_VISION["depth"]:
+            raise ConfigError(f"model.tiny.outlier.block: {outlier['block']} is not a vision block "
+                              f"(0..{TINY_VISION['depth'] - 1}).")
+    return Plan(name, ckpt_dir, preset, sizes, variants, images[:n], calib, sens_variants,
+                list(sens.get("engines", ["ort"])))
 
 
 def vision_targets(plan: Plan) -> list[str]:
@@ -130,6 +157,33 @@ def vision_targets(plan: Plan) -> list[str]:
             base = f"{RESULTS}/{plan.model}/vision/{size}/{v}"
             out += [f"{base}/model.onnx", f"{base}/parity.json"]
     return out
+
+
+def calibration_targets(plan: Plan) -> list[str]:
+    return [f"{RESULTS}/{plan.model}/calib/vision/{size}/manifest.json" for size in plan.sizes]
+
+
+def sensitivity_targets(plan: Plan) -> list[str]:
+    return [f"{RESULTS}/{plan.model}/sensitivity/vision/{size}/{v}/{engine}.{ext}"
+            for size in plan.sizes for v in plan.sens_variants for engine in plan.engines for ext in ("csv", "json")]
+
+
+def profile_targets(plan: Plan) -> list[str]:
+    return [f"{RESULTS}/{plan.model}/profile/vision/{size}/{v}/{f}"
+            for size in plan.sizes for v in plan.sens_variants for f in ("eval.json", "profile.yaml", "model.onnx")]
+
+
+def all_targets(plan: Plan) -> list[str]:
+    return vision_targets(plan) + calibration_targets(plan) + sensitivity_targets(plan) + profile_targets(plan)
+
+
+def canonical(value):
+    """Order-independent form of a config value for rule params (sorted dict keys)."""
+    if isinstance(value, dict):
+        return {k: canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
 
 
 def tolerance_for(config: dict, variant: str) -> dict:

@@ -188,7 +188,7 @@ def output_metrics(actual: np.ndarray, reference: np.ndarray) -> dict[str, float
     signal = float(np.sum(r * r))
     na, nr = np.linalg.norm(a), np.linalg.norm(r)
     cos = float(a @ r / (na * nr)) if na > 0 and nr > 0 else float(na == nr)
-    sqnr = float("inf") if noise == 0 else (10.0 * np.log10(signal / noise) if signal > 0 else float("-inf"))
+    sqnr = float("inf") if noise == 0 else (float(10.0 * np.log10(signal / noise)) if signal > 0 else float("-inf"))
     if not np.isfinite(a).all():
         return {"mse": float("inf"), "cosine": -1.0, "sqnr_db": float("-inf")}
     return {"mse": mse, "cosine": cos, "sqnr_db": sqnr}

@@ -73,11 +73,12 @@ class SwitchMap:
         return m
 
     def to_json(self) -> dict:
-        return {"ops": self.ops, "tensors": self.tensors}
+        # A list, not a mapping: switch indices follow this order, and JSON writers sort keys.
+        return {"ops": self.ops, "tensors": [[t, adj] for t, adj in self.tensors.items()]}
 
     @classmethod
     def from_json(cls, data: dict) -> "SwitchMap":
-        return cls(data["ops"], data["tensors"])
+        return cls(data["ops"], {t: adj for t, adj in data["tensors"]})
 
 
 def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model: str | Path,
@@ -339,8 +340,14 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
 def read_csv(path: str | Path) -> list[dict]:
     import pandas as pd
 
-    df = pd.read_csv(path, keep_default_na=False)
-    return df.to_dict("records")
+    df = pd.read_csv(path, keep_default_na=False, dtype={"block": str})
+    rows = df.to_dict("records")
+    for r in rows:  # plain Python types (YAML/JSON friendly); block "" = not in a block
+        for k, v in r.items():
+            if isinstance(v, np.generic):
+                r[k] = v.item()
+        r["block"] = int(r["block"]) if str(r["block"]).strip() else ""
+    return rows
 
 
 def shard(items: Sequence, index: int, count: int) -> list:

@@ -17,6 +17,7 @@ STAGE_LIBRARIES = {
     "export": ("torch", "transformers", "onnx"),
     "fp16": ("onnx", "onnxconverter-common"),
     "simplify": ("onnx", "onnxsim"),
+    "sensitivity": ("onnx", "onnxruntime"),
 }
 #: Libraries recorded in every parity record (not rerun triggers: a gate re-checks, it does not
 #: change the artifact).

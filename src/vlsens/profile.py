@@ -1,0 +1,189 @@
+"""Stage: a mixed-precision profile that is built and verified.
+
+1. Search with the engine's switch model (any set of INT8 ops costs one pass over the evaluation
+   set): the longest prefix of the ranking (least sensitive first) that meets the target, by
+   bisection, then a greedy pass over the remaining ops in rank order, each kept only if the
+   combined model still meets the target (interactions are re-measured, not assumed).
+2. Build the real model: ``quantize_static`` with exactly the chosen ops and the engine's
+   calibration cache, and measure it with a normal ONNX Runtime session (default graph
+   optimizations, INT8 kernels where ORT fuses them). If it misses the target, the most
+   sensitive INT8 op goes back to float and the model is rebuilt, until it meets the target.
+3. Write ``profile.yaml``, ``nodes_to_exclude.json`` (for ``quantize_static``),
+   ``inc_op_name_dict.json`` (Intel Neural Compressor's ``op_name_dict``), the model and
+   ``eval.json``. A target that no INT8 op can meet is reported as ``status: unreachable``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from vlsens.calibration import load_split
+from vlsens.fsutil import publish, staging_dir, write_json
+from vlsens.onnxutil import data_path, make_session
+from vlsens.quant import output_metrics, quantize
+from vlsens.sensitivity import read_csv
+from vlsens.sensitivity_stage import Engine, ort_input
+
+log = logging.getLogger(__name__)
+
+HIGHER_IS_BETTER = {"cosine": True, "sqnr_db": True, "mse": False}
+
+
+def meets(metrics: dict, metric: str, value: float) -> bool:
+    m = metrics[metric]
+    return m >= value if HIGHER_IS_BETTER[metric] else m <= value
+
+
+def search(ranking: Sequence[str], evaluate: Callable[[list[str]], dict], metric: str, value: float,
+           max_evals: int = 200) -> tuple[list[str], list[dict]]:
+    """Largest INT8 set found by prefix bisection + greedy refinement. Returns (set, trace)."""
+    trace: list[dict] = []
+
+    def ok(ops: list[str], step: str) -> bool:
+        m = evaluate(ops)
+        trace.append({"step": step, "int8_ops": len(ops), **m, "meets": meets(m, metric, value)})
+        return trace[-1]["meets"]
+
+    order = list(ranking)  # least sensitive first
+    lo, hi = 0, len(order)  # prefix lo is known good (empty = float); find the largest good prefix
+    if ok(order, "all"):
+        return order, trace
+    while hi - lo > 1 and len(trace) < max_evals:
+        mid = (lo + hi) // 2
+        if ok(order[:mid], f"prefix {mid}"):
+            lo = mid
+        else:
+            hi = mid
+    chosen = order[:lo]
+    for op in order[lo:]:
+        if len(trace) >= max_evals:
+            break
+        if ok(chosen + [op], f"add {op}"):
+            chosen.append(op)
+    return chosen, trace
+
+
+def deployment_session(model: str | Path, threads: int = 0):
+    """A normal session (default optimizations); FP16 Q/DQ graphs that ORT's fusions reject
+    (fp16 scales in QLinear* kernels) fall back to basic optimizations. Returns (session, mode)."""
+    from vlsens.quant import engine_session
+
+    try:
+        return make_session(model, threads=threads), "default"
+    except Exception as e:  # noqa: BLE001  (ORT raises its own Fail / InvalidGraph types)
+        log.warning("default session refused %s (%s); using basic optimizations", model, str(e)[:160])
+        return engine_session(model, threads=threads), "basic (default optimizations refused the graph)"
+
+
+def latency_ms(model: str | Path, feed: dict, runs: int = 10, threads: int = 0) -> float:
+    sess, _ = deployment_session(model, threads)
+    sess.run(None, feed)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(None, feed)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def deployed_outputs(model: str | Path, inputs: np.ndarray, threads: int = 0) -> tuple[np.ndarray, str]:
+    """Outputs with :func:`deployment_session` (the session mode is returned and recorded)."""
+    name, batch = ort_input(model)
+    sess, mode = deployment_session(model, threads)
+    outs = [sess.run(None, {name: inputs[i:i + batch]})[0] for i in range(0, len(inputs) - len(inputs) % batch, batch)]
+    return np.concatenate(outs), mode
+
+
+def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str | Path,
+                  base_models: dict[str, str | Path], out_dir: str | Path, metric: str, value: float,
+                  max_evals: int = 200, variant: str = "fp32", threads: int = 0) -> dict:
+    import yaml
+
+    eng_dir = Engine(engine_dir)
+    rows = {r["op"]: r for r in read_csv(ranking_csv)}
+    ranking = [r["op"] for r in sorted(rows.values(), key=lambda r: -int(r["rank"]))]  # least sensitive first
+    evals = load_split(eval_npz)
+    engine = eng_dir.session(evals, threads)
+    reference = eng_dir.float_outputs()
+    t0 = time.perf_counter()
+    chosen, trace = search(ranking, lambda ops: output_metrics(engine.run(ops), reference), metric, value, max_evals)
+    search_s = time.perf_counter() - t0
+
+    out_dir = Path(out_dir)
+    float_ref, _ = deployed_outputs(eng_dir.float_model, evals, threads)
+    by_sensitivity = sorted(chosen, key=lambda n: int(rows[n]["rank"]))  # most sensitive first
+    rebuilds = []
+    with staging_dir(out_dir) as tmp:
+        while True:
+            model = quantize(eng_dir.float_model, tmp / "model.onnx", chosen, eng_dir.settings, eng_dir.cache)
+            out, mode = deployed_outputs(model, evals, threads)
+            measured = output_metrics(out, float_ref)
+            rebuilds.append({"int8_ops": len(chosen), **measured, "session": mode})
+            if meets(measured, metric, value) or not chosen:
+                break
+            drop = by_sensitivity.pop(0)
+            chosen.remove(drop)
+            log.info("built model misses the target (%s); %s back to float", measured, drop)
+        status = "met" if chosen else "unreachable"
+        excluded = [n for n in ranking[::-1] if n not in set(chosen)]
+        name, batch = ort_input(model)
+        feed = {name: evals[:batch]}
+        weights_total = sum(int(rows[n]["weight_params"]) for n in rows)
+        weights_int8 = sum(int(rows[n]["weight_params"]) for n in chosen)
+        size = model.stat().st_size + data_path(model).stat().st_size
+        eval_record = {
+            "variant": variant,
+            "status": status,
+            "target": {"metric": metric, "value": value,
+                       "direction": ">=" if HIGHER_IS_BETTER[metric] else "<="},
+            "measured": measured,
+            "meets_target": meets(measured, metric, value),
+            "measured_against": "the float base model, ONNX Runtime, evaluation images",
+            "session": mode,
+            "int8_ops": len(chosen),
+            "quantizable_ops": len(rows),
+            "int8_op_share": len(chosen) / len(rows),
+            "int8_weight_share": weights_int8 / weights_total if weights_total else 0.0,
+            "model_bytes": size,
+            "latency_ms": {
+                "int8_mixed": latency_ms(model, feed, threads=threads),
+                **{k: latency_ms(p, feed, threads=threads) for k, p in base_models.items()},
+            },
+            "latency_note": "median of 10 runs, batch of the graph, ONNX Runtime CPU (or CUDA when present)",
+            "search": {"evaluations": len(trace), "seconds": search_s, "trace": trace},
+            "rebuilds": rebuilds,
+            "eval_images": int(len(evals)),
+            "settings": eng_dir.meta["settings"],
+        }
+        if status == "unreachable":
+            log.error("target %s %s %s is unreachable with any INT8 op: the profile keeps every op in float",
+                      metric, eval_record["target"]["direction"], value)
+        chosen_set = set(chosen)
+        profile = {
+            "target": eval_record["target"],
+            "status": status,
+            "measured": measured,
+            "ops": {},
+        }
+        for n in ranking[::-1]:
+            r = rows[n]
+            why = (f"rank {r['rank']}/{len(rows)} (MSE {float(r['mse']):.3g} alone); the combined model meets the target"
+                   if n in chosen_set else
+                   f"rank {r['rank']}/{len(rows)} (MSE {float(r['mse']):.3g} alone); INT8 here breaks the target")
+            profile["ops"][n] = {"precision": "int8" if n in chosen_set else ("fp16" if variant.startswith("fp16") else "fp32"),
+                                 "op_type": r["op_type"], "block": r["block"], "role": r["role"], "why": why}
+        (tmp / "profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False, width=120))
+        write_json(tmp / "nodes_to_exclude.json", {"nodes_to_exclude": excluded})
+        write_json(tmp / "inc_op_name_dict.json",
+                   {n: {"activation": {"dtype": ["fp32"]}, "weight": {"dtype": ["fp32"]}} for n in excluded})
+        write_json(tmp / "eval.json", eval_record)
+        files = ["profile.yaml", "nodes_to_exclude.json", "inc_op_name_dict.json", "model.onnx.data", "eval.json", "model.onnx"]
+        publish({out_dir / f: tmp / f for f in files}, last=out_dir / "model.onnx")
+    return eval_record

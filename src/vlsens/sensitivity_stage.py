@@ -1,0 +1,174 @@
+"""Stages of the ``ort`` sensitivity engine, as the workflow runs them.
+
+``prepare``  float model (untied) -> calibration (once, ORT cache) -> all-op QDQ model ->
+             switch model; also the float outputs on the evaluation set and the floor timing.
+``shard``    rows for one contiguous slice of the op list (a cluster spreads shards over jobs).
+``gather``   shards -> ranked ``ort.csv`` + ``ort.json`` (all-INT8 metrics, timing, settings).
+
+Engine folder (``engine/``): ``float.onnx``, ``switch.onnx`` (+ data), ``calibration.json``
+(ORT's calibration cache), ``engine.json`` (ops, switch map, settings, floor timing) and
+``float_outputs.npy`` (the reference on the evaluation set).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from vlsens.calibration import load_split
+from vlsens.fsutil import write_json
+from vlsens.quant import ArrayReader, Op, QuantSettings, output_metrics, prepare_float_model, quantize
+from vlsens.sensitivity import (
+    SwitchEngine,
+    SwitchMap,
+    build_switch_model,
+    engine_sensitivity,
+    float_outputs,
+    rank_rows,
+    read_csv,
+    select_ops,
+    shard,
+    write_csv,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Paths and metadata of a prepared engine folder."""
+
+    def __init__(self, folder: str | Path):
+        self.dir = Path(folder)
+        self.meta = json.loads((self.dir / "engine.json").read_text())
+        self.ops = [Op(**o) for o in self.meta["ops"]]
+        self.switches = SwitchMap.from_json(self.meta["switches"])
+        self.settings = QuantSettings.from_config(self.meta["settings"])
+
+    @property
+    def float_model(self) -> Path:
+        return self.dir / "float.onnx"
+
+    @property
+    def switch_model(self) -> Path:
+        return self.dir / "switch.onnx"
+
+    @property
+    def cache(self) -> Path:
+        return self.dir / "calibration.json"
+
+    def float_outputs(self) -> np.ndarray:
+        return np.load(self.dir / "float_outputs.npy", allow_pickle=False)
+
+    def session(self, eval_inputs: np.ndarray, threads: int = 0) -> SwitchEngine:
+        return SwitchEngine(self.switch_model, self.switches, eval_inputs, threads)
+
+
+def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path, engine_dir: str | Path,
+            settings: QuantSettings, threads: int = 0) -> dict:
+    """Build the engine folder (staged, ``engine.json`` written last)."""
+    engine_dir = Path(engine_dir)
+    engine_dir.mkdir(parents=True, exist_ok=True)
+    calib, evals = load_split(calib_npz), load_split(eval_npz)
+    t0 = time.perf_counter()
+    fl = prepare_float_model(base_model, engine_dir / "float.onnx")
+    ops = select_ops(fl, settings)
+    if not ops:
+        raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
+    import onnxruntime as ort  # noqa: F401  (fail early if missing)
+
+    first = ort_input(fl)
+    cache = engine_dir / "calibration.json"
+    if cache.exists():
+        cache.unlink()
+    scratch = engine_dir / "all-int8"
+    t_cal = time.perf_counter()
+    quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, cache,
+             ArrayReader(first[0], calib, first[1]))
+    t_q = time.perf_counter()
+    switches = build_switch_model(fl, scratch / "model.onnx", engine_dir / "switch.onnx", [o.name for o in ops])
+    shutil.rmtree(scratch, ignore_errors=True)
+    t_sw = time.perf_counter()
+    # The reference is the switch model with every switch off (identical to the float model in
+    # FP32; in FP16 it keeps the engine's own float path, see README).
+    eng = SwitchEngine(engine_dir / "switch.onnx", switches, evals, threads)
+    ref = eng.run(())
+    _, floor = float_outputs(fl, evals, threads)
+    np.save(engine_dir / "float_outputs.npy", ref, allow_pickle=False)
+    meta = {
+        "base_model": str(base_model),
+        "ops": [o.__dict__ for o in ops],
+        "switches": switches.to_json(),
+        "settings": settings.as_dict(),
+        "eval_images": int(len(evals)),
+        "calib_images": int(len(calib)),
+        "seconds": {"calibrate_and_quantize": t_q - t_cal, "switch_model": t_sw - t_q,
+                    "total": time.perf_counter() - t0},
+        "floor_seconds": floor,
+    }
+    write_json(engine_dir / "engine.json", meta)
+    return meta
+
+
+def ort_input(model_path: str | Path) -> tuple[str, int]:
+    """Name and fixed batch size of the model's (first) input."""
+    import onnx
+
+    m = onnx.load(str(model_path), load_external_data=False)
+    inp = m.graph.input[0]
+    d0 = inp.type.tensor_type.shape.dim[0]
+    return inp.name, (d0.dim_value if d0.HasField("dim_value") and d0.dim_value > 0 else 1)
+
+
+def run_shard(engine_dir: str | Path, eval_npz: str | Path, index: int, count: int, out_csv: str | Path,
+              threads: int = 0) -> dict:
+    """Sensitivity rows of shard ``index`` of ``count`` (unranked) + a timing sidecar JSON."""
+    eng_dir = Engine(engine_dir)
+    ops = shard(eng_dir.ops, index, count)
+    engine = eng_dir.session(load_split(eval_npz), threads)
+    rows, per_op = engine_sensitivity(engine, ops, eng_dir.float_outputs())
+    write_csv(rows, out_csv)
+    info = {"shard": index, "of": count, "ops": len(ops), "seconds_per_op": per_op}
+    write_json(Path(out_csv).with_suffix(".json"), info)
+    return info
+
+
+def gather(engine_dir: str | Path, eval_npz: str | Path, shard_csvs: Sequence[str | Path],
+           out_csv: str | Path, out_json: str | Path, threads: int = 0) -> dict:
+    """Join shards into the ranked CSV; measure the all-INT8 model; write the sidecar JSON."""
+    eng_dir = Engine(engine_dir)
+    rows = [r for p in shard_csvs for r in read_csv(p)]
+    names = [r["op"] for r in rows]
+    expected = [o.name for o in eng_dir.ops]
+    if sorted(names) != sorted(expected):
+        missing = sorted(set(expected) - set(names))
+        raise ValueError(f"shards do not cover the op list exactly (missing: {missing[:5]})")
+    order = {n: i for i, n in enumerate(expected)}
+    rows.sort(key=lambda r: order[r["op"]])
+    ranked = rank_rows(rows)
+    write_csv(ranked, out_csv)
+    engine = eng_dir.session(load_split(eval_npz), threads)
+    all_int8 = output_metrics(engine.run(expected), eng_dir.float_outputs())
+    timings = [json.loads(Path(p).with_suffix(".json").read_text()) for p in shard_csvs]
+    n = sum(t["ops"] for t in timings)
+    per_op = sum(t["seconds_per_op"] * t["ops"] for t in timings) / max(n, 1)
+    summary = {
+        "engine": "ort",
+        "ops": len(ranked),
+        "all_int8": all_int8,
+        "settings": eng_dir.meta["settings"],
+        "eval_images": eng_dir.meta["eval_images"],
+        "calib_images": eng_dir.meta["calib_images"],
+        "seconds_per_op": per_op,
+        "floor_seconds": eng_dir.meta["floor_seconds"],
+        "per_op_over_floor": per_op / eng_dir.meta["floor_seconds"] if eng_dir.meta["floor_seconds"] else None,
+        "shards": len(shard_csvs),
+        "most_sensitive": [r["op"] for r in ranked[:5]],
+    }
+    write_json(out_json, summary)
+    return summary

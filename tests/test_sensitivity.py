@@ -1,0 +1,153 @@
+"""The ort engine: exact against the one-model-per-op method, shardable, finds a planted outlier;
+and the profile built from it."""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import yaml
+
+from conftest import TOL_FP32
+from vlsens.calibration import build_calibration, load_split
+from vlsens.checkpoint import build_tiny_checkpoint
+from vlsens.export import export_vision_fixed
+from vlsens.images import resolve_images
+from vlsens.profile import build_profile
+from vlsens.quant import QuantSettings, output_metrics, parse_op_name
+from vlsens.sensitivity import read_csv, straightforward_sensitivity
+from vlsens.sensitivity_stage import Engine, gather, prepare, run_shard
+from vlsens.vision import compute_reference
+
+PLANT = {"block": 2, "channels": 2, "scale": 1000.0}
+
+
+def _pipeline(root, outlier):
+    ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, outlier=outlier)
+    refs = resolve_images("builtin")
+    compute_reference(ckpt, refs[:2], 224, 224).save(root / "ref.npz")
+    model = root / "fp32" / "model.onnx"
+    export_vision_fixed(ckpt, root / "ref.npz", model, root / "fp32" / "parity.json", 224, 224, TOL_FP32)
+    build_calibration(ckpt, refs, 224, 224, root / "calib", 6, 3)
+    prepare(model, root / "calib" / "calib.npz", root / "calib" / "eval.npz", root / "engine", QuantSettings())
+    shards = [root / "shards" / f"ort.{i}-of-3.csv" for i in range(3)]
+    for i, p in enumerate(shards):
+        run_shard(root / "engine", root / "calib" / "eval.npz", i, 3, p)
+    gather(root / "engine", root / "calib" / "eval.npz", shards, root / "ort.csv", root / "ort.json")
+    return root
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    return _pipeline(tmp_path_factory.mktemp("planted"), PLANT)
+
+
+@pytest.fixture(scope="module")
+def unplanted(tmp_path_factory):
+    return _pipeline(tmp_path_factory.mktemp("unplanted"), None)
+
+
+def test_engine_equals_one_model_per_op(planted, tmp_path):
+    """Same numbers as quantize_static(nodes_to_quantize=[k]) + a fresh session, for every op."""
+    eng = Engine(planted / "engine")
+    evals = load_split(planted / "calib" / "eval.npz")
+    session = eng.session(evals)
+    ref = eng.float_outputs()
+    _, _, outs = straightforward_sensitivity(eng.float_model, eng.ops, eng.settings, eng.cache, evals, ref, tmp_path)
+    for op, expected in zip(eng.ops, outs):
+        np.testing.assert_array_equal(session.run([op.name]), expected, err_msg=op.name)
+    rows = {r["op"]: r for r in read_csv(planted / "ort.csv")}
+    for op, expected in zip(eng.ops, outs):
+        assert rows[op.name]["mse"] == pytest.approx(output_metrics(expected, ref)["mse"], rel=1e-6)
+
+
+def test_switches_off_is_the_float_model(planted):
+    from vlsens.sensitivity import float_outputs
+
+    eng = Engine(planted / "engine")
+    evals = load_split(planted / "calib" / "eval.npz")
+    out, _ = float_outputs(eng.float_model, evals)
+    np.testing.assert_array_equal(eng.float_outputs(), out)
+
+
+def test_sharded_equals_unsharded(planted, tmp_path):
+    one = tmp_path / "ort.0-of-1.csv"
+    run_shard(planted / "engine", planted / "calib" / "eval.npz", 0, 1, one)
+    gather(planted / "engine", planted / "calib" / "eval.npz", [one], tmp_path / "ort.csv", tmp_path / "ort.json")
+    a, b = read_csv(planted / "ort.csv"), read_csv(tmp_path / "ort.csv")
+    assert [(r["op"], r["rank"], r["mse"]) for r in a] == [(r["op"], r["rank"], r["mse"]) for r in b]
+
+
+def test_csv_schema_and_sidecar(planted):
+    rows = read_csv(planted / "ort.csv")
+    assert list(rows[0]) == ["rank", "op", "op_type", "block", "role", "weight_params", "mse", "cosine", "sqnr_db"]
+    assert [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(a["mse"] >= b["mse"] for a, b in zip(rows, rows[1:]))
+    down = next(r for r in rows if r["op"] == "/visual/blocks.2/mlp/down_proj/Gemm")
+    assert (down["block"], down["role"], down["op_type"], down["weight_params"]) == (2, "mlp.down_proj", "Gemm", 128 * 64)
+    side = json.loads((planted / "ort.json").read_text())
+    assert side["all_int8"]["cosine"] < 1 and side["ops"] == len(rows) and side["shards"] == 3
+    assert side["seconds_per_op"] > 0 and side["floor_seconds"] > 0
+
+
+def test_planted_outlier_is_ranked_first(planted, unplanted):
+    """down_proj reads the outlier tensor, up_proj writes it: they are #1 and #2."""
+    rows = read_csv(planted / "ort.csv")
+    assert (rows[0]["block"], rows[0]["role"]) == (PLANT["block"], "mlp.down_proj"), rows[0]
+    assert (rows[1]["block"], rows[1]["role"]) == (PLANT["block"], "mlp.up_proj"), rows[1]
+    baseline = max(r["mse"] for r in read_csv(unplanted / "ort.csv"))
+    assert rows[1]["mse"] > 20 * baseline > 20 * rows[2]["mse"] / 2  # a real sensitivity, not noise
+
+
+def test_profile_meets_target_keeps_planted_op_float_and_is_remeasured(planted, tmp_path):
+    out = tmp_path / "profile"
+    rec = build_profile(planted / "engine", planted / "ort.csv", planted / "calib" / "eval.npz",
+                        {"fp32": planted / "fp32" / "model.onnx"}, out, "cosine", 0.999)
+    assert rec["status"] == "met" and rec["meets_target"] and rec["measured"]["cosine"] >= 0.999
+    assert rec["int8_op_share"] >= 0.8
+    prof = yaml.safe_load((out / "profile.yaml").read_text())
+    planted_ops = [n for n, o in prof["ops"].items() if o["block"] == PLANT["block"] and o["role"] == "mlp.down_proj"]
+    assert prof["ops"][planted_ops[0]]["precision"] == "fp32"
+    excluded = json.loads((out / "nodes_to_exclude.json").read_text())["nodes_to_exclude"]
+    assert planted_ops[0] in excluded
+    inc = json.loads((out / "inc_op_name_dict.json").read_text())
+    assert set(inc) == set(excluded) and inc[planted_ops[0]]["weight"]["dtype"] == ["fp32"]
+    # Independent re-measurement of the written model against the float model.
+    evals = load_split(planted / "calib" / "eval.npz")
+    q = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    f = ort.InferenceSession(str(planted / "fp32" / "model.onnx"), providers=["CPUExecutionProvider"])
+    qo = np.concatenate([q.run(None, {"pixel_values": evals[i:i + 1]})[0] for i in range(len(evals))])
+    fo = np.concatenate([f.run(None, {"pixel_values": evals[i:i + 1]})[0] for i in range(len(evals))])
+    assert output_metrics(qo, fo)["cosine"] == pytest.approx(rec["measured"]["cosine"], abs=1e-6)
+    assert len({n.op_type for n in __import__("onnx").load(str(out / "model.onnx"), load_external_data=False).graph.node}
+               & {"QuantizeLinear", "DequantizeLinear"}) == 2
+
+
+def test_unreachable_target_is_reported(planted, tmp_path):
+    rec = build_profile(planted / "engine", planted / "ort.csv", planted / "calib" / "eval.npz",
+                        {"fp32": planted / "fp32" / "model.onnx"}, tmp_path / "p", "sqnr_db", 1000.0)
+    assert rec["status"] == "unreachable" and rec["int8_ops"] == 0
+
+
+@pytest.mark.parametrize("name,op_type,expect", [
+    ("/visual/blocks.7/mlp/down_proj/Gemm", "Gemm", (7, "mlp.down_proj")),
+    ("/visual/merger/mlp/mlp.2/Gemm", "Gemm", (None, "merger.mlp.mlp.2")),
+    ("/visual/blocks.0/attn/MatMul_3", "MatMul", (0, "attn.MatMul_3")),
+    ("/visual/patch_embed/proj/Conv", "Conv", (None, "patch_embed.proj")),
+])
+def test_parse_op_name(name, op_type, expect):
+    assert parse_op_name(name, op_type) == expect
+
+
+def test_switch_map_survives_a_json_round_trip():
+    from vlsens.fsutil import write_json
+    from vlsens.sensitivity import SwitchMap
+    import tempfile, pathlib
+
+    sm = SwitchMap(["b", "a"], {"z": ["a"], "y": ["b"], "x": ["a", "b"]})
+    with tempfile.TemporaryDirectory() as d:
+        p = pathlib.Path(d) / "s.json"
+        write_json(p, sm.to_json())
+        back = SwitchMap.from_json(json.loads(p.read_text()))
+    for ops in ([], ["a"], ["b"], ["a", "b"]):
+        np.testing.assert_array_equal(back.mask(ops), sm.mask(ops))
