@@ -40,6 +40,7 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/bench_spine.py
+	$(BIN)/python bench/bench_sensitivity.py
 
 clean:
 	rm -rf results .snakemake
