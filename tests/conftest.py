@@ -44,3 +44,15 @@ def fp32_224(tiny_ckpt, reference_224, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fp32") / "model.onnx"
     export_vision_fixed(tiny_ckpt, reference_224, out, out.with_name("parity.json"), 224, 224, TOL_FP32)
     return out
+
+
+@pytest.fixture
+def pickle_only_ckpt(tiny_ckpt, tmp_path) -> Path:
+    """A Qwen2.5-VL config next to pickle weights only (never loaded)."""
+    import shutil
+
+    d = tmp_path / "pickled"
+    d.mkdir()
+    shutil.copy(tiny_ckpt / "config.json", d / "config.json")
+    (d / "pytorch_model.bin").write_bytes(b"not loaded")
+    return d

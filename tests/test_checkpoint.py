@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import shutil
 
 import pytest
 import torch
@@ -69,15 +68,11 @@ def test_multimodal_forward_through_the_processor(tiny_ckpt, parity_refs):
     assert torch.isfinite(out.logits).all()
 
 
-def test_pickle_only_checkpoint_is_refused(tiny_ckpt, tmp_path):
-    bad = tmp_path / "pickled"
-    bad.mkdir()
-    shutil.copy(tiny_ckpt / "config.json", bad / "config.json")
-    (bad / "pytorch_model.bin").write_bytes(b"not loaded")
+def test_pickle_only_checkpoint_is_refused(pickle_only_ckpt):
     with pytest.raises(CheckpointError, match="only pickle weights.*safetensors only"):
-        check_checkpoint_dir(bad)
+        check_checkpoint_dir(pickle_only_ckpt)
     with pytest.raises(CheckpointError, match="pickle"):
-        load_model(bad)
+        load_model(pickle_only_ckpt)
 
 
 def test_missing_and_foreign_checkpoints(tmp_path):

@@ -1,7 +1,6 @@
 """Bad configuration fails when the DAG is built, with a message that names key, value and fix."""
 
 import copy
-import shutil
 import subprocess
 import sys
 
@@ -64,13 +63,9 @@ def test_missing_checkpoint_dir(tmp_path):
         make_plan(_cfg(model__checkpoint=str(tmp_path / "nope")))
 
 
-def test_pickle_only_checkpoint(tiny_ckpt, tmp_path):
-    d = tmp_path / "pickled"
-    d.mkdir()
-    shutil.copy(tiny_ckpt / "config.json", d / "config.json")
-    (d / "pytorch_model.bin").write_bytes(b"x")
+def test_pickle_only_checkpoint(pickle_only_ckpt):
     with pytest.raises(ConfigError, match="model.checkpoint: .*only pickle weights"):
-        make_plan(_cfg(model__checkpoint=str(d)))
+        make_plan(_cfg(model__checkpoint=str(pickle_only_ckpt)))
 
 
 def test_local_checkpoint_gets_its_directory_name(tiny_ckpt):

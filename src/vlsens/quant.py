@@ -75,9 +75,6 @@ class ArrayReader:
     def __len__(self):
         return len(self._feeds)
 
-    def rewind(self):
-        self._it = iter(self._feeds)
-
 
 @dataclass
 class Op:

@@ -20,7 +20,6 @@ their outputs are identical on the tiny model.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -356,10 +355,6 @@ def shard(items: Sequence, index: int, count: int) -> list:
         raise ValueError(f"shard {index} of {count}")
     bounds = np.linspace(0, len(items), count + 1).round().astype(int)
     return list(items[bounds[index]:bounds[index + 1]])
-
-
-def load_ops(path: str | Path) -> list[Op]:
-    return [Op(**o) for o in json.loads(Path(path).read_text())["ops"]]
 
 
 def select_ops(model_path: str | Path, settings: QuantSettings) -> list[Op]:

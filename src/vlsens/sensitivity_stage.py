@@ -80,8 +80,6 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     ops = select_ops(fl, settings)
     if not ops:
         raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
-    import onnxruntime as ort  # noqa: F401  (fail early if missing)
-
     first = ort_input(fl)
     cache = engine_dir / "calibration.json"
     if cache.exists():
