@@ -8,8 +8,13 @@ GPUS   ?= 1
 ARGS   ?=
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.vlsens-installed
+# Sensitivity engine "inc" (Intel Neural Compressor 3.7.1) needs onnx<=1.18 and numpy<2: its own
+# virtualenv, built from envs/inc.yaml's pins, only when a config enables it (and for the tests).
+INC_VENV  ?= .venv-inc
+INC_STAMP := $(INC_VENV)/.vlsens-inc-installed
+CONFIG    ?= config/config.yaml
 
-.PHONY: run test install install-test lint bench clean
+.PHONY: run test install install-test inc-env lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,14 +30,25 @@ $(STAMP)-test: $(STAMP)
 	$(PIP) install --quiet -c constraints.txt -e ".[test,slurm]"
 	touch $@
 
+$(INC_STAMP): envs/inc.yaml | $(STAMP)
+	rm -rf $(INC_VENV)
+	$(PYTHON) -m venv $(INC_VENV)
+	$(INC_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(INC_VENV)/bin/python -m pip install --quiet $$($(BIN)/python -m vlsens.inc_env requirements envs/inc.yaml)
+	PYTHONPATH=src $(INC_VENV)/bin/python -c "from vlsens.inc import check_environment as c; print(c())"
+	touch $@
+
 install: $(STAMP)
 
 install-test: $(STAMP)-test
 
+inc-env: $(INC_STAMP)
+
 run: install
+	@if $(BIN)/python -m vlsens.inc_env enabled $(CONFIG); then $(MAKE) --no-print-directory inc-env; fi
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS) $(ARGS)
 
-test: install-test
+test: install-test inc-env
 	$(BIN)/python -m pytest $(ARGS)
 
 lint: install

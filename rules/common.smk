@@ -13,6 +13,7 @@ if _SRC not in sys.path:
 from vlsens.config import all_targets, canonical, make_plan, tolerance_for
 from vlsens.errors import ConfigError
 from vlsens.versions import stage_versions
+from snakemake.settings.types import DeploymentMethod
 
 
 validate(config, "../workflow/schemas/config.schema.yaml")
@@ -21,13 +22,31 @@ try:
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
 
+# Engine "inc" runs in its own interpreter: envs/inc.yaml under --use-conda, else
+# sensitivity.inc.python (default .venv-inc/bin/python, made by `make inc-env`), checked here so
+# a missing environment fails before any job starts.
+INC_PYTHON, INC_VERSIONS = None, {}
+if "inc" in PLAN.engines:
+    from vlsens.inc_env import check_interpreter, pinned_versions, resolve_python
+
+    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+        INC_PYTHON = "python"
+        INC_VERSIONS = pinned_versions(Path(workflow.basedir) / "envs" / "inc.yaml")
+    else:
+        INC_PYTHON = resolve_python(config["sensitivity"]["inc"]["python"], workflow.basedir)
+        try:
+            INC_VERSIONS = check_interpreter(INC_PYTHON)
+        except ConfigError as e:
+            raise WorkflowError(f"invalid configuration: {e}") from None
+INC_SCRIPT = str(Path(workflow.basedir) / "workflow" / "scripts" / "sensitivity_inc.py")
+
 
 wildcard_constraints:
     model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     size=r"[0-9]+x[0-9]+",
     base="fp32|fp16",
     variant="fp32|fp16",
-    engine="ort",
+    engine="ort|inc",
 
 
 def get_final_output():
@@ -67,3 +86,13 @@ def shard_csvs(wildcards):
 def quant_settings():
     s = config["sensitivity"]
     return {k: s[k] for k in ("op_types", "activation_type", "weight_type", "per_channel", "calibrate_method")}
+
+
+def inc_settings_json():
+    import json
+
+    return json.dumps(canonical(quant_settings()), sort_keys=True)
+
+
+def inc_versions():
+    return INC_VERSIONS

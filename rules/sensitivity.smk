@@ -82,3 +82,95 @@ rule sensitivity_gather:
         "../envs/onnx.yaml"
     script:
         "../workflow/scripts/sensitivity_gather.py"
+
+
+# Engine "inc": Intel Neural Compressor 3.7.1, strategy mse_v2, in its own environment. A shell
+# rule because the script runs with INC's interpreter, not Snakemake's (src/vlsens/inc.py says
+# why). CPU only: INC's ONNX Runtime adaptor creates its sessions with the CPU provider.
+rule sensitivity_inc:
+    input:
+        model="results/{model}/vision/{size}/{variant}/model.onnx",
+        data="results/{model}/vision/{size}/{variant}/model.onnx.data",
+        calib=rules.calibration.output.calib,
+        eval=rules.calibration.output.eval,
+    output:
+        csv="results/{model}/sensitivity/vision/{size}/{variant}/inc.csv",
+        summary="results/{model}/sensitivity/vision/{size}/{variant}/inc.json",
+    log:
+        "results/{model}/logs/sensitivity_inc/{size}-{variant}.log",
+    benchmark:
+        "results/{model}/benchmarks/sensitivity_inc/{size}-{variant}.tsv"
+    wildcard_constraints:
+        variant="fp32",
+    params:
+        python=INC_PYTHON,
+        script=INC_SCRIPT,
+        settings=inc_settings_json(),
+        max_ops=config["sensitivity"]["inc"]["max_ops"],
+        versions=inc_versions(),
+    threads: config["threads"]
+    resources:
+        gpu=0,
+    conda:
+        "../envs/inc.yaml"
+    shell:
+        "{params.python} {params.script} --model {input.model:q} --calib {input.calib:q}"
+        " --eval {input.eval:q} --csv {output.csv:q} --summary {output.summary:q} --log {log:q}"
+        " --settings {params.settings:q} --max-ops {params.max_ops} --threads {threads}"
+
+
+# INC's own fallback run to the profile's target (sensitivity.inc.tune: true).
+rule sensitivity_inc_tune:
+    input:
+        model="results/{model}/vision/{size}/{variant}/model.onnx",
+        data="results/{model}/vision/{size}/{variant}/model.onnx.data",
+        calib=rules.calibration.output.calib,
+        eval=rules.calibration.output.eval,
+    output:
+        eval="results/{model}/sensitivity/vision/{size}/{variant}/inc-tune/eval.json",
+    log:
+        "results/{model}/logs/sensitivity_inc_tune/{size}-{variant}.log",
+    benchmark:
+        "results/{model}/benchmarks/sensitivity_inc_tune/{size}-{variant}.tsv"
+    wildcard_constraints:
+        variant="fp32",
+    params:
+        python=INC_PYTHON,
+        script=INC_SCRIPT,
+        settings=inc_settings_json(),
+        metric=config["profile"]["metric"],
+        target=config["profile"]["target"],
+        max_trials=config["sensitivity"]["inc"]["max_trials"],
+        versions=inc_versions(),
+    threads: config["threads"]
+    resources:
+        gpu=0,
+    conda:
+        "../envs/inc.yaml"
+    shell:
+        "{params.python} {params.script} --tune --model {input.model:q} --calib {input.calib:q}"
+        " --eval {input.eval:q} --summary {output.eval:q} --log {log:q}"
+        " --settings {params.settings:q} --metric {params.metric} --target {params.target}"
+        " --max-trials {params.max_trials} --threads {threads}"
+
+
+rule sensitivity_compare:
+    input:
+        ort_csv="results/{model}/sensitivity/vision/{size}/{variant}/ort.csv",
+        ort_json="results/{model}/sensitivity/vision/{size}/{variant}/ort.json",
+        inc_csv="results/{model}/sensitivity/vision/{size}/{variant}/inc.csv",
+        inc_json="results/{model}/sensitivity/vision/{size}/{variant}/inc.json",
+    output:
+        "results/{model}/sensitivity/vision/{size}/{variant}/compare.json",
+    log:
+        "results/{model}/logs/sensitivity_compare/{size}-{variant}.log",
+    benchmark:
+        "results/{model}/benchmarks/sensitivity_compare/{size}-{variant}.tsv"
+    params:
+        top_k=config["sensitivity"]["compare"]["top_k"],
+    resources:
+        gpu=0,
+    conda:
+        "../envs/onnx.yaml"
+    script:
+        "../workflow/scripts/sensitivity_compare.py"

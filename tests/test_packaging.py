@@ -23,8 +23,10 @@ def _env_pip_deps(path):
 def test_conda_envs_use_pyproject_requirements():
     deps = _pyproject_deps()
     envs = sorted((REPO / "envs").glob("*.yaml"))
-    assert {p.name for p in envs} >= {"torch.yaml", "onnx.yaml"}
+    assert {p.name for p in envs} >= {"torch.yaml", "onnx.yaml", "inc.yaml"}
     for env in envs:
+        if env.name == "inc.yaml":  # engine inc's own environment: see test_inc_env_is_pinned
+            continue
         for name, spec in _env_pip_deps(env).items():
             assert name in deps, f"{env.name}: {name} is not a dependency in pyproject.toml"
             assert spec == deps[name], f"{env.name}: {name}{spec} differs from pyproject's {name}{deps[name]}"
@@ -68,11 +70,34 @@ def test_constraints_satisfy_pyproject_ranges():
         assert Requirement(f"{name}{spec}").specifier.contains(pins[name]), f"{name}=={pins[name]} outside {spec}"
 
 
+#: Rules that run their script with engine inc's interpreter (a shell command, not script:).
+SHELL_RULES = {"sensitivity_inc", "sensitivity_inc_tune"}
+
+
 def test_every_rule_declares_log_benchmark_and_conda():
     text = "\n".join(p.read_text() for p in (REPO / "rules").glob("*.smk"))
     rules = re.split(r"\nrule ", text)[1:]
     assert rules
     for body in rules:
         name = body.split(":")[0]
-        for directive in ("log:", "benchmark:", "conda:", "script:"):
+        for directive in ("log:", "benchmark:", "conda:", "shell:" if name in SHELL_RULES else "script:"):
             assert directive in body, f"rule {name} lacks {directive}"
+        assert "resources:" in body and "gpu=" in body, f"rule {name} does not declare its GPU use"
+
+
+def test_inc_env_is_pinned():
+    """envs/inc.yaml (also the source of the Makefile's .venv-inc) pins exactly what the engine
+    relies on; its onnxruntime is the main environment's, so both engines run the same runtime."""
+    from vlsens.inc import INC_VERSION
+    from vlsens.inc_env import requirements
+
+    reqs = {Requirement(r).name: Requirement(r) for r in requirements(REPO / "envs" / "inc.yaml")}
+    for r in reqs.values():
+        assert str(r.specifier).startswith("=="), f"envs/inc.yaml: {r} is not an exact pin"
+    assert str(reqs["neural-compressor"].specifier) == f"=={INC_VERSION}"
+    assert Requirement(f"onnx{reqs['onnx'].specifier}").specifier.contains("1.18.0")
+    assert "six" in reqs  # imported by INC, not declared by it
+    pins = {Requirement(line).name: str(Requirement(line).specifier) for line in
+            (l.split("#")[0].strip() for l in (REPO / "constraints.txt").read_text().splitlines()) if line}
+    assert str(reqs["onnxruntime"].specifier) == pins["onnxruntime"]
+    assert "vlsens.inc_env requirements envs/inc.yaml" in (REPO / "Makefile").read_text()

@@ -8,44 +8,12 @@ import onnxruntime as ort
 import pytest
 import yaml
 
-from conftest import TOL_FP32
-from vlsens.calibration import build_calibration, load_split
-from vlsens.checkpoint import build_tiny_checkpoint
-from vlsens.export import export_vision_fixed
-from vlsens.images import resolve_images
+from conftest import PLANT
+from vlsens.calibration import load_split
 from vlsens.profile import build_profile
-from vlsens.quant import QuantSettings, output_metrics, parse_op_name
+from vlsens.quant import output_metrics, parse_op_name
 from vlsens.sensitivity import read_csv, straightforward_sensitivity
-from vlsens.sensitivity_stage import Engine, gather, prepare, run_shard
-from vlsens.vision import compute_reference
-
-PLANT = {"block": 2, "channels": 2, "scale": 1000.0}
-
-
-def _pipeline(root, outlier):
-    ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, outlier=outlier)
-    refs = resolve_images("builtin")
-    compute_reference(ckpt, refs[:2], 224, 224).save(root / "ref.npz")
-    model = root / "fp32" / "model.onnx"
-    export_vision_fixed(ckpt, root / "ref.npz", model, root / "fp32" / "parity.json", 224, 224, TOL_FP32)
-    build_calibration(ckpt, refs, 224, 224, root / "calib", 6, 3)
-    prepare(model, root / "calib" / "calib.npz", root / "calib" / "eval.npz", root / "engine", QuantSettings())
-    shards = [root / "shards" / f"ort.{i}-of-3.csv" for i in range(3)]
-    for i, p in enumerate(shards):
-        run_shard(root / "engine", root / "calib" / "eval.npz", i, 3, p)
-    gather(root / "engine", root / "calib" / "eval.npz", shards, root / "ort.csv", root / "ort.json")
-    return root
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return _pipeline(tmp_path_factory.mktemp("planted"), PLANT)
-
-
-@pytest.fixture(scope="module")
-def unplanted(tmp_path_factory):
-    return _pipeline(tmp_path_factory.mktemp("unplanted"), None)
-
+from vlsens.sensitivity_stage import Engine, gather, run_shard
 
 def test_engine_equals_one_model_per_op(planted, tmp_path):
     """Same numbers as quantize_static(nodes_to_quantize=[k]) + a fresh session, for every op."""

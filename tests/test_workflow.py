@@ -1,7 +1,6 @@
 """The whole DAG on the tiny preset through Snakemake's command line."""
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -18,8 +17,12 @@ def smk(workdir, *args, timeout=900):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
+    import yaml
+
     wd = tmp_path_factory.mktemp("workflow")
-    shutil.copy(REPO / "config" / "config.yaml", wd / "config.yaml")
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg["sensitivity"]["engines"] = ["ort", "inc"]  # both engines (inc: `make inc-env`'s .venv-inc)
+    (wd / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     r = smk(wd, "--cores", "2", "--resources", "gpu=1")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return wd
@@ -42,6 +45,10 @@ def test_whole_dag_builds_verified_models(finished_run):
             assert (sens / "ort.csv").is_file() and (sens / "ort.json").is_file()
             ev = json.loads((wd / "results" / "tiny" / "profile" / "vision" / size / variant / "eval.json").read_text())
             assert ev["status"] == "met" and ev["meets_target"] and ev["measured"]["cosine"] >= 0.999
+        sens = wd / "results" / "tiny" / "sensitivity" / "vision" / size / "fp32"
+        assert (sens / "inc.csv").is_file() and not (sens.parent / "fp16" / "inc.csv").exists()
+        cmp = json.loads((sens / "compare.json").read_text())
+        assert cmp["engines"] == ["ort", "inc"] and cmp["same_eval_data"] and cmp["common_ops"] > 0
         assert (wd / "results" / "tiny" / "calib" / "vision" / size / "calib.tar").is_file()
         assert (wd / "results" / "tiny" / "benchmarks" / "export_vision" / f"{size}.tsv").is_file()
     assert not list((wd / "results").rglob(".staging-*"))
@@ -74,6 +81,7 @@ def test_changed_tolerance_reruns_only_gated_stages_downstream(finished_run):
     assert "vision_fp16" in out and "vision_simplify" in out and "sensitivity_prepare" in out
     assert "export_vision" not in out and "vision_reference" not in out and "tiny_checkpoint" not in out
     assert "calibration" not in out
+    assert "sensitivity_inc" not in out and "sensitivity_compare" not in out  # fp32-only: untouched
 
 
 def test_lint_is_clean():

@@ -37,6 +37,14 @@ class Plan:
     calib_images: list[ImageRef] = field(default_factory=list)
     sens_variants: list[str] = field(default_factory=list)
     engines: list[str] = field(default_factory=list)
+    inc_tune: bool = False
+
+    def engine_variants(self, engine: str) -> list[str]:
+        """Base variants an engine analyses: ``inc`` takes FP32 graphs only (INC's ONNX adaptor
+        fails on FP16 ones: ORT's CPU cast insertion leaves weights it cannot find)."""
+        if engine == "inc":
+            return [v for v in self.sens_variants if v == "fp32"]
+        return list(self.sens_variants)
 
     def checkpoint_dir(self) -> str:
         return self.checkpoint
@@ -139,6 +147,9 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
     for v in sens_variants:
         if v not in variants:
             raise ConfigError(f"sensitivity.variants: '{v}' needs vision.variants to build '{v}' too.")
+    engines = list(sens.get("engines", ["ort"]))
+    if "inc" in engines:
+        check_inc(sens, sens_variants)
     outlier = config.get("model", {}).get("tiny", {}).get("outlier")
     if outlier and preset == "tiny":
         from vlsens.checkpoint import TINY_VISION
@@ -146,8 +157,23 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
         if not 0 <= int(outlier["block"]) < TINY_VISION["depth"]:
             raise ConfigError(f"model.tiny.outlier.block: {outlier['block']} is not a vision block "
                               f"(0..{TINY_VISION['depth'] - 1}).")
-    return Plan(name, ckpt_dir, preset, sizes, variants, images[:n], calib, sens_variants,
-                list(sens.get("engines", ["ort"])))
+    return Plan(name, ckpt_dir, preset, sizes, variants, images[:n], calib, sens_variants, engines,
+                bool((sens.get("inc") or {}).get("tune", False)))
+
+
+def check_inc(sens: dict, sens_variants: list[str]) -> None:
+    """What engine ``inc`` can do, checked at DAG-build time (its interpreter is checked by the
+    workflow, see rules/common.smk)."""
+    from vlsens.inc import check_settings
+    from vlsens.quant import QuantSettings
+
+    if "fp32" not in sens_variants:
+        raise ConfigError(
+            f"sensitivity.engines: 'inc' analyses the fp32 variant only (INC's ONNX Runtime adaptor cannot "
+            f"quantize FP16 graphs), but sensitivity.variants is {sens_variants}; add fp32 or drop 'inc'.")
+    problems = check_settings(QuantSettings.from_config(sens))
+    if problems:
+        raise ConfigError("; ".join(problems) + " (or drop 'inc' from sensitivity.engines).")
 
 
 def vision_targets(plan: Plan) -> list[str]:
@@ -164,8 +190,17 @@ def calibration_targets(plan: Plan) -> list[str]:
 
 
 def sensitivity_targets(plan: Plan) -> list[str]:
-    return [f"{RESULTS}/{plan.model}/sensitivity/vision/{size}/{v}/{engine}.{ext}"
-            for size in plan.sizes for v in plan.sens_variants for engine in plan.engines for ext in ("csv", "json")]
+    out = [f"{RESULTS}/{plan.model}/sensitivity/vision/{size}/{v}/{engine}.{ext}"
+           for size in plan.sizes for engine in plan.engines for v in plan.engine_variants(engine)
+           for ext in ("csv", "json")]
+    if len(plan.engines) == 2:  # both engines: compare where both ran
+        common = [v for v in plan.sens_variants if all(v in plan.engine_variants(e) for e in plan.engines)]
+        out += [f"{RESULTS}/{plan.model}/sensitivity/vision/{size}/{v}/compare.json"
+                for size in plan.sizes for v in common]
+    if "inc" in plan.engines and plan.inc_tune:
+        out += [f"{RESULTS}/{plan.model}/sensitivity/vision/{size}/{v}/inc-tune/eval.json"
+                for size in plan.sizes for v in plan.engine_variants("inc")]
+    return out
 
 
 def profile_targets(plan: Plan) -> list[str]:

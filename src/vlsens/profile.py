@@ -69,6 +69,17 @@ def search(ranking: Sequence[str], evaluate: Callable[[list[str]], dict], metric
     return chosen, trace
 
 
+def inc_op_name_dict(excluded: Sequence[str], op_types: dict[str, str]) -> dict:
+    """Intel Neural Compressor's ``op_name_dict`` keeping ``excluded`` in FP32. INC matches keys as
+    regular expressions (``fullmatch``) against *its* node names, and it renames every Gemm to
+    ``<name>_MatMul`` (+ ``<name>_Add``) before quantizing: keys are escaped names, with that
+    suffix allowed for Gemms (tests/test_inc.py checks them against INC's real names)."""
+    import re
+
+    fp32 = {"activation": {"dtype": ["fp32"]}, "weight": {"dtype": ["fp32"]}}
+    return {re.escape(n) + ("(_MatMul)?" if op_types.get(n) == "Gemm" else ""): fp32 for n in excluded}
+
+
 def deployment_session(model: str | Path, threads: int = 0):
     """A normal session (default optimizations); FP16 Q/DQ graphs that ORT's fusions reject
     (fp16 scales in QLinear* kernels) fall back to basic optimizations. Returns (session, mode)."""
@@ -180,8 +191,7 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
                                  "op_type": r["op_type"], "block": r["block"], "role": r["role"], "why": why}
         (tmp / "profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False, width=120))
         write_json(tmp / "nodes_to_exclude.json", {"nodes_to_exclude": excluded})
-        write_json(tmp / "inc_op_name_dict.json",
-                   {n: {"activation": {"dtype": ["fp32"]}, "weight": {"dtype": ["fp32"]}} for n in excluded})
+        write_json(tmp / "inc_op_name_dict.json", inc_op_name_dict(excluded, {n: rows[n]["op_type"] for n in rows}))
         write_json(tmp / "eval.json", eval_record)
         files = ["profile.yaml", "nodes_to_exclude.json", "inc_op_name_dict.json", "model.onnx.data", "eval.json", "model.onnx"]
         publish({out_dir / f: tmp / f for f in files}, last=out_dir / "model.onnx")

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from vlsens.calibration import load_split
-from vlsens.fsutil import write_json
+from vlsens.fsutil import file_sha256, write_json
 from vlsens.quant import ArrayReader, Op, QuantSettings, output_metrics, prepare_float_model, quantize
 from vlsens.sensitivity import (
     SwitchEngine,
@@ -161,6 +161,7 @@ def gather(engine_dir: str | Path, eval_npz: str | Path, shard_csvs: Sequence[st
         "all_int8": all_int8,
         "settings": eng_dir.meta["settings"],
         "eval_images": eng_dir.meta["eval_images"],
+        "eval_sha256": file_sha256(eval_npz),
         "calib_images": eng_dir.meta["calib_images"],
         "seconds_per_op": per_op,
         "floor_seconds": eng_dir.meta["floor_seconds"],

@@ -1,0 +1,8 @@
+"""ort.csv + inc.csv -> compare.json (Spearman, top-k overlap, seconds per op)."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+from vlsens.compare import compare_stage
+from vlsens.scripting import run
+
+run(snakemake, lambda sm: compare_stage(  # noqa: F821
+    {"ort": sm.input.ort_csv, "inc": sm.input.inc_csv}, {"ort": sm.input.ort_json, "inc": sm.input.inc_json},
+    sm.output[0], sm.params.top_k))
