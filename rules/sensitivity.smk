@@ -13,7 +13,7 @@ rule sensitivity_prepare:
         switch="results/{model}/sensitivity/vision/{size}/{variant}/engine/switch.onnx",
         switch_data="results/{model}/sensitivity/vision/{size}/{variant}/engine/switch.onnx.data",
         cache="results/{model}/sensitivity/vision/{size}/{variant}/engine/calibration.json",
-        reference="results/{model}/sensitivity/vision/{size}/{variant}/engine/float_outputs.npy",
+        reference="results/{model}/sensitivity/vision/{size}/{variant}/engine/float_outputs.npz",
         meta="results/{model}/sensitivity/vision/{size}/{variant}/engine/engine.json",
     log:
         "results/{model}/logs/sensitivity_prepare/{size}-{variant}.log",

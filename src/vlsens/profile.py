@@ -21,18 +21,18 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 
-from vlsens.calibration import load_split
 from vlsens.fsutil import publish, staging_dir, write_json
 from vlsens.onnxutil import data_path, make_session
-from vlsens.quant import output_metrics, quantize
+from vlsens.errors import VlsensError
+from vlsens.quant import quantize
 from vlsens.sensitivity import read_csv
-from vlsens.sensitivity_stage import Engine, ort_input
+from vlsens.sensitivity_stage import Engine
 
 log = logging.getLogger(__name__)
 
-HIGHER_IS_BETTER = {"cosine": True, "sqnr_db": True, "mse": False}
+#: Profile metrics; ``kl`` and ``top1`` exist for text graphs (logits) only.
+HIGHER_IS_BETTER = {"cosine": True, "sqnr_db": True, "mse": False, "kl": False, "top1": True}
 
 
 def meets(metrics: dict, metric: str, value: float) -> bool:
@@ -103,12 +103,17 @@ def latency_ms(model: str | Path, feed: dict, runs: int = 10, threads: int = 0) 
     return statistics.median(times)
 
 
-def deployed_outputs(model: str | Path, inputs: np.ndarray, threads: int = 0) -> tuple[np.ndarray, str]:
-    """Outputs with :func:`deployment_session` (the session mode is returned and recorded)."""
-    name, batch = ort_input(model)
+def deployed_metrics(model: str | Path, float_session, samples, threads: int = 0) -> tuple[dict, str]:
+    """Metrics of ``model`` (a :func:`deployment_session`) against the float model's deployed
+    outputs, feed by feed (nothing accumulated but sums). Returns (metrics, session mode)."""
+    from vlsens.samples import StreamMetrics
+    from vlsens.sensitivity import is_logits
+
     sess, mode = deployment_session(model, threads)
-    outs = [sess.run(None, {name: inputs[i:i + batch]})[0] for i in range(0, len(inputs) - len(inputs) % batch, batch)]
-    return np.concatenate(outs), mode
+    acc = StreamMetrics(is_logits(sess))
+    for feed, valid in zip(samples.feeds, samples.valid):
+        acc.add(sess.run(None, feed)[0], float_session.run(None, feed)[0], valid)
+    return acc.result(), mode
 
 
 def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str | Path,
@@ -119,22 +124,23 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
     eng_dir = Engine(engine_dir)
     rows = {r["op"]: r for r in read_csv(ranking_csv)}
     ranking = [r["op"] for r in sorted(rows.values(), key=lambda r: -int(r["rank"]))]  # least sensitive first
-    evals = load_split(eval_npz)
+    evals = eng_dir.samples(eval_npz)
     engine = eng_dir.session(evals, threads)
-    reference = eng_dir.float_outputs()
+    if metric in ("kl", "top1") and not engine.logits:
+        raise VlsensError(f"profile.metric: '{metric}' needs a graph with logits (text); use cosine, sqnr_db or mse")
+    reference = eng_dir.reference()
     t0 = time.perf_counter()
-    chosen, trace = search(ranking, lambda ops: output_metrics(engine.run(ops), reference), metric, value, max_evals)
+    chosen, trace = search(ranking, lambda ops: engine.evaluate(ops, reference), metric, value, max_evals)
     search_s = time.perf_counter() - t0
 
     out_dir = Path(out_dir)
-    float_ref, _ = deployed_outputs(eng_dir.float_model, evals, threads)
+    float_session, _ = deployment_session(eng_dir.float_model, threads)
     by_sensitivity = sorted(chosen, key=lambda n: int(rows[n]["rank"]))  # most sensitive first
     rebuilds = []
     with staging_dir(out_dir) as tmp:
         while True:
             model = quantize(eng_dir.float_model, tmp / "model.onnx", chosen, eng_dir.settings, eng_dir.cache)
-            out, mode = deployed_outputs(model, evals, threads)
-            measured = output_metrics(out, float_ref)
+            measured, mode = deployed_metrics(model, float_session, evals, threads)
             rebuilds.append({"int8_ops": len(chosen), **measured, "session": mode})
             if meets(measured, metric, value) or not chosen:
                 break
@@ -143,8 +149,7 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
             log.info("built model misses the target (%s); %s back to float", measured, drop)
         status = "met" if chosen else "unreachable"
         excluded = [n for n in ranking[::-1] if n not in set(chosen)]
-        name, batch = ort_input(model)
-        feed = {name: evals[:batch]}
+        feed = evals.feeds[0]
         weights_total = sum(int(rows[n]["weight_params"]) for n in rows)
         weights_int8 = sum(int(rows[n]["weight_params"]) for n in chosen)
         size = model.stat().st_size + data_path(model).stat().st_size
@@ -155,7 +160,8 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
                        "direction": ">=" if HIGHER_IS_BETTER[metric] else "<="},
             "measured": measured,
             "meets_target": meets(measured, metric, value),
-            "measured_against": "the float base model, ONNX Runtime, evaluation images",
+            "measured_against": "the float base model, ONNX Runtime, evaluation set"
+                                + (" (real tokens only)" if engine.logits else ""),
             "session": mode,
             "int8_ops": len(chosen),
             "quantizable_ops": len(rows),
@@ -169,7 +175,7 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
             "latency_note": "median of 10 runs, batch of the graph, ONNX Runtime CPU (or CUDA when present)",
             "search": {"evaluations": len(trace), "seconds": search_s, "trace": trace},
             "rebuilds": rebuilds,
-            "eval_images": int(len(evals)),
+            "eval_images": evals.count,
             "settings": eng_dir.meta["settings"],
         }
         if status == "unreachable":

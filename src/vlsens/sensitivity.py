@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 MASK_INPUT = "vlsens_int8_mask"
 CSV_COLUMNS = ["rank", "op", "op_type", "block", "role", "weight_params", "mse", "cosine", "sqnr_db"]
+#: Extra columns of text (logits) CSVs: KL(float || int8) per position and top-1 agreement.
+LOGIT_COLUMNS = ["kl", "top1"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,43 +255,84 @@ def _copy_node(node, rename: dict[str, str], name: str):
 # Engine
 # --------------------------------------------------------------------------------------------
 
+def as_samples(inputs, model: str | Path | None = None, session=None):
+    """:class:`~vlsens.samples.Samples` from Samples or a stacked vision array (cut into the
+    graph's fixed batch, read from ``session`` or ``model``)."""
+    from vlsens.samples import Samples, graph_input
+
+    if isinstance(inputs, Samples):
+        return inputs
+    if session is not None:
+        real = [i for i in session.get_inputs() if i.name != MASK_INPUT][0]
+        name, batch = real.name, (real.shape[0] if isinstance(real.shape[0], int) else 1)
+    else:
+        name, batch = graph_input(model)
+    return Samples.from_array(name, np.asarray(inputs), batch)
+
+
+def is_logits(session) -> bool:
+    """Text graphs: output ``logits`` (B, S, vocab): KL and top-1 are measured too."""
+    return session.get_outputs()[0].name == "logits"
+
+
 class SwitchEngine:
     """One session over the switch model; evaluates any set of INT8 ops on fixed inputs."""
 
-    def __init__(self, switch_model: str | Path, switches: SwitchMap, inputs: np.ndarray, threads: int = 0):
+    def __init__(self, switch_model: str | Path, switches: SwitchMap, inputs, threads: int = 0):
         self.switches = switches
         self.ops = switches.ops
         self.session = engine_session(switch_model, threads=threads)
-        real = [i for i in self.session.get_inputs() if i.name != MASK_INPUT]
-        self.input_name = real[0].name
-        shape0 = real[0].shape[0]
-        self.batch = shape0 if isinstance(shape0, int) else 1
-        self.feeds = [inputs[i:i + self.batch] for i in range(0, len(inputs) - len(inputs) % self.batch, self.batch)]
+        self.samples = as_samples(inputs, session=self.session)
+        self.logits = is_logits(self.session)
+
+    def outputs(self, int8_ops: Sequence[str] = ()):
+        """Output of every feed, one at a time (a generator: nothing is accumulated)."""
+        mask = self.switches.mask(int8_ops)
+        for feed in self.samples.feeds:
+            yield self.session.run(None, {**feed, MASK_INPUT: mask})[0]
 
     def run(self, int8_ops: Sequence[str] = ()) -> np.ndarray:
-        mask = self.switches.mask(int8_ops)
-        outs = [self.session.run(None, {self.input_name: x, MASK_INPUT: mask})[0] for x in self.feeds]
-        return np.concatenate(outs, axis=0)
+        """All outputs concatenated (vision-sized outputs; text uses :meth:`evaluate`)."""
+        return np.concatenate(list(self.outputs(int8_ops)), axis=0)
+
+    def evaluate(self, int8_ops: Sequence[str], reference) -> dict[str, float]:
+        """Metrics against ``reference`` (a ReferenceStore or per-feed arrays), streamed."""
+        from vlsens.samples import StreamMetrics
+
+        acc = StreamMetrics(self.logits)
+        if isinstance(reference, np.ndarray):  # stacked vision reference: cut like the feeds
+            sizes = [len(next(iter(f.values()))) for f in self.samples.feeds]
+            reference = np.split(reference[:sum(sizes)], np.cumsum(sizes)[:-1])
+        for i, out in enumerate(self.outputs(int8_ops)):
+            acc.add(out, reference[i], self.samples.valid[i])
+        return acc.result()
 
 
-def float_outputs(model: str | Path, inputs: np.ndarray, threads: int = 0) -> tuple[np.ndarray, float]:
-    """Outputs of a float model on ``inputs`` and the seconds one pass took (the floor)."""
+def float_outputs(model: str | Path, inputs, threads: int = 0) -> tuple[np.ndarray, float]:
+    """Outputs of a float model on stacked vision ``inputs`` and the seconds one pass took."""
+    outs, seconds = float_pass(model, inputs, threads, keep=True)
+    return np.concatenate(outs, axis=0), seconds
+
+
+def float_pass(model: str | Path, inputs, threads: int = 0, keep: bool = False) -> tuple[list, float]:
+    """One timed pass of a float model over ``inputs`` (the floor); outputs kept when ``keep``."""
     sess = engine_session(model, threads=threads)
-    inp = sess.get_inputs()[0]
-    batch = inp.shape[0] if isinstance(inp.shape[0], int) else 1
-    feeds = [inputs[i:i + batch] for i in range(0, len(inputs) - len(inputs) % batch, batch)]
-    sess.run(None, {inp.name: feeds[0]})  # warm-up
-    t0 = time.perf_counter()
-    out = np.concatenate([sess.run(None, {inp.name: x})[0] for x in feeds], axis=0)
-    return out, time.perf_counter() - t0
+    samples = as_samples(inputs, session=sess)
+    sess.run(None, samples.feeds[0])  # warm-up
+    outs, t0 = [], time.perf_counter()
+    for feed in samples.feeds:
+        out = sess.run(None, feed)[0]
+        if keep:
+            outs.append(out)
+    return outs, time.perf_counter() - t0
 
 
-def engine_sensitivity(engine: SwitchEngine, ops: Sequence[Op], reference: np.ndarray) -> tuple[list[dict], float]:
+def engine_sensitivity(engine: SwitchEngine, ops: Sequence[Op], reference) -> tuple[list[dict], float]:
     """Rows (without rank) for ``ops``, and the mean seconds per op."""
-    engine.run(())  # warm-up: first-run allocations are not the op's cost
+    engine.evaluate((), reference)  # warm-up: first-run allocations are not the op's cost
     rows, t0 = [], time.perf_counter()
     for op in ops:
-        rows.append({**op.as_row(), **output_metrics(engine.run([op.name]), reference)})
+        rows.append({**op.as_row(), **engine.evaluate([op.name], reference)})
     per_op = (time.perf_counter() - t0) / max(len(ops), 1)
     return rows, per_op
 
@@ -332,6 +375,8 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     cols = CSV_COLUMNS if rows and "rank" in rows[0] else [c for c in CSV_COLUMNS if c != "rank"]
+    if rows and all(c in rows[0] for c in LOGIT_COLUMNS):
+        cols = cols + LOGIT_COLUMNS
     pd.DataFrame(rows, columns=cols).to_csv(tmp, index=False, float_format="%.9g")
     os.replace(tmp, path)
 

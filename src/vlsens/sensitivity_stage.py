@@ -7,7 +7,10 @@
 
 Engine folder (``engine/``): ``float.onnx``, ``switch.onnx`` (+ data), ``calibration.json``
 (ORT's calibration cache), ``engine.json`` (ops, switch map, settings, floor timing) and
-``float_outputs.npy`` (the reference on the evaluation set).
+``float_outputs.npz`` (the reference on the evaluation set, one array per feed, read lazily).
+
+The base model is a fixed-size vision graph (``pixel_values``) or the text ``embeds.onnx``
+graph (one sequence per feed; metrics over real tokens, plus KL and top-1 on the logits).
 """
 
 from __future__ import annotations
@@ -21,15 +24,15 @@ from typing import Sequence
 
 import numpy as np
 
-from vlsens.calibration import load_split
 from vlsens.fsutil import file_sha256, write_json
-from vlsens.quant import ArrayReader, Op, QuantSettings, output_metrics, prepare_float_model, quantize
+from vlsens.quant import Op, QuantSettings, prepare_float_model, quantize
+from vlsens.samples import FeedReader, ReferenceStore, Samples
 from vlsens.sensitivity import (
     SwitchEngine,
     SwitchMap,
     build_switch_model,
     engine_sensitivity,
-    float_outputs,
+    float_pass,
     rank_rows,
     read_csv,
     select_ops,
@@ -62,10 +65,19 @@ class Engine:
     def cache(self) -> Path:
         return self.dir / "calibration.json"
 
-    def float_outputs(self) -> np.ndarray:
-        return np.load(self.dir / "float_outputs.npy", allow_pickle=False)
+    def reference(self) -> ReferenceStore:
+        return ReferenceStore(self.dir / "float_outputs.npz")
 
-    def session(self, eval_inputs: np.ndarray, threads: int = 0) -> SwitchEngine:
+    def float_outputs(self) -> np.ndarray:
+        """The reference, concatenated (vision; text logits stay per feed: :meth:`reference`)."""
+        return self.reference().concatenated()
+
+    def samples(self, split_npz: str | Path) -> Samples:
+        return Samples.load(split_npz, self.float_model)
+
+    def session(self, eval_inputs, threads: int = 0) -> SwitchEngine:
+        if isinstance(eval_inputs, (str, Path)):
+            eval_inputs = self.samples(eval_inputs)
         return SwitchEngine(self.switch_model, self.switches, eval_inputs, threads)
 
 
@@ -74,20 +86,18 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     """Build the engine folder (staged, ``engine.json`` written last)."""
     engine_dir = Path(engine_dir)
     engine_dir.mkdir(parents=True, exist_ok=True)
-    calib, evals = load_split(calib_npz), load_split(eval_npz)
     t0 = time.perf_counter()
     fl = prepare_float_model(base_model, engine_dir / "float.onnx")
+    calib, evals = Samples.load(calib_npz, fl), Samples.load(eval_npz, fl)
     ops = select_ops(fl, settings)
     if not ops:
         raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
-    first = ort_input(fl)
     cache = engine_dir / "calibration.json"
     if cache.exists():
         cache.unlink()
     scratch = engine_dir / "all-int8"
     t_cal = time.perf_counter()
-    quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, cache,
-             ArrayReader(first[0], calib, first[1]))
+    quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, cache, FeedReader(calib))
     t_q = time.perf_counter()
     switches = build_switch_model(fl, scratch / "model.onnx", engine_dir / "switch.onnx", [o.name for o in ops])
     shutil.rmtree(scratch, ignore_errors=True)
@@ -95,16 +105,15 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     # The reference is the switch model with every switch off (identical to the float model in
     # FP32; in FP16 it keeps the engine's own float path, see README).
     eng = SwitchEngine(engine_dir / "switch.onnx", switches, evals, threads)
-    ref = eng.run(())
-    _, floor = float_outputs(fl, evals, threads)
-    np.save(engine_dir / "float_outputs.npy", ref, allow_pickle=False)
+    ReferenceStore.write(engine_dir / "float_outputs.npz", eng.outputs(()))
+    _, floor = float_pass(fl, evals, threads)
     meta = {
         "base_model": str(base_model),
         "ops": [o.__dict__ for o in ops],
         "switches": switches.to_json(),
         "settings": settings.as_dict(),
-        "eval_images": int(len(evals)),
-        "calib_images": int(len(calib)),
+        "eval_images": evals.count,
+        "calib_images": calib.count,
         "seconds": {"calibrate_and_quantize": t_q - t_cal, "switch_model": t_sw - t_q,
                     "total": time.perf_counter() - t0},
         "floor_seconds": floor,
@@ -128,8 +137,8 @@ def run_shard(engine_dir: str | Path, eval_npz: str | Path, index: int, count: i
     """Sensitivity rows of shard ``index`` of ``count`` (unranked) + a timing sidecar JSON."""
     eng_dir = Engine(engine_dir)
     ops = shard(eng_dir.ops, index, count)
-    engine = eng_dir.session(load_split(eval_npz), threads)
-    rows, per_op = engine_sensitivity(engine, ops, eng_dir.float_outputs())
+    engine = eng_dir.session(eval_npz, threads)
+    rows, per_op = engine_sensitivity(engine, ops, eng_dir.reference())
     write_csv(rows, out_csv)
     info = {"shard": index, "of": count, "ops": len(ops), "seconds_per_op": per_op}
     write_json(Path(out_csv).with_suffix(".json"), info)
@@ -150,8 +159,8 @@ def gather(engine_dir: str | Path, eval_npz: str | Path, shard_csvs: Sequence[st
     rows.sort(key=lambda r: order[r["op"]])
     ranked = rank_rows(rows)
     write_csv(ranked, out_csv)
-    engine = eng_dir.session(load_split(eval_npz), threads)
-    all_int8 = output_metrics(engine.run(expected), eng_dir.float_outputs())
+    engine = eng_dir.session(eval_npz, threads)
+    all_int8 = engine.evaluate(expected, eng_dir.reference())
     timings = [json.loads(Path(p).with_suffix(".json").read_text()) for p in shard_csvs]
     n = sum(t["ops"] for t in timings)
     per_op = sum(t["seconds_per_op"] * t["ops"] for t in timings) / max(n, 1)
