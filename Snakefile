@@ -1,6 +1,7 @@
-# vlsens: Qwen2.5-VL checkpoint -> verified ONNX models (and, as stages land, calibration,
-# quantization sensitivity and mixed-precision profiles). A table of contents: logic lives in
-# src/vlsens/, rules in rules/, entry points in workflow/scripts/.
+# vlsens: Qwen2.5-VL checkpoint -> verified ONNX models of the vision and text towers, FP16 and
+# simplified variants, calibration sets, per-op quantization sensitivity and mixed-precision
+# profiles. A table of contents: logic lives in src/vlsens/, rules in rules/, entry points in
+# workflow/scripts/.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -15,6 +16,7 @@ include: "rules/vision.smk"
 include: "rules/calibration.smk"
 include: "rules/sensitivity.smk"
 include: "rules/profile.smk"
+include: "rules/text.smk"
 
 
 rule all:

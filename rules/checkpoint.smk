@@ -13,6 +13,7 @@ rule tiny_checkpoint:
     params:
         seed=config["model"]["tiny"]["seed"],
         outlier=canonical(config["model"]["tiny"]["outlier"]),
+        text_outlier=canonical(config["model"]["tiny"]["text_outlier"]),
         versions=stage_versions("checkpoint"),
     threads: 1
     resources:

@@ -96,3 +96,20 @@ def inc_settings_json():
 
 def inc_versions():
     return INC_VERSIONS
+
+
+def text_shard_csvs(wildcards):
+    n = config["sensitivity"]["shards"]
+    base = f"results/{wildcards.model}/sensitivity/text/{wildcards.variant}/shards"
+    return [f"{base}/ort.{i}-of-{n}.csv" for i in range(n)]
+
+
+def text_prompt_files():
+    """The JSONL of text.calibration.prompts (and its images) as inputs; nothing for builtin."""
+    spec = config["text"]["calibration"]["prompts"]
+    if spec == "builtin":
+        return []
+    from vlsens.text import load_prompt_samples
+
+    samples = load_prompt_samples(spec)
+    return [spec] + sorted({str(s.image.path) for s in samples if s.image is not None})

@@ -93,6 +93,9 @@ def test_tolerance_range():
     ({"vision__sizes": ["230x224"]}, "Nearest valid sizes: 224x224, 252x224"),
     ({"model__checkpoint": "/nonexistent/qwen"}, "does not exist"),
     ({"vision__sizes": "224x224"}, "is not of type 'array'"),
+    ({"text__calibration__prompts": "/nonexistent/prompts.jsonl"}, "text.calibration.prompts"),
+    ({"text__profile__metric": "bleu"}, "'bleu' is not one of"),
+    ({"profile__metric": "kl"}, "'kl' is not one of"),  # kl/top1: text logits only
 ])
 def test_cli_reports_bad_config_before_any_job(tmp_path, change, expect):
     cfg = tmp_path / "config.yaml"
@@ -105,3 +108,18 @@ def test_cli_reports_bad_config_before_any_job(tmp_path, change, expect):
     assert r.returncode != 0
     assert expect in r.stdout + r.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_text_keys_are_checked():
+    plan = make_plan(_cfg(), workdir=REPO)
+    assert plan.text_variants == ["fp32", "fp16", "fp32-sim", "fp16-sim"] and plan.text_sens_variants == ["fp32", "fp16"]
+    with pytest.raises(ConfigError, match=r"text\.parity\.image_size"):
+        make_plan(_cfg(text__parity__image_size="230x230"))
+    with pytest.raises(ConfigError, match=r"text\.sensitivity\.variants: 'fp16'"):
+        make_plan(_cfg(text__variants=["fp32"]))
+    with pytest.raises(ConfigError, match=r"model\.tiny\.text_outlier\.layer: 5"):
+        make_plan(_cfg(model__tiny__text_outlier={"layer": 5, "channels": 2, "scale": 10.0}))
+    with pytest.raises(ConfigError, match=r"text\.calibration\.num_calib \+ num_eval = 40"):
+        make_plan(_cfg(text__calibration__num_calib=30, text__calibration__num_eval=10))
+    off = make_plan(_cfg(text__enabled=False), workdir=REPO)
+    assert off.text_variants == [] and not any("/text/" in t for t in __import__("vlsens.config").config.all_targets(off))

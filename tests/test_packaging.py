@@ -42,7 +42,8 @@ ONNX_ONLY_STAGES = """
 import sys
 sys.modules["torch"] = None          # any import of torch now raises ImportError
 sys.modules["transformers"] = None
-import vlsens.fp16, vlsens.simplify, vlsens.scripting, vlsens.parity
+import vlsens.fp16, vlsens.simplify, vlsens.scripting, vlsens.parity, vlsens.text, vlsens.samples
+import vlsens.sensitivity_stage, vlsens.profile, vlsens.compare
 from vlsens.device import set_threads
 set_threads(2)
 print("ok")

@@ -51,6 +51,18 @@ def test_whole_dag_builds_verified_models(finished_run):
         assert cmp["engines"] == ["ort", "inc"] and cmp["same_eval_data"] and cmp["common_ops"] > 0
         assert (wd / "results" / "tiny" / "calib" / "vision" / size / "calib.tar").is_file()
         assert (wd / "results" / "tiny" / "benchmarks" / "export_vision" / f"{size}.tsv").is_file()
+    text = wd / "results" / "tiny" / "text"
+    for variant in ("fp32", "fp16", "fp32-sim", "fp16-sim"):
+        rec = json.loads((text / variant / "parity.json").read_text())
+        assert rec["passed"] and {p["graph"] for p in rec["per_input"]} == {"model.onnx", "embeds.onnx"}
+        for g in ("model.onnx", "embeds.onnx"):
+            assert (text / variant / g).is_file() and (text / variant / f"{g}.data").is_file()
+    assert json.loads((wd / "results" / "tiny" / "calib" / "text" / "manifest.json").read_text())["counts"]
+    for variant in ("fp32", "fp16"):
+        rows = (wd / "results" / "tiny" / "sensitivity" / "text" / variant / "ort.csv").read_text().splitlines()
+        assert "layers.1/mlp/down_proj" in rows[1]  # the planted text layer (config default)
+        ev = json.loads((wd / "results" / "tiny" / "profile" / "text" / variant / "eval.json").read_text())
+        assert ev["status"] == "met" and ev["meets_target"] and ev["measured"]["kl"] <= ev["target"]["value"]
     assert not list((wd / "results").rglob(".staging-*"))
 
 
@@ -79,7 +91,9 @@ def test_changed_tolerance_reruns_only_gated_stages_downstream(finished_run):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "vision_fp16" in out and "vision_simplify" in out and "sensitivity_prepare" in out
+    assert "text_fp16" in out and "text_profile" in out  # the text FP16 variant shares fp16.*
     assert "export_vision" not in out and "vision_reference" not in out and "tiny_checkpoint" not in out
+    assert "export_text" not in out and "text_reference" not in out and "text_calibration" not in out
     assert "calibration" not in out
     assert "sensitivity_inc" not in out and "sensitivity_compare" not in out  # fp32-only: untouched
 

@@ -181,7 +181,26 @@ def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 10
     return idx
 
 
-def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | None = None):
+def plant_text_outlier(model, layer: int, channels: int = 2, scale: float = 1000.0) -> list[int]:
+    """The same function-preserving outlier in one text decoder layer's MLP
+    (``down(act(gate(x)) * up(x))``, no biases): ``channels`` rows of ``up_proj`` x ``scale``,
+    the same columns of ``down_proj`` / ``scale``. Returns the channel indices."""
+    import torch
+
+    layers = model.model.language_model.layers
+    if not 0 <= layer < len(layers):
+        raise ValueError(f"model.tiny.text_outlier.layer: {layer} is not a text layer (0..{len(layers) - 1})")
+    mlp = layers[layer].mlp
+    n = mlp.up_proj.out_features
+    idx = list(range(0, n, max(1, n // channels)))[:channels]
+    with torch.no_grad():
+        mlp.up_proj.weight[idx, :] *= scale
+        mlp.down_proj.weight[:, idx] /= scale
+    return idx
+
+
+def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | None = None,
+                    text_outlier: dict | None = None):
     """The tiny preset in memory: (model, tokenizer), random weights from ``seed``; ``outlier``
     ({block, channels, scale, gain}) plants a sensitivity with :func:`plant_vision_outlier`;
     ``vision`` overrides vision-config keys (benchmarks use real widths)."""
@@ -195,16 +214,19 @@ def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | N
     if outlier:
         plant_vision_outlier(model, int(outlier["block"]), int(outlier.get("channels", 2)),
                              float(outlier.get("scale", 1000.0)), float(outlier.get("gain", 1.0)))
+    if text_outlier:
+        plant_text_outlier(model, int(text_outlier["layer"]), int(text_outlier.get("channels", 2)),
+                           float(text_outlier.get("scale", 1000.0)))
     return model, tokenizer
 
 
 def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, outlier: dict | None = None,
-                          vision: dict | None = None) -> Path:
+                          vision: dict | None = None, text_outlier: dict | None = None) -> Path:
     """Write the tiny preset as a complete HF checkpoint into ``out_dir`` (atomically)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     out_dir = Path(out_dir)
-    model, tokenizer = make_tiny_model(seed, outlier, vision)
+    model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier)
     image_processor = Qwen2VLImageProcessorPil()
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -215,7 +237,8 @@ def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, outlier: dict | No
         data = json.loads(pp.read_text())
         data["processor_class"] = "Qwen2_5_VLProcessor"
         pp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": "tiny", "seed": seed, "outlier": outlier}) + "\n")
+        (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": "tiny", "seed": seed, "outlier": outlier,
+                                                                "text_outlier": text_outlier}) + "\n")
     log.info("tiny checkpoint written to %s (%d parameters)", out_dir, model.num_parameters())
     return out_dir
 

@@ -38,6 +38,8 @@ class Plan:
     sens_variants: list[str] = field(default_factory=list)
     engines: list[str] = field(default_factory=list)
     inc_tune: bool = False
+    text_variants: list[str] = field(default_factory=list)  # empty: text tower off
+    text_sens_variants: list[str] = field(default_factory=list)
 
     def engine_variants(self, engine: str) -> list[str]:
         """Base variants an engine analyses: ``inc`` takes FP32 graphs only (INC's ONNX adaptor
@@ -157,8 +159,44 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
         if not 0 <= int(outlier["block"]) < TINY_VISION["depth"]:
             raise ConfigError(f"model.tiny.outlier.block: {outlier['block']} is not a vision block "
                               f"(0..{TINY_VISION['depth'] - 1}).")
+    text_variants, text_sens = check_text(config, preset, calib)
     return Plan(name, ckpt_dir, preset, sizes, variants, images[:n], calib, sens_variants, engines,
-                bool((sens.get("inc") or {}).get("tune", False)))
+                bool((sens.get("inc") or {}).get("tune", False)), text_variants, text_sens)
+
+
+def check_text(config: dict, preset: str | None, calib_images: list) -> tuple[list[str], list[str]]:
+    """The text tower's keys: variants, sizes, prompts (a JSONL is read and checked line by line
+    here), the planted text outlier. Returns (variants, sensitivity variants)."""
+    from vlsens.text import load_prompt_samples
+
+    text = config.get("text") or {}
+    if not text.get("enabled", True):
+        return [], []
+    variants = list(text.get("variants", VARIANTS))
+    for sub in ("parity", "calibration"):
+        parse_size(str((text.get(sub) or {}).get("image_size", "224x224")), key=f"text.{sub}.image_size")
+    sens = list((text.get("sensitivity") or {}).get("variants", ["fp32", "fp16"]))
+    for v in sens:
+        if v not in variants:
+            raise ConfigError(f"text.sensitivity.variants: '{v}' needs text.variants to build '{v}' too.")
+    for v in variants:
+        base = v.removesuffix("-sim")
+        if base != v and base not in variants:
+            raise ConfigError(f"text.variants: '{v}' is simplified from '{base}'; add '{base}' too.")
+    cal = text.get("calibration") or {}
+    samples = load_prompt_samples(str(cal.get("prompts", "builtin")), calib_images, key="text.calibration.prompts")
+    need = int(cal.get("num_calib", 6)) + int(cal.get("num_eval", 3))
+    if len(samples) < need:
+        raise ConfigError(f"text.calibration.num_calib + num_eval = {need}, but text.calibration.prompts yields "
+                          f"only {len(samples)} sample(s); lower them or add prompts.")
+    outlier = (config.get("model", {}).get("tiny") or {}).get("text_outlier")
+    if outlier and preset == "tiny":
+        from vlsens.checkpoint import TINY_TEXT
+
+        if not 0 <= int(outlier["layer"]) < TINY_TEXT["num_hidden_layers"]:
+            raise ConfigError(f"model.tiny.text_outlier.layer: {outlier['layer']} is not a text layer "
+                              f"(0..{TINY_TEXT['num_hidden_layers'] - 1}).")
+    return variants, sens
 
 
 def check_inc(sens: dict, sens_variants: list[str]) -> None:
@@ -208,8 +246,20 @@ def profile_targets(plan: Plan) -> list[str]:
             for size in plan.sizes for v in plan.sens_variants for f in ("eval.json", "profile.yaml", "model.onnx")]
 
 
+def text_targets(plan: Plan) -> list[str]:
+    base = f"{RESULTS}/{plan.model}"
+    out = [f"{base}/text/{v}/{f}" for v in plan.text_variants for f in ("model.onnx", "embeds.onnx", "parity.json")]
+    if plan.text_sens_variants:
+        out.append(f"{base}/calib/text/manifest.json")
+    for v in plan.text_sens_variants:
+        out += [f"{base}/sensitivity/text/{v}/ort.{ext}" for ext in ("csv", "json")]
+        out += [f"{base}/profile/text/{v}/{f}" for f in ("eval.json", "profile.yaml", "model.onnx")]
+    return out
+
+
 def all_targets(plan: Plan) -> list[str]:
-    return vision_targets(plan) + calibration_targets(plan) + sensitivity_targets(plan) + profile_targets(plan)
+    return (vision_targets(plan) + calibration_targets(plan) + sensitivity_targets(plan) + profile_targets(plan)
+            + text_targets(plan))
 
 
 def canonical(value):

@@ -235,13 +235,44 @@ def _output_type(node, dtype, F32, F16):
     return ins[0] if ins else None
 
 
+def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, max_activation: float,
+                 max_initializer: float = FP16_MAX, threads: int = 0, device: str = "auto") -> dict:
+    """FP16 copy of ``src_model`` at ``staged_model`` (I/O FP32; range-based FP32 fallback measured
+    on ``feeds``). Returns the facts for the parity record's ``extra``."""
+    import onnx
+
+    tmp = Path(staged_model).parent
+    absmax = activation_absmax(src_model, feeds, tmp, threads=threads, device=device)
+    # Path-based shape inference gives the converter the value types it needs to put Casts
+    # around FP32 nodes; its in-memory inference would serialize (and fail above 2 GB).
+    inferred = tmp / "inferred.onnx"
+    onnx.shape_inference.infer_shapes_path(str(src_model), str(inferred))
+    model = onnx.load(str(inferred), load_external_data=False)
+    onnx.external_data_helper.load_external_data_for_model(model, str(Path(src_model).parent))
+    inferred.unlink()
+    untied = untie_identity_initializers(model)
+    keep = choose_fp32_nodes(model, absmax, max_activation, max_initializer)
+    converted, casts = to_fp16(model, list(keep))
+    del model
+    save_with_external_data(converted, staged_model)
+    del converted
+    check_model(staged_model)
+    return {
+        "converter": "onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)",
+        "max_activation": max_activation,
+        "max_initializer": max_initializer,
+        "fp32_fallback": [{"node": n, "reason": r} for n, r in sorted(keep.items())],
+        "retargeted_casts": len(set(casts) - set(keep)),
+        "untied_initializers": untied,
+        "observed_max_activation": max(absmax.values()) if absmax else 0.0,
+    }
+
+
 def convert_vision_fp16(src_model: str | Path, reference_path: str | Path, out_model: str | Path,
                         out_parity: str | Path, tolerance: dict, max_activation: float,
                         max_initializer: float = FP16_MAX, threads: int = 0, device: str = "auto",
                         variant: str = "fp16") -> dict:
     """Convert, gate against the transformers reference, publish model + data + parity.json."""
-    import onnx
-
     out_model = Path(out_model)
     ref = Reference.load(reference_path)
     sess = make_session(src_model, threads=threads, device="cpu")
@@ -250,30 +281,8 @@ def convert_vision_fp16(src_model: str | Path, reference_path: str | Path, out_m
     del sess
     feeds = [{inp.name: ref.pixel_values[i:i + batch]} for i in range(0, len(ref.pixel_values) - batch + 1, batch)]
     with staging_dir(out_model.parent) as tmp:
-        absmax = activation_absmax(src_model, feeds, tmp, threads=threads, device=device)
-        # Path-based shape inference gives the converter the value types it needs to put Casts
-        # around FP32 nodes; its in-memory inference would serialize (and fail above 2 GB).
-        inferred = tmp / "inferred.onnx"
-        onnx.shape_inference.infer_shapes_path(str(src_model), str(inferred))
-        model = onnx.load(str(inferred), load_external_data=False)
-        onnx.external_data_helper.load_external_data_for_model(model, str(Path(src_model).parent))
-        inferred.unlink()
-        untied = untie_identity_initializers(model)
-        keep = choose_fp32_nodes(model, absmax, max_activation, max_initializer)
-        converted, casts = to_fp16(model, list(keep))
-        del model
-        staged = save_with_external_data(converted, tmp / out_model.name)
-        del converted
-        check_model(staged)
-        extra = {
-            "converter": "onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)",
-            "max_activation": max_activation,
-            "max_initializer": max_initializer,
-            "fp32_fallback": [{"node": n, "reason": r} for n, r in sorted(keep.items())],
-            "retargeted_casts": len(set(casts) - set(keep)),
-            "untied_initializers": untied,
-            "observed_max_activation": max(absmax.values()) if absmax else 0.0,
-        }
+        staged = tmp / out_model.name
+        extra = convert_fp16(src_model, feeds, staged, max_activation, max_initializer, threads, device)
         record = parity.check_vision(staged, ref, tolerance, variant=variant, threads=threads,
                                      device=device, extra=extra, artifact=out_model)
         publish_model(staged, record, out_model, out_parity)

@@ -21,44 +21,45 @@ from vlsens.vision import Reference
 log = logging.getLogger(__name__)
 
 
-def simplify_vision(src_model: str | Path, reference_path: str | Path, out_model: str | Path,
-                    out_parity: str | Path, tolerance: dict, variant: str,
-                    check_max_bytes: int = 2_000_000_000, threads: int = 0, device: str = "auto") -> dict:
+def simplify_model(src_model: str | Path, input_data: dict, staged_model: Path,
+                   check_max_bytes: int = 2_000_000_000) -> dict:
+    """onnxsim of ``src_model`` into ``staged_model`` (its own check fed ``input_data`` up to
+    ``check_max_bytes``). Returns the facts for the parity record's ``extra``."""
     import onnx
     import onnxsim
 
+    size = Path(src_model).stat().st_size + data_path(src_model).stat().st_size
+    check_n = 1 if size <= check_max_bytes else 0
+    nodes_before = len(onnx.load(str(src_model), load_external_data=False).graph.node)
+    raw = Path(staged_model).parent / f"raw-{Path(staged_model).stem}" / "model.onnx"
+    raw.parent.mkdir(parents=True)
+    _, ok = onnxsim.simplify(str(src_model), check_n=check_n, input_data=input_data, output_path=str(raw))
+    if not ok:
+        raise ParityError(f"onnxsim's own check failed for {src_model} on real inputs; nothing was written.")
+    resave(raw, staged_model)
+    check_model(staged_model)
+    nodes_after = len(onnx.load(str(staged_model), load_external_data=False).graph.node)
+    return {
+        "simplifier": f"onnxsim.simplify(check_n={check_n}, input_data=<parity inputs>)",
+        "onnxsim_check": "passed" if check_n else f"skipped: model is {size} bytes > {check_max_bytes}",
+        "nodes_before": nodes_before,
+        "nodes_after": nodes_after,
+        "source": str(src_model),
+    }
+
+
+def simplify_vision(src_model: str | Path, reference_path: str | Path, out_model: str | Path,
+                    out_parity: str | Path, tolerance: dict, variant: str,
+                    check_max_bytes: int = 2_000_000_000, threads: int = 0, device: str = "auto") -> dict:
     out_model = Path(out_model)
     ref = Reference.load(reference_path)
     sess = make_session(src_model, threads=threads, device="cpu")
     inp = sess.get_inputs()[0]
     batch = inp.shape[0] if isinstance(inp.shape[0], int) else 1
     del sess
-    size = Path(src_model).stat().st_size + data_path(src_model).stat().st_size
-    check_n = 1 if size <= check_max_bytes else 0
-    nodes_before = len(onnx.load(str(src_model), load_external_data=False).graph.node)
     with staging_dir(out_model.parent) as tmp:
-        raw = tmp / "raw" / "model.onnx"
-        raw.parent.mkdir()
-        _, ok = onnxsim.simplify(
-            str(src_model),
-            check_n=check_n,
-            input_data={inp.name: ref.pixel_values[:batch]},
-            output_path=str(raw),
-        )
-        if not ok:
-            raise ParityError(
-                f"onnxsim's own check failed for {src_model} on the parity images; nothing was written."
-            )
-        staged = resave(raw, tmp / out_model.name)
-        check_model(staged)
-        nodes_after = len(onnx.load(str(staged), load_external_data=False).graph.node)
-        extra = {
-            "simplifier": f"onnxsim.simplify(check_n={check_n}, input_data=<parity images>)",
-            "onnxsim_check": "passed" if check_n else f"skipped: model is {size} bytes > {check_max_bytes}",
-            "nodes_before": nodes_before,
-            "nodes_after": nodes_after,
-            "source": str(src_model),
-        }
+        staged = tmp / out_model.name
+        extra = simplify_model(src_model, {inp.name: ref.pixel_values[:batch]}, staged, check_max_bytes)
         record = parity.check_vision(staged, ref, tolerance, variant=variant, threads=threads,
                                      device=device, extra=extra, artifact=out_model)
         publish_model(staged, record, out_model, out_parity)

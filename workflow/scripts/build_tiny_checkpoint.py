@@ -3,4 +3,5 @@ import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from vlsens.checkpoint import build_tiny_checkpoint
 from vlsens.scripting import run
 
-run(snakemake, lambda sm: build_tiny_checkpoint(sm.output.checkpoint, seed=sm.params.seed, outlier=sm.params.outlier))  # noqa: F821
+run(snakemake, lambda sm: build_tiny_checkpoint(  # noqa: F821
+    sm.output.checkpoint, seed=sm.params.seed, outlier=sm.params.outlier, text_outlier=sm.params.text_outlier))

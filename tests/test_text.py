@@ -1,0 +1,268 @@
+"""Text tower: export of both graphs with parity at two lengths with left padding, the embeds graph
+on merged vision features against the PyTorch model, FP16/simplified variants, the exporter
+fallback, text calibration, and sensitivity/profile finding a planted text layer."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import TOL_FP16, TOL_FP32
+from vlsens.errors import ConfigError, ParityError
+from vlsens.images import resolve_images
+from vlsens.quant import QuantSettings, output_metrics
+from vlsens.samples import Samples, StreamMetrics
+from vlsens.sensitivity import read_csv
+from vlsens.text import (
+    BUILTIN_PROMPTS,
+    TextReference,
+    build_text_calibration,
+    causal_padding_mask,
+    compute_text_reference,
+    export_text,
+    load_prompt_samples,
+    text_fp16,
+    text_position_ids,
+    text_simplify,
+)
+
+TEXT_PLANT = {"layer": 1, "channels": 2, "scale": 1000.0}
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    from vlsens.checkpoint import build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("text")
+    ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, text_outlier=TEXT_PLANT)
+    compute_text_reference(ckpt, resolve_images("builtin")[:2], BUILTIN_PROMPTS, [1, 4]).save(root / "ref.npz")
+    export_text(ckpt, root / "ref.npz", root / "fp32", TOL_FP32)
+    return root
+
+
+def test_mask_and_positions():
+    import torch
+
+    am = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    m = causal_padding_mask(am, torch.float32)
+    assert m.shape == (2, 1, 4, 4)
+    allowed = (m == 0)[:, 0]
+    assert allowed[1].tolist() == torch.ones(4, 4).tril().bool().tolist()  # causal
+    assert not allowed[0, :, :2].any()  # padded keys never attended
+    assert allowed[0, 3, 2:].all() and not allowed[0, 2, 3]
+    assert float(m.min()) == -65504.0  # finite in FP16 too
+    pos = text_position_ids(am)
+    assert pos.shape == (3, 2, 4) and pos[0, 0].tolist() == [1, 1, 0, 1] and pos[2, 1].tolist() == [0, 1, 2, 3]
+
+
+def test_parity_at_two_lengths_with_left_padding(text_run):
+    rec = json.loads((text_run / "fp32" / "parity.json").read_text())
+    assert rec["passed"] and rec["variant"] == "fp32"
+    cases = {p["image"]: p for p in rec["per_input"]}
+    lengths = {cases[c]["shape"][1] for c in ("text-x1", "text-x4")}
+    assert len(lengths) == 2  # two sequence lengths
+    ref = TextReference.load(text_run / "ref.npz")
+    for c in ("text-x1", "text-x4"):
+        mask = ref.cases[c]["attention_mask"]
+        assert (mask == 0).any() and (mask[:, -1] == 1).all()  # left padded
+        assert cases[c]["max_rel_error"] <= 1e-4 and cases[c]["top1_agreement"] == 1.0
+        assert cases[c]["positions"] == int(mask.sum())  # padded positions excluded
+    for g in ("model.onnx", "embeds.onnx"):
+        assert (text_run / "fp32" / g).is_file() and (text_run / "fp32" / f"{g}.data").is_file()
+
+
+def test_left_padding_gives_the_unpadded_logits(text_run):
+    """model.onnx computes positions from the mask: a prompt padded on the left has the logits it
+    has alone, at every real token."""
+    import onnxruntime as ort
+
+    ref = TextReference.load(text_run / "ref.npz")
+    ids, mask = ref.cases["text-x1"]["input_ids"], ref.cases["text-x1"]["attention_mask"]
+    short = int(np.argmin(mask.sum(1)))
+    assert mask[short].sum() < mask.shape[1]
+    s = ort.InferenceSession(str(text_run / "fp32" / "model.onnx"), providers=["CPUExecutionProvider"])
+    padded = s.run(None, {"input_ids": ids, "attention_mask": mask})[0][short][mask[short] == 1]
+    real = ids[short][mask[short] == 1][None]
+    alone = s.run(None, {"input_ids": real, "attention_mask": np.ones_like(real)})[0][0]
+    np.testing.assert_allclose(padded, alone, atol=2e-5)
+
+
+def test_embeds_graph_on_merged_vision_features_equals_pytorch(text_run):
+    """An image+prompt batch (two images at two different sizes): the embeds graph, fed with the
+    image features merged into the token embeddings and the 3-D mRoPE positions, gives the logits
+    of transformers' own multimodal forward."""
+    import onnxruntime as ort
+    import torch
+
+    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.images import open_rgb, resize_exact
+    from vlsens.text import chat_prompt, merged_embeds
+
+    ckpt = text_run / "ckpt"
+    model, processor = load_model(ckpt, attn_implementation="eager"), load_processor(ckpt)
+    imgs = resolve_images("builtin")
+    pil = [resize_exact(open_rgb(imgs[2]), 224, 224), resize_exact(open_rgb(imgs[3]), 252, 308)]
+    processor.tokenizer.padding_side = "left"
+    texts = [chat_prompt(processor, p, True) for p in BUILTIN_PROMPTS[2:4]]
+    inputs = processor(text=texts, images=pil, return_tensors="pt", padding=True, do_resize=False)
+    with torch.no_grad():
+        expected = model(**inputs, use_cache=False).logits.numpy()
+    embeds, pos = merged_embeds(model, inputs)
+    mask = inputs["attention_mask"].numpy().astype(np.int64)
+    assert not np.array_equal(pos[0], pos[1])  # real 3-D positions (image rows/cols), not text ones
+    s = ort.InferenceSession(str(text_run / "fp32" / "embeds.onnx"), providers=["CPUExecutionProvider"])
+    got = s.run(None, {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": pos})[0]
+    keep = mask.astype(bool)
+    np.testing.assert_allclose(got[keep], expected[keep], atol=1e-4)
+    assert (got[keep].argmax(-1) == expected[keep].argmax(-1)).all()
+
+
+def test_fp16_and_simplified_variants_pass_their_gates(text_run):
+    rec16 = text_fp16(text_run / "fp32", text_run / "ref.npz", text_run / "fp16", TOL_FP16, 512, 65504)
+    assert rec16["passed"] and rec16["metrics"]["min_top1_agreement"] >= 0.99
+    kept = {k["node"] for k in rec16["extra"]["graphs"]["embeds.onnx"]["fp32_fallback"]}
+    # the range-based fallback keeps the mask arithmetic (|-65504| > 512) in FP32
+    assert any(n.endswith("self_attn/Add_2") for n in kept) and any(n.endswith("Softmax") for n in kept)
+    for base, tol in (("fp32", TOL_FP32), ("fp16", TOL_FP16)):
+        rec = text_simplify(text_run / base, text_run / "ref.npz", text_run / f"{base}-sim", tol, f"{base}-sim",
+                            2_000_000_000)
+        assert rec["passed"]
+        g = rec["extra"]["graphs"]["model.onnx"]
+        assert g["nodes_after"] < g["nodes_before"]
+        assert (text_run / f"{base}-sim" / "embeds.onnx.data").is_file()
+
+
+def test_failed_gate_leaves_nothing(text_run, tmp_path):
+    out = tmp_path / "fp32"
+    with pytest.raises(ParityError):
+        export_text(text_run / "ckpt", text_run / "ref.npz", out, {"min_cosine": 1.5, "max_rel_error": 1e-12})
+    assert not (out / "model.onnx").exists() and not (out / "embeds.onnx").exists()
+    assert not list(out.glob("*.onnx*")) and not (out / "parity.json").exists()
+
+
+def test_exporter_fallback_is_recorded(text_run, tmp_path, monkeypatch):
+    """The legacy exporter failing (as it does on transformers 4.57) falls back to dynamo."""
+    import vlsens.text as text
+
+    real = text._export_one
+
+    def legacy_breaks(module, example, names, path, exporter, opset):
+        if exporter == "legacy":
+            raise RuntimeError("unordered_map::at")
+        return real(module, example, names, path, exporter, opset)
+
+    monkeypatch.setattr(text, "_export_one", legacy_breaks)
+    rec = export_text(text_run / "ckpt", text_run / "ref.npz", tmp_path / "fp32", TOL_FP32)
+    used = rec["extra"]["exporters"]
+    assert rec["passed"]
+    for g in ("model.onnx", "embeds.onnx"):
+        assert used[g]["exporter"] == "dynamo"
+        assert "unordered_map::at" in used[g]["failed"][0]["error"]
+
+
+# --- calibration, sensitivity, profile ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def text_cal(text_run):
+    samples = load_prompt_samples("builtin", resolve_images("builtin"))
+    build_text_calibration(text_run / "ckpt", samples, 224, 224, text_run / "cal", 6, 3)
+    return text_run / "cal"
+
+
+def test_text_calibration_carries_vision_features(text_cal, text_run):
+    import torch
+
+    from vlsens.checkpoint import load_model
+
+    man = json.loads((text_cal / "manifest.json").read_text())
+    assert man["counts"] == {"calib": 6, "eval": 3}
+    assert any(s["image"] for s in man["samples"]) and any(not s["image"] for s in man["samples"])
+    cal = Samples.load(text_cal / "calib.npz")
+    model = load_model(text_run / "ckpt")
+    emb = model.model.language_model.embed_tokens.weight.detach().numpy()
+    for s, feed in zip([s for s in man["samples"] if s["split"] == "calib"], cal.feeds):
+        e = feed["inputs_embeds"][0]
+        # rows equal to a token embedding: all of them for text, not the image-token slots
+        is_token = np.array([np.isclose(emb, row, atol=1e-6).all(1).any() for row in e])
+        assert is_token.all() != bool(s["image"]), s["name"]
+        if s["image"]:
+            assert not np.array_equal(feed["position_ids"][0], feed["position_ids"][1])
+        assert feed["attention_mask"].sum() == s["tokens"]
+    del torch
+
+
+def test_jsonl_prompts_and_their_errors(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (40, 30), "red").save(tmp_path / "red.png")
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"image": "red.png", "prompt": "What colour?"}\n\n{"image": null, "prompt": "Hi"}\n')
+    s = load_prompt_samples(str(good))
+    assert [x.prompt for x in s] == ["What colour?", "Hi"] and s[0].image.path == tmp_path / "red.png"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2: not JSON"):
+        load_prompt_samples(str(bad))
+    bad.write_text('{"image": "missing.png", "prompt": "x"}\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:1: image missing.png not found"):
+        load_prompt_samples(str(bad))
+    with pytest.raises(ConfigError, match="neither 'builtin'"):
+        load_prompt_samples(str(tmp_path / "nope.txt"))
+
+
+@pytest.fixture(scope="module")
+def text_sens(text_run, text_cal):
+    from vlsens.sensitivity_stage import gather, prepare, run_shard
+
+    eng = text_run / "engine"
+    prepare(text_run / "fp32" / "embeds.onnx", text_cal / "calib.npz", text_cal / "eval.npz", eng, QuantSettings())
+    shards = [text_run / "shards" / f"ort.{i}-of-2.csv" for i in range(2)]
+    for i, p in enumerate(shards):
+        run_shard(eng, text_cal / "eval.npz", i, 2, p)
+    gather(eng, text_cal / "eval.npz", shards, text_run / "ort.csv", text_run / "ort.json")
+    return text_run
+
+
+def test_planted_text_layer_ranks_first(text_sens):
+    rows = read_csv(text_sens / "ort.csv")
+    assert list(rows[0])[-2:] == ["kl", "top1"]  # logits columns
+    assert (rows[0]["block"], rows[0]["role"]) == (TEXT_PLANT["layer"], "mlp.down_proj"), rows[:3]
+    assert (rows[1]["block"], rows[1]["role"]) == (TEXT_PLANT["layer"], "mlp.up_proj"), rows[:3]
+    assert rows[0]["mse"] > 10 * rows[2]["mse"]
+    assert json.loads((text_sens / "ort.json").read_text())["all_int8"]["kl"] > 0
+
+
+def test_text_profile_meets_kl_target_and_keeps_the_planted_layer_float(text_sens, text_cal):
+    import onnxruntime as ort
+
+    from vlsens.profile import build_profile
+
+    rec = build_profile(text_sens / "engine", text_sens / "ort.csv", text_cal / "eval.npz",
+                        {"fp32": text_sens / "fp32" / "embeds.onnx"}, text_sens / "profile", "kl", 1e-4)
+    assert rec["status"] == "met" and rec["meets_target"] and rec["measured"]["kl"] <= 1e-4
+    excluded = json.loads((text_sens / "profile" / "nodes_to_exclude.json").read_text())["nodes_to_exclude"]
+    assert any(f"layers.{TEXT_PLANT['layer']}/mlp/down_proj" in n for n in excluded)
+    assert rec["int8_op_share"] >= 0.5
+    # re-measured here, independently, at real tokens
+    ev = Samples.load(text_cal / "eval.npz")
+    q = ort.InferenceSession(str(text_sens / "profile" / "model.onnx"), providers=["CPUExecutionProvider"])
+    f = ort.InferenceSession(str(text_sens / "fp32" / "embeds.onnx"), providers=["CPUExecutionProvider"])
+    acc = StreamMetrics(logits=True)
+    for feed, valid in zip(ev.feeds, ev.valid):
+        acc.add(q.run(None, feed)[0], f.run(None, feed)[0], valid)
+    assert acc.result()["kl"] == pytest.approx(rec["measured"]["kl"], rel=1e-3, abs=1e-9)
+
+
+def test_stream_metrics_match_whole_array_metrics():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(3, 5, 11)).astype(np.float32)
+    act = ref + rng.normal(scale=0.1, size=ref.shape).astype(np.float32)
+    acc = StreamMetrics(logits=True)
+    for i in range(3):
+        acc.add(act[i:i + 1], ref[i:i + 1])
+    got, want = acc.result(), output_metrics(act, ref)
+    for k in ("mse", "cosine", "sqnr_db"):
+        assert got[k] == pytest.approx(want[k], rel=1e-9)
+    same = StreamMetrics(logits=True)
+    same.add(ref, ref)
+    assert same.result()["kl"] == pytest.approx(0.0, abs=1e-9) and same.result()["top1"] == 1.0
