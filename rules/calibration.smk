@@ -16,15 +16,19 @@ rule calibration:
     benchmark:
         "results/{model}/benchmarks/calibration/{size}.tsv"
     params:
+        code=code("calibration.py"),
         names=calibration_image_names(),
         num_calib=config["calibration"]["num_calib"],
         num_eval=config["calibration"]["num_eval"],
         seed=config["calibration"]["seed"],
         skip_unreadable=config["calibration"]["skip_unreadable"],
-        versions=stage_versions("reference"),
+        versions=stage_versions("calibration"),
     threads: 1
     resources:
         gpu=0,
+        slurm_partition=partition(gpu=False),
+        mem_mb=mem_mb("calibration"),
+        runtime=runtime("calibration"),
     conda:
         "../envs/torch.yaml"
     script:

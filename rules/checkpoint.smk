@@ -11,6 +11,7 @@ rule tiny_checkpoint:
     wildcard_constraints:
         preset="tiny",
     params:
+        code=code("build_tiny_checkpoint.py"),
         seed=config["model"]["tiny"]["seed"],
         outlier=canonical(config["model"]["tiny"]["outlier"]),
         text_outlier=canonical(config["model"]["tiny"]["text_outlier"]),
@@ -18,6 +19,9 @@ rule tiny_checkpoint:
     threads: 1
     resources:
         gpu=0,
+        slurm_partition=partition(gpu=False),
+        mem_mb=mem_mb("tiny_checkpoint"),
+        runtime=runtime("tiny_checkpoint"),
     conda:
         "../envs/torch.yaml"
     script:

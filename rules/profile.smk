@@ -24,6 +24,7 @@ rule profile:
     benchmark:
         "results/{model}/benchmarks/profile/{size}-{variant}.tsv"
     params:
+        code=code("profile.py"),
         metric=config["profile"]["metric"],
         target=config["profile"]["target"],
         max_evals=config["profile"]["max_evals"],
@@ -31,6 +32,9 @@ rule profile:
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("profile"),
+        runtime=runtime("profile"),
     conda:
         "../envs/onnx.yaml"
     script:

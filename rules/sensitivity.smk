@@ -20,11 +20,15 @@ rule sensitivity_prepare:
     benchmark:
         "results/{model}/benchmarks/sensitivity_prepare/{size}-{variant}.tsv"
     params:
+        code=code("sensitivity_prepare.py"),
         settings=canonical(quant_settings()),
         versions=stage_versions("sensitivity"),
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("sensitivity_prepare"),
+        runtime=runtime("sensitivity_prepare"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -49,10 +53,14 @@ rule sensitivity_shard:
         i=r"\d+",
         n=r"\d+",
     params:
+        code=code("sensitivity_shard.py"),
         versions=stage_versions("sensitivity"),
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("sensitivity_shard"),
+        runtime=runtime("sensitivity_shard"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -74,10 +82,14 @@ rule sensitivity_gather:
     benchmark:
         "results/{model}/benchmarks/sensitivity_gather/{size}-{variant}.tsv"
     params:
+        code=code("sensitivity_gather.py"),
         versions=stage_versions("sensitivity"),
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("sensitivity_gather"),
+        runtime=runtime("sensitivity_gather"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -103,6 +115,7 @@ rule sensitivity_inc:
     wildcard_constraints:
         variant="fp32",
     params:
+        code=code("sensitivity_inc.py"),
         python=INC_PYTHON,
         script=INC_SCRIPT,
         settings=inc_settings_json(),
@@ -111,6 +124,9 @@ rule sensitivity_inc:
     threads: config["threads"]
     resources:
         gpu=0,
+        slurm_partition=partition(gpu=False),
+        mem_mb=mem_mb("sensitivity_inc"),
+        runtime=runtime("sensitivity_inc"),
     conda:
         "../envs/inc.yaml"
     shell:
@@ -135,6 +151,7 @@ rule sensitivity_inc_tune:
     wildcard_constraints:
         variant="fp32",
     params:
+        code=code("sensitivity_inc.py"),
         python=INC_PYTHON,
         script=INC_SCRIPT,
         settings=inc_settings_json(),
@@ -145,6 +162,9 @@ rule sensitivity_inc_tune:
     threads: config["threads"]
     resources:
         gpu=0,
+        slurm_partition=partition(gpu=False),
+        mem_mb=mem_mb("sensitivity_inc_tune"),
+        runtime=runtime("sensitivity_inc_tune"),
     conda:
         "../envs/inc.yaml"
     shell:
@@ -167,9 +187,13 @@ rule sensitivity_compare:
     benchmark:
         "results/{model}/benchmarks/sensitivity_compare/{size}-{variant}.tsv"
     params:
+        code=code("sensitivity_compare.py"),
         top_k=config["sensitivity"]["compare"]["top_k"],
     resources:
         gpu=0,
+        slurm_partition=partition(gpu=False),
+        mem_mb=mem_mb("sensitivity_compare"),
+        runtime=runtime("sensitivity_compare"),
     conda:
         "../envs/onnx.yaml"
     script:

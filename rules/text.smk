@@ -15,6 +15,7 @@ rule text_reference:
     benchmark:
         "results/{model}/benchmarks/text_reference/reference.tsv"
     params:
+        code=code("text_reference.py"),
         names=parity_image_names(),
         repeats=config["text"]["parity"]["repeats"],
         image_size=config["text"]["parity"]["image_size"],
@@ -22,6 +23,9 @@ rule text_reference:
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("text_reference"),
+        runtime=runtime("text_reference"),
     conda:
         "../envs/torch.yaml"
     script:
@@ -43,6 +47,7 @@ rule export_text:
     benchmark:
         "results/{model}/benchmarks/export_text/fp32.tsv"
     params:
+        code=code("export_text.py"),
         tolerance=tolerance("fp32"),
         exporter=config["text"]["exporter"],
         fallback=config["text"]["fallback"],
@@ -52,6 +57,9 @@ rule export_text:
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("export_text"),
+        runtime=runtime("export_text"),
     conda:
         "../envs/torch.yaml"
     script:
@@ -76,6 +84,7 @@ rule text_fp16:
     benchmark:
         "results/{model}/benchmarks/text_fp16/fp16.tsv"
     params:
+        code=code("text_fp16.py"),
         tolerance=tolerance("fp16"),
         max_activation=config["fp16"]["max_activation"],
         max_initializer=config["fp16"]["max_initializer"],
@@ -84,6 +93,9 @@ rule text_fp16:
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("text_fp16"),
+        runtime=runtime("text_fp16"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -108,6 +120,7 @@ rule text_simplify:
     benchmark:
         "results/{model}/benchmarks/text_simplify/{base}.tsv"
     params:
+        code=code("text_simplify.py"),
         tolerance=lambda wildcards: tolerance(wildcards.base),
         check_max_bytes=config["simplify"]["check_max_bytes"],
         device=config["device"],
@@ -115,6 +128,9 @@ rule text_simplify:
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("text_simplify"),
+        runtime=runtime("text_simplify"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -135,16 +151,20 @@ rule text_calibration:
     benchmark:
         "results/{model}/benchmarks/text_calibration/text.tsv"
     params:
+        code=code("text_calibration.py"),
         names=calibration_image_names(),
         prompts=config["text"]["calibration"]["prompts"],
         image_size=config["text"]["calibration"]["image_size"],
         num_calib=config["text"]["calibration"]["num_calib"],
         num_eval=config["text"]["calibration"]["num_eval"],
         seed=config["text"]["calibration"]["seed"],
-        versions=stage_versions("reference"),
+        versions=stage_versions("text_calibration"),
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("text_calibration"),
+        runtime=runtime("text_calibration"),
     conda:
         "../envs/torch.yaml"
     script:
@@ -170,11 +190,15 @@ rule text_sensitivity_prepare:
     benchmark:
         "results/{model}/benchmarks/text_sensitivity_prepare/{variant}.tsv"
     params:
+        code=code("sensitivity_prepare.py"),
         settings=canonical(quant_settings()),
         versions=stage_versions("sensitivity"),
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("text_sensitivity_prepare"),
+        runtime=runtime("text_sensitivity_prepare"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -199,10 +223,14 @@ rule text_sensitivity_shard:
         i=r"\d+",
         n=r"\d+",
     params:
+        code=code("sensitivity_shard.py"),
         versions=stage_versions("sensitivity"),
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("text_sensitivity_shard"),
+        runtime=runtime("text_sensitivity_shard"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -224,10 +252,14 @@ rule text_sensitivity_gather:
     benchmark:
         "results/{model}/benchmarks/text_sensitivity_gather/{variant}.tsv"
     params:
+        code=code("sensitivity_gather.py"),
         versions=stage_versions("sensitivity"),
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("text_sensitivity_gather"),
+        runtime=runtime("text_sensitivity_gather"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -257,6 +289,7 @@ rule text_profile:
     benchmark:
         "results/{model}/benchmarks/text_profile/{variant}.tsv"
     params:
+        code=code("profile.py"),
         metric=config["text"]["profile"]["metric"],
         target=config["text"]["profile"]["target"],
         max_evals=config["text"]["profile"]["max_evals"],
@@ -264,6 +297,9 @@ rule text_profile:
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("text_profile"),
+        runtime=runtime("text_profile"),
     conda:
         "../envs/onnx.yaml"
     script:

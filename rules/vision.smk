@@ -13,12 +13,16 @@ rule vision_reference:
     benchmark:
         "results/{model}/benchmarks/vision_reference/{size}.tsv"
     params:
+        code=code("vision_reference.py"),
         names=parity_image_names(),
         device=config["device"],
         versions=stage_versions("reference"),
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("vision_reference"),
+        runtime=runtime("vision_reference"),
     conda:
         "../envs/torch.yaml"
     script:
@@ -38,6 +42,7 @@ rule export_vision:
     benchmark:
         "results/{model}/benchmarks/export_vision/{size}.tsv"
     params:
+        code=code("export_vision.py"),
         tolerance=tolerance("fp32"),
         batch_size=config["vision"]["batch_size"],
         opset=config["export"]["opset"],
@@ -47,6 +52,9 @@ rule export_vision:
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("export_vision"),
+        runtime=runtime("export_vision"),
     conda:
         "../envs/torch.yaml"
     script:
@@ -67,6 +75,7 @@ rule vision_fp16:
     benchmark:
         "results/{model}/benchmarks/vision_fp16/{size}.tsv"
     params:
+        code=code("vision_fp16.py"),
         tolerance=tolerance("fp16"),
         max_activation=config["fp16"]["max_activation"],
         max_initializer=config["fp16"]["max_initializer"],
@@ -75,6 +84,9 @@ rule vision_fp16:
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("vision_fp16"),
+        runtime=runtime("vision_fp16"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -95,6 +107,7 @@ rule vision_simplify:
     benchmark:
         "results/{model}/benchmarks/vision_simplify/{size}-{base}.tsv"
     params:
+        code=code("vision_simplify.py"),
         tolerance=lambda wildcards: tolerance(wildcards.base),
         check_max_bytes=config["simplify"]["check_max_bytes"],
         device=config["device"],
@@ -102,6 +115,9 @@ rule vision_simplify:
     threads: config["threads"]
     resources:
         gpu=1,
+        slurm_partition=partition(gpu=True),
+        mem_mb=mem_mb("vision_simplify"),
+        runtime=runtime("vision_simplify"),
     conda:
         "../envs/onnx.yaml"
     script:

@@ -199,6 +199,24 @@ def plant_text_outlier(model, layer: int, channels: int = 2, scale: float = 1000
     return idx
 
 
+def init_weights_numpy(model, seed: int) -> None:
+    """Draw every weight matrix from numpy's seeded generator (normal, std = the tower's
+    ``initializer_range``, as transformers' own init), in parameter order. 1-D parameters are
+    constants already (norm weights 1, biases 0). The preset then does not depend on torch's
+    RNG: a torch upgrade leaves the checkpoint, and everything torch does not touch, as it is."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    std_vision = float(model.config.vision_config.initializer_range)
+    std_text = float(model.config.text_config.initializer_range)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                std = std_vision if name.startswith("model.visual.") else std_text
+                p.copy_(torch.from_numpy(rng.normal(0.0, std, size=tuple(p.shape)).astype(np.float32)))
+
+
 def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | None = None,
                     text_outlier: dict | None = None):
     """The tiny preset in memory: (model, tokenizer), random weights from ``seed``; ``outlier``
@@ -211,6 +229,7 @@ def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | N
     config = tiny_config(tokenizer, vision)
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    init_weights_numpy(model, seed)
     if outlier:
         plant_vision_outlier(model, int(outlier["block"]), int(outlier.get("channels", 2)),
                              float(outlier.get("scale", 1000.0)), float(outlier.get("gain", 1.0)))

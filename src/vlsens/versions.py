@@ -1,19 +1,27 @@
-"""Versions of the libraries each stage depends on.
+"""What each stage's output depends on besides its inputs: library versions and vlsens code.
 
-Rules take these as ``params`` so that Snakemake re-runs exactly the stages whose libraries
-changed. ``VLSENS_VERSION_OVERRIDES`` (``name=version,name=version``) replaces recorded versions
-without reinstalling anything: it exists to test and to preview incremental re-runs.
+Rules take these as ``params``, so Snakemake (whose default rerun triggers include params)
+re-runs exactly the stages whose libraries or package code changed, and what consumes their
+outputs. Snakemake tracks a rule's own script but not the modules it imports, hence
+:func:`code_version`: a hash of the vlsens modules a stage imports, followed transitively.
+
+``VLSENS_VERSION_OVERRIDES`` (``name=version,name=version``) replaces recorded versions without
+reinstalling anything: it previews (and the tests prove) what an upgrade would re-run.
 """
 
 from __future__ import annotations
 
 import os
 from importlib import metadata
+from pathlib import Path
 
 #: Libraries each stage's output depends on.
 STAGE_LIBRARIES = {
-    "checkpoint": ("torch", "transformers", "tokenizers", "safetensors"),
+    # the tiny preset draws its weights with numpy (vlsens.checkpoint.init_weights_numpy)
+    "checkpoint": ("transformers", "tokenizers", "safetensors", "numpy"),
     "reference": ("torch", "transformers", "pillow", "numpy"),
+    "calibration": ("transformers", "pillow", "numpy"),  # the image processor's PIL path, no torch
+    "text_calibration": ("torch", "transformers", "pillow", "numpy"),
     "export": ("torch", "transformers", "onnx"),
     "fp16": ("onnx", "onnxconverter-common"),
     "simplify": ("onnx", "onnxsim"),
@@ -54,3 +62,65 @@ def stage_versions(*stages: str) -> dict[str, str]:
             if n not in names:
                 names.append(n)
     return versions(*names)
+
+
+def _module_file(name: str) -> str | None:
+    """The source file of vlsens module ``name`` (None for anything else, e.g. a class name)."""
+    parts = name.split(".")
+    if parts[0] != "vlsens":
+        return None
+    base = Path(__file__).resolve().parent
+    path = base.joinpath(*parts[1:]).with_suffix(".py") if len(parts) > 1 else base / "__init__.py"
+    return str(path) if path.is_file() else None
+
+
+def _vlsens_imports(path: str) -> set[str]:
+    """vlsens modules imported anywhere in a file (top level or inside functions)."""
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("vlsens")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vlsens"):
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}  # "from vlsens import x"
+    return found
+
+
+def code_files(*modules: str) -> list[str]:
+    """Source files of ``modules`` and of every vlsens module they import, transitively."""
+    seen: dict[str, str] = {}
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = _module_file(name)
+        if path is None:
+            continue
+        seen[name] = path
+        todo.extend(_vlsens_imports(path) - set(seen))
+    return [seen[k] for k in sorted(seen)]
+
+
+def code_version(*modules: str) -> str:
+    """Short sha256 of the package code a stage runs (``modules`` and their vlsens imports).
+    ``VLSENS_VERSION_OVERRIDES`` may name ``vlsens.<module>`` to preview a code change."""
+    import hashlib
+
+    ov = overrides()
+    h = hashlib.sha256()
+    for path in code_files(*modules):
+        name = "vlsens." + Path(path).stem if Path(path).stem != "__init__" else "vlsens"
+        h.update(name.encode())
+        h.update(ov[name].encode() if name in ov else Path(path).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def script_code_version(script: str | Path) -> str:
+    """:func:`code_version` of the vlsens modules a workflow script imports (the script itself
+    is tracked by Snakemake)."""
+    mods = sorted(m for m in _vlsens_imports(str(script)) if _module_file(m))
+    return code_version(*mods)

@@ -1,0 +1,50 @@
+"""The workflow through a real one-node SLURM (tests/slurm/run.sh): jobs go through SLURM, GPU
+rules ask it for a GPU, CPU rules do not. Runs where it can install and start SLURM (root with
+apt-get: CI); skipped, saying why, elsewhere."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def _gpu_rules() -> dict[str, bool]:
+    """Rule name -> whether it declares resources gpu=1 (read from rules/*.smk)."""
+    out = {}
+    for smk in (REPO / "rules").glob("*.smk"):
+        for m in re.finditer(r"\nrule (\w+):(.*?)(?=\nrule |\Z)", smk.read_text(), re.S):
+            g = re.search(r"\n\s+gpu=(\d)", m.group(2))
+            out[m.group(1)] = bool(g and g.group(1) == "1")
+    return out
+
+
+@pytest.mark.slow
+def test_tiny_workflow_through_real_slurm(tmp_path):
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("needs root and apt-get to install and start slurmctld/slurmd/munge (CI has both)")
+    r = subprocess.run(["bash", str(REPO / "tests" / "slurm" / "run.sh"), str(tmp_path), sys.executable],
+                       capture_output=True, text=True, timeout=2400)
+    log = (tmp_path / "log" / "snakemake.log")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
+    jobs = json.loads((tmp_path / "jobs.json").read_text())
+    rules = {j["rule"] for j in jobs}
+    assert {"tiny_checkpoint", "vision_reference", "export_vision", "vision_fp16", "calibration",
+            "sensitivity_prepare", "sensitivity_shard"} <= rules, jobs
+    assert all(j["state"] == "COMPLETED" for j in jobs), jobs
+    gpu = _gpu_rules()
+    for j in jobs:
+        if gpu[j["rule"]]:
+            assert "gpu" in j["tres_per_job"] and j["partition"] == "gpu", j
+        else:
+            assert "gpu" not in j["tres_per_job"] and j["partition"] == "cpu", j
+    assert (tmp_path / "results/tiny/vision/224x224/fp16/model.onnx").is_file()
+    assert (tmp_path / "results/tiny/sensitivity/vision/224x224/fp32/shards/ort.0-of-2.csv").is_file()
+    assert "stopped daemons" in r.stdout
+    left = subprocess.run(["pgrep", "-x", "slurmctld|slurmd"], capture_output=True, text=True).stdout.split()
+    assert not left, f"daemons left running: {left}"
