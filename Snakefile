@@ -17,6 +17,11 @@ include: "rules/calibration.smk"
 include: "rules/sensitivity.smk"
 include: "rules/profile.smk"
 include: "rules/text.smk"
+include: "rules/dynamic.smk"
+
+
+localrules:
+    all,
 
 
 rule all:

@@ -12,7 +12,7 @@ if _SRC not in sys.path:
 
 from vlsens.config import all_targets, canonical, make_plan, tolerance_for
 from vlsens.errors import ConfigError
-from vlsens.versions import stage_versions
+from vlsens.versions import script_code_version, stage_versions
 from snakemake.settings.types import DeploymentMethod
 
 
@@ -113,3 +113,29 @@ def text_prompt_files():
 
     samples = load_prompt_samples(spec)
     return [spec] + sorted({str(s.image.path) for s in samples if s.image is not None})
+
+
+def code(script):
+    """Hash of the vlsens code a workflow script runs (rerun trigger through params)."""
+    return script_code_version(Path(workflow.basedir) / "workflow" / "scripts" / script)
+
+
+# Cluster resources (profiles/slurm): partition by GPU use, memory and runtime per rule name.
+def partition(gpu):
+    return config["cluster"]["gpu_partition" if gpu else "cpu_partition"]
+
+
+def mem_mb(rule):
+    m = config["cluster"]["mem_mb"]
+    return int(m.get(rule, m.get("default", 8000)))
+
+
+def runtime(rule):
+    r = config["cluster"]["runtime"]
+    return int(r.get(rule, r.get("default", 60)))
+
+
+def dynamic_shard_csvs(wildcards):
+    n = config["sensitivity"]["shards"]
+    base = f"results/{wildcards.model}/sensitivity/vision/dynamic/{wildcards.variant}/shards"
+    return [f"{base}/ort.{i}-of-{n}.csv" for i in range(n)]

@@ -9,10 +9,40 @@ import pytest
 from conftest import REPO
 
 
-def smk(workdir, *args, timeout=900):
+def smk(workdir, *args, timeout=900, overrides=None):
+    import os
+
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(workdir),
            "--configfile", str(workdir / "config.yaml"), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    env = dict(os.environ)
+    env.pop("VLSENS_VERSION_OVERRIDES", None)
+    if overrides:
+        env["VLSENS_VERSION_OVERRIDES"] = overrides
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def planned(workdir, overrides=None) -> tuple[set[str], str]:
+    """Rules a dry run would execute (from Snakemake's job table) and its full output."""
+    r = smk(workdir, "-n", "--cores", "2", overrides=overrides)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    rules, table = set(), False
+    for line in out.splitlines():
+        parts = line.split()
+        if parts[:2] == ["job", "count"]:
+            table = True
+        elif table and parts and parts[0] == "total":
+            break
+        elif table and len(parts) == 2 and parts[1].isdigit():
+            rules.add(parts[0])
+    return rules - {"all"}, out
+
+
+VISION_TORCH = {"vision_reference", "export_vision"}
+TEXT_TORCH = {"text_reference", "export_text", "text_calibration"}
+ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
+              "sensitivity_compare", "text_sensitivity_prepare", "text_sensitivity_shard",
+              "text_sensitivity_gather", "text_profile"}
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +93,12 @@ def test_whole_dag_builds_verified_models(finished_run):
         assert "layers.1/mlp/down_proj" in rows[1]  # the planted text layer (config default)
         ev = json.loads((wd / "results" / "tiny" / "profile" / "text" / variant / "eval.json").read_text())
         assert ev["status"] == "met" and ev["meets_target"] and ev["measured"]["kl"] <= ev["target"]["value"]
+    dyn = wd / "results" / "tiny" / "vision" / "dynamic"
+    for variant in ("fp32", "fp16", "fp32-sim", "fp16-sim"):
+        rec = json.loads((dyn / variant / "parity.json").read_text())
+        assert rec["passed"] and len(rec["per_input"]) == 5
+    ev = json.loads((wd / "results" / "tiny" / "profile" / "vision" / "dynamic" / "fp32" / "eval.json").read_text())
+    assert ev["status"] == "met" and ev["eval_images"] == 6  # 3 evaluation images x 2 sizes
     assert not list((wd / "results").rglob(".staging-*"))
 
 
@@ -96,6 +132,40 @@ def test_changed_tolerance_reruns_only_gated_stages_downstream(finished_run):
     assert "export_text" not in out and "text_reference" not in out and "text_calibration" not in out
     assert "calibration" not in out
     assert "sensitivity_inc" not in out and "sensitivity_compare" not in out  # fp32-only: untouched
+
+
+@pytest.mark.slow
+def test_torch_upgrade_reruns_what_torch_made_and_downstream(finished_run):
+    """torch is recorded by the stages that run it (references, exports, text calibration); the
+    tiny checkpoint (numpy-drawn weights) and the vision calibration (PIL image processor) stay."""
+    rules, out = planned(finished_run, "torch=99.0")
+    assert VISION_TORCH | TEXT_TORCH <= rules, rules
+    assert {"vision_fp16", "vision_simplify", "text_fp16", "sensitivity_prepare", "profile"} <= rules  # downstream
+    assert "tiny_checkpoint" not in rules and "calibration" not in rules, rules
+    reasons = out[out.index("Reasons:"):]
+    assert "params have changed since last execution" in reasons
+    for rule in VISION_TORCH | TEXT_TORCH:
+        assert rule in reasons.split("params have changed since last execution:")[1].split("\n")[1]
+
+
+@pytest.mark.slow
+def test_onnxruntime_upgrade_reruns_only_sensitivity_and_profile(finished_run):
+    rules, out = planned(finished_run, "onnxruntime=99.0")
+    assert {"sensitivity_prepare", "profile", "text_sensitivity_prepare", "text_profile"} <= rules, rules
+    assert rules <= ORT_STAGES, rules - ORT_STAGES
+    assert "params have changed since last execution" in out
+
+
+@pytest.mark.slow
+def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
+    """Snakemake tracks a rule's script, not the modules it imports: params carry a hash of the
+    vlsens modules each script imports (transitively). A change to vlsens.compare re-runs only the
+    comparison; one to vlsens.text only the text stages."""
+    rules, _ = planned(finished_run, "vlsens.compare=edited")
+    assert rules == {"sensitivity_compare"}, rules
+    rules, _ = planned(finished_run, "vlsens.text=edited")
+    assert {"text_reference", "export_text", "text_fp16", "text_simplify", "text_calibration"} <= rules, rules
+    assert not {r for r in rules if r.startswith(("vision", "export_vision", "calibration", "sensitivity_", "profile"))}
 
 
 def test_lint_is_clean():

@@ -39,6 +39,8 @@ class Plan:
     engines: list[str] = field(default_factory=list)
     inc_tune: bool = False
     text_variants: list[str] = field(default_factory=list)  # empty: text tower off
+    dynamic_variants: list[str] = field(default_factory=list)  # empty: no dynamic vision graph
+    dynamic_sens_variants: list[str] = field(default_factory=list)
     text_sens_variants: list[str] = field(default_factory=list)
 
     def engine_variants(self, engine: str) -> list[str]:
@@ -160,8 +162,29 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
             raise ConfigError(f"model.tiny.outlier.block: {outlier['block']} is not a vision block "
                               f"(0..{TINY_VISION['depth'] - 1}).")
     text_variants, text_sens = check_text(config, preset, calib)
+    dyn_variants, dyn_sens = check_dynamic(config)
     return Plan(name, ckpt_dir, preset, sizes, variants, images[:n], calib, sens_variants, engines,
-                bool((sens.get("inc") or {}).get("tune", False)), text_variants, text_sens)
+                inc_tune=bool((sens.get("inc") or {}).get("tune", False)), text_variants=text_variants,
+                text_sens_variants=text_sens, dynamic_variants=dyn_variants, dynamic_sens_variants=dyn_sens)
+
+
+def check_dynamic(config: dict) -> tuple[list[str], list[str]]:
+    dyn = (config.get("vision") or {}).get("dynamic") or {}
+    if not dyn.get("enabled", True):
+        return [], []
+    variants = list(dyn.get("variants", VARIANTS))
+    for i, case in enumerate(dyn.get("parity_cases", [])):
+        for j, size in enumerate(case):
+            parse_size(str(size), key=f"vision.dynamic.parity_cases[{i}][{j}]")
+    sens = list(dyn.get("sensitivity_variants", ["fp32"]))
+    for v in sens:
+        if v not in variants:
+            raise ConfigError(f"vision.dynamic.sensitivity_variants: '{v}' needs vision.dynamic.variants to build it.")
+    for v in variants:
+        base = v.removesuffix("-sim")
+        if base != v and base not in variants:
+            raise ConfigError(f"vision.dynamic.variants: '{v}' is simplified from '{base}'; add '{base}' too.")
+    return variants, sens
 
 
 def check_text(config: dict, preset: str | None, calib_images: list) -> tuple[list[str], list[str]]:
@@ -257,9 +280,18 @@ def text_targets(plan: Plan) -> list[str]:
     return out
 
 
+def dynamic_targets(plan: Plan) -> list[str]:
+    base = f"{RESULTS}/{plan.model}"
+    out = [f"{base}/vision/dynamic/{v}/{f}" for v in plan.dynamic_variants for f in ("model.onnx", "parity.json")]
+    for v in plan.dynamic_sens_variants:
+        out += [f"{base}/sensitivity/vision/dynamic/{v}/ort.{ext}" for ext in ("csv", "json")]
+        out += [f"{base}/profile/vision/dynamic/{v}/{f}" for f in ("eval.json", "profile.yaml", "model.onnx")]
+    return out
+
+
 def all_targets(plan: Plan) -> list[str]:
     return (vision_targets(plan) + calibration_targets(plan) + sensitivity_targets(plan) + profile_targets(plan)
-            + text_targets(plan))
+            + text_targets(plan) + dynamic_targets(plan))
 
 
 def canonical(value):

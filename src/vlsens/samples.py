@@ -19,7 +19,6 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-TEXT_INPUTS = ("inputs_embeds", "attention_mask", "position_ids")
 
 
 class Samples:
@@ -44,21 +43,29 @@ class Samples:
 
     @classmethod
     def load(cls, path: str | Path, model: str | Path | None = None) -> "Samples":
-        """A calibration split (``calib.npz`` / ``eval.npz``): vision (``pixel_values``, cut into
-        ``model``'s first input's batch) or text (``<input>/<index>`` arrays, one sequence each)."""
+        """A calibration split (``calib.npz`` / ``eval.npz``): fixed-size vision (``pixel_values``,
+        cut into ``model``'s first input's batch) or per-feed ``<input>/<index>`` arrays (text: one
+        sequence each; dynamic vision: one image with its index inputs each)."""
         with np.load(path, allow_pickle=False) as z:
             names = [str(s) for s in z["names"]] if "names" in z.files else []
             if "pixel_values" in z.files:
                 data = z["pixel_values"]
                 name, batch = ("pixel_values", 1) if model is None else graph_input(model)
                 return cls.from_array(name, data, batch, names or None)
-            count = len({k.split("/", 1)[1] for k in z.files if "/" in k})
+            keys = [k for k in z.files if "/" in k]
+            inputs = sorted({k.split("/", 1)[0] for k in keys})
+            count = len({k.split("/", 1)[1] for k in keys})
             feeds, valid = [], []
             for i in range(count):
-                feed = {k: z[f"{k}/{i:05d}"] for k in TEXT_INPUTS}
+                feed = {k: z[f"{k}/{i:05d}"] for k in inputs}
                 feeds.append(feed)
-                valid.append(feed["attention_mask"].astype(bool))
+                # text sequences: only real tokens count; other graphs: every output position
+                valid.append(feed["attention_mask"].astype(bool) if "attention_mask" in feed else None)
         return cls(feeds, valid, names or [str(i) for i in range(count)])
+
+    def save_feeds(self, path: str | Path) -> None:
+        """``<input>/<index>`` arrays + ``names`` (any graph whose feeds are not one stacked array)."""
+        self.save_text(path)
 
     def save_text(self, path: str | Path) -> None:
         arrays = {"names": np.array(self.names)}
