@@ -54,9 +54,10 @@ test: install-test inc-env
 lint: install
 	$(BIN)/snakemake --lint
 
-bench: install
+bench: install inc-env
 	$(BIN)/python bench/bench_spine.py
 	$(BIN)/python bench/bench_sensitivity.py
+	$(BIN)/python bench/bench_dynamic.py
 
 clean:
 	rm -rf results .snakemake
