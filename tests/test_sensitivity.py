@@ -59,12 +59,24 @@ def test_csv_schema_and_sidecar(planted):
 
 
 def test_planted_outlier_is_ranked_first(planted, unplanted):
-    """down_proj reads the outlier tensor, up_proj writes it: they are #1 and #2."""
+    """qkv alone reads the outlier tensor (norm1's output): it is #1, far above everything else."""
     rows = read_csv(planted / "ort.csv")
-    assert (rows[0]["block"], rows[0]["role"]) == (PLANT["block"], "mlp.down_proj"), rows[0]
-    assert (rows[1]["block"], rows[1]["role"]) == (PLANT["block"], "mlp.up_proj"), rows[1]
+    assert (rows[0]["block"], rows[0]["role"]) == (PLANT["block"], "attn.qkv"), rows[0]
     baseline = max(r["mse"] for r in read_csv(unplanted / "ort.csv"))
-    assert rows[1]["mse"] > 20 * baseline > 20 * rows[2]["mse"] / 2  # a real sensitivity, not noise
+    assert rows[0]["mse"] > 20 * baseline  # a real sensitivity, not noise
+    assert rows[0]["mse"] > 20 * rows[1]["mse"]
+
+
+def test_mlp_site_plant_marks_both_ops_of_the_tensor(tmp_path):
+    """The MLP variant of the plant: down_proj reads the outlier tensor and up_proj writes it, so
+    with ORT's semantics (the Q/DQ next to op k serves every reader) both are sensitive."""
+    from conftest import _pipeline
+
+    root = _pipeline(tmp_path, {**PLANT, "site": "mlp"})
+    rows = read_csv(root / "ort.csv")
+    assert {(r["block"], r["role"]) for r in rows[:2]} == {(PLANT["block"], "mlp.down_proj"),
+                                                           (PLANT["block"], "mlp.up_proj")}, rows[:3]
+    assert rows[1]["mse"] > 20 * rows[2]["mse"]
 
 
 def test_profile_meets_target_keeps_planted_op_float_and_is_remeasured(planted, tmp_path):
@@ -74,7 +86,7 @@ def test_profile_meets_target_keeps_planted_op_float_and_is_remeasured(planted, 
     assert rec["status"] == "met" and rec["meets_target"] and rec["measured"]["cosine"] >= 0.999
     assert rec["int8_op_share"] >= 0.8
     prof = yaml.safe_load((out / "profile.yaml").read_text())
-    planted_ops = [n for n, o in prof["ops"].items() if o["block"] == PLANT["block"] and o["role"] == "mlp.down_proj"]
+    planted_ops = [n for n, o in prof["ops"].items() if o["block"] == PLANT["block"] and o["role"] == "attn.qkv"]
     assert prof["ops"][planted_ops[0]]["precision"] == "fp32"
     excluded = json.loads((out / "nodes_to_exclude.json").read_text())["nodes_to_exclude"]
     assert planted_ops[0] in excluded

@@ -151,33 +151,49 @@ def tiny_config(tokenizer, vision: dict | None = None) -> Any:
 
 
 def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 1000.0,
-                         gain: float = 1.0) -> list[int]:
-    """Plant a function-preserving activation outlier in one vision block's MLP (in place).
+                         gain: float = 1.0, site: str = "attn") -> list[int]:
+    """Plant a function-preserving activation outlier in one vision block (in place).
 
-    Qwen2.5-VL's vision MLP is ``down(act(gate(x)) * up(x))``. Multiplying ``channels`` rows of
-    ``up_proj`` by ``scale`` and dividing the same columns of ``down_proj`` by it leaves the float
-    function unchanged, but those hidden channels now carry values ``scale`` times larger than
-    the rest: the tensor ``down_proj`` reads gets a huge per-tensor INT8 range, as real
-    checkpoints' outlier channels do. Random initialisation leaves every MLP's output tiny next to
-    the residual stream (losing it would barely show), so ``gain`` scales ``down_proj`` to make
-    this block's MLP matter as trained ones do. Returns the channel indices.
+    ``site="attn"`` (default): multiply ``channels`` entries of the block's ``norm1`` weight by
+    ``scale`` and divide the same input columns of ``attn.qkv`` by it. The float function is
+    unchanged, but the tensor ``qkv`` reads -- and only ``qkv`` reads it -- now has channels
+    ``scale`` times larger than the rest, as real checkpoints' outlier channels do: its per-tensor
+    INT8 range crushes every other channel. Because one op alone quantizes that tensor, both ways
+    of scoring find it: "only op k INT8" (engine ort) and "everything INT8 but op k" (INC's
+    mse_v2, where a tensor quantized by two ops would hide behind either).
+
+    ``site="mlp"``: the same across the MLP (``up_proj`` rows x ``scale``, ``down_proj`` columns /
+    ``scale``); the outlier tensor is then quantized both as ``up_proj``'s output and as
+    ``down_proj``'s input. ``gain`` scales the planted op's output weights (the attention ``proj``
+    or ``down_proj``) so the block matters next to the residual stream. Returns the channels.
     """
     import torch
 
     vis = model.model.visual
     if not 0 <= block < len(vis.blocks):
         raise ValueError(f"model.tiny.outlier.block: {block} is not a vision block (0..{len(vis.blocks) - 1})")
-    mlp = vis.blocks[block].mlp
-    n = mlp.up_proj.out_features
-    idx = list(range(0, n, max(1, n // channels)))[:channels]
+    blk = vis.blocks[block]
     with torch.no_grad():
-        mlp.up_proj.weight[idx, :] *= scale
-        if mlp.up_proj.bias is not None:
-            mlp.up_proj.bias[idx] *= scale
-        mlp.down_proj.weight[:, idx] /= scale
-        mlp.down_proj.weight *= gain
-        if mlp.down_proj.bias is not None:
-            mlp.down_proj.bias *= gain
+        if site == "attn":
+            n = blk.norm1.weight.shape[0]
+            idx = list(range(0, n, max(1, n // channels)))[:channels]
+            blk.norm1.weight[idx] *= scale
+            blk.attn.qkv.weight[:, idx] /= scale
+            blk.attn.proj.weight *= gain
+            blk.attn.proj.bias *= gain
+        elif site == "mlp":
+            mlp = blk.mlp
+            n = mlp.up_proj.out_features
+            idx = list(range(0, n, max(1, n // channels)))[:channels]
+            mlp.up_proj.weight[idx, :] *= scale
+            if mlp.up_proj.bias is not None:
+                mlp.up_proj.bias[idx] *= scale
+            mlp.down_proj.weight[:, idx] /= scale
+            mlp.down_proj.weight *= gain
+            if mlp.down_proj.bias is not None:
+                mlp.down_proj.bias *= gain
+        else:
+            raise ValueError(f"model.tiny.outlier.site: '{site}' (attn, mlp)")
     return idx
 
 
@@ -232,7 +248,8 @@ def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | N
     init_weights_numpy(model, seed)
     if outlier:
         plant_vision_outlier(model, int(outlier["block"]), int(outlier.get("channels", 2)),
-                             float(outlier.get("scale", 1000.0)), float(outlier.get("gain", 1.0)))
+                             float(outlier.get("scale", 1000.0)), float(outlier.get("gain", 1.0)),
+                             str(outlier.get("site", "attn")))
     if text_outlier:
         plant_text_outlier(model, int(text_outlier["layer"]), int(text_outlier.get("channels", 2)),
                            float(text_outlier.get("scale", 1000.0)))
