@@ -196,3 +196,19 @@ def test_sensitivity_on_the_dynamic_graph_with_per_size_calibration(dyn, tiny_ck
     rows = read_csv(tmp_path / "ort.csv")
     assert len(rows) == s["ops"] > 10 and s["all_int8"]["cosine"] > 0.9
     assert any(r["role"] == "patch_embed.proj" for r in rows)
+
+
+def test_dynamic_graph_names_ops_like_the_fixed_graphs(dyn, fp32_224):
+    """Node and weight names follow transformers' module tree, as in the fixed-size export, so
+    rankings, profiles and inc_op_name_dict read the same for both."""
+    import onnx
+
+    from vlsens.quant import quantizable_ops
+
+    dyn_ops = {o.name: o for o in quantizable_ops(onnx.load(str(dyn / "fp32" / "model.onnx")))}
+    fixed_ops = {o.name for o in quantizable_ops(onnx.load(str(fp32_224)))}
+    assert "/visual/blocks.2/attn/qkv/Gemm" in dyn_ops and "/visual/blocks.3/mlp/down_proj/Gemm" in dyn_ops
+    weights = {o.name for o in dyn_ops.values() if o.weight_params}
+    assert weights <= fixed_ops  # every op with weights has the fixed graph's name
+    roles = {(o.block, o.role) for o in dyn_ops.values()}
+    assert (2, "attn.qkv") in roles and (None, "patch_embed.proj") in roles

@@ -81,7 +81,10 @@ def _segment_ids(cu, n_like):
 
 
 def dynamic_module(visual):
-    """The rewritten encoder (a torch ``nn.Module`` over the checkpoint's own submodules)."""
+    """The rewritten encoder: a torch ``nn.Module`` tree over the checkpoint's own submodules,
+    laid out like transformers' (``visual.blocks.<i>.attn.qkv`` ...), so the exported nodes are
+    named as in the fixed-size graphs (``/visual/blocks.2/attn/qkv/Gemm``) and weights keep their
+    checkpoint names."""
     import torch
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 
@@ -90,17 +93,45 @@ def dynamic_module(visual):
     slots = window_len(cfg)
     fullatt = {int(i) for i in cfg.fullatt_block_indexes}
 
-    class DynamicVision(torch.nn.Module):
+    class Attention(torch.nn.Module):
+        def __init__(self, attn, full: bool):
+            super().__init__()
+            self.qkv, self.proj = attn.qkv, attn.proj
+            self.heads, self.head_dim, self.scaling, self.full = attn.num_heads, attn.head_dim, attn.scaling, full
+
+        def forward(self, x, cos, sin, full_mask, slot_tok, win_mask, token_slot):
+            heads, hd = self.heads, self.head_dim
+            q, k, v = self.qkv(x).reshape(-1, 3, heads, hd).permute(1, 0, 2, 3).unbind(0)
+            q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+            if self.full:  # one softmax over all tokens, block-diagonal per image
+                o = _attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                            full_mask, self.scaling)[0].transpose(0, 1).reshape(-1, heads * hd)
+            else:  # each window in fixed slots, attended alone, gathered back
+                qs, ks, vs = (t[slot_tok].reshape(-1, slots, heads, hd).transpose(1, 2) for t in (q, k, v))
+                o = _attend(qs, ks, vs, win_mask, self.scaling).transpose(1, 2).reshape(-1, heads * hd)[token_slot]
+            return self.proj(o)
+
+    class Block(torch.nn.Module):
+        def __init__(self, blk, full: bool):
+            super().__init__()
+            self.norm1, self.norm2, self.mlp = blk.norm1, blk.norm2, blk.mlp
+            self.attn = Attention(blk.attn, full)
+
+        def forward(self, h, *attn_args):
+            h = h + self.attn(self.norm1(h), *attn_args)
+            return h + self.mlp(self.norm2(h))
+
+    class Visual(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.visual = visual
+            self.patch_embed, self.rotary_pos_emb, self.merger = visual.patch_embed, visual.rotary_pos_emb, visual.merger
+            self.blocks = torch.nn.ModuleList([Block(b, i in fullatt) for i, b in enumerate(visual.blocks)])
 
         def forward(self, patches, position_ids, window_index, cu_seqlens, cu_window_seqlens):
-            v = self.visual
-            h = v.patch_embed(patches)
+            h = self.patch_embed(patches)
             d = h.shape[-1]
             h = h.reshape(-1, unit, d)[window_index].reshape(-1, d)  # window order, as the stock encoder
-            cos, sin = v.rotary_pos_emb(h, position_ids)
+            cos, sin = self.rotary_pos_emb(h, position_ids)
             cos = cos.reshape(-1, unit, cos.shape[-1])[window_index].reshape(-1, cos.shape[-1])
             sin = sin.reshape(-1, unit, sin.shape[-1])[window_index].reshape(-1, sin.shape[-1])
             ones = torch.ones_like(position_ids[:, 0])
@@ -108,7 +139,7 @@ def dynamic_module(visual):
             # full attention: additive block-diagonal mask, one block per image
             img = _segment_ids(cu_seqlens, ones * 0)
             full_mask = torch.where(img[:, None] == img[None, :], 0.0, -1e30).to(h.dtype)[None, None]
-            # windows: gather into fixed slots, attend per window, gather back
+            # windows: token -> slot maps
             starts, lens = cu_window_seqlens[:-1], cu_window_seqlens[1:] - cu_window_seqlens[:-1]
             j = torch.arange(slots, dtype=starts.dtype)
             valid = j[None, :] < lens[:, None]
@@ -116,23 +147,19 @@ def dynamic_module(visual):
             win = _segment_ids(cu_window_seqlens, ones * 0)
             token_slot = win * slots + (ar - starts[win])
             win_mask = torch.where(valid, 0.0, -1e30).to(h.dtype)[:, None, None, :]
-            for i, blk in enumerate(v.blocks):
-                a = blk.attn
-                heads, hd = a.num_heads, a.head_dim
-                q, k, val = a.qkv(blk.norm1(h)).reshape(-1, 3, heads, hd).permute(1, 0, 2, 3).unbind(0)
-                q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
-                if i in fullatt:
-                    o = _attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None], val.transpose(0, 1)[None],
-                                full_mask, a.scaling)[0].transpose(0, 1).reshape(-1, heads * hd)
-                else:
-                    qs, ks, vs = (t[slot_tok].reshape(-1, slots, heads, hd).transpose(1, 2) for t in (q, k, val))
-                    o = _attend(qs, ks, vs, win_mask, a.scaling).transpose(1, 2).reshape(-1, heads * hd)[token_slot]
-                h = h + a.proj(o)
-                h = h + blk.mlp(blk.norm2(h))
-            merged = v.merger(h)
-            n_merged = window_index.shape[0]
-            reverse = torch.zeros_like(window_index).scatter(0, window_index, ar[:n_merged])
+            for blk in self.blocks:
+                h = blk(h, cos, sin, full_mask, slot_tok, win_mask, token_slot)
+            merged = self.merger(h)
+            reverse = torch.zeros_like(window_index).scatter(0, window_index, ar[: window_index.shape[0]])
             return merged[reverse]
+
+    class DynamicVision(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.visual = Visual()
+
+        def forward(self, patches, position_ids, window_index, cu_seqlens, cu_window_seqlens):
+            return self.visual(patches, position_ids, window_index, cu_seqlens, cu_window_seqlens)
 
     return DynamicVision().eval()
 
