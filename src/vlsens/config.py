@@ -177,14 +177,19 @@ def check_dynamic(config: dict) -> tuple[list[str], list[str]]:
         for j, size in enumerate(case):
             parse_size(str(size), key=f"vision.dynamic.parity_cases[{i}][{j}]")
     sens = list(dyn.get("sensitivity_variants", ["fp32"]))
-    for v in sens:
+    check_variants(variants, sens, "vision.dynamic.variants", "vision.dynamic.sensitivity_variants")
+    return variants, sens
+
+
+def check_variants(variants: list[str], analysed: list[str], key: str, analysed_key: str) -> None:
+    """Analysed variants must be built, and a ``*-sim`` variant needs its base."""
+    for v in analysed:
         if v not in variants:
-            raise ConfigError(f"vision.dynamic.sensitivity_variants: '{v}' needs vision.dynamic.variants to build it.")
+            raise ConfigError(f"{analysed_key}: '{v}' needs {key} to build '{v}' too.")
     for v in variants:
         base = v.removesuffix("-sim")
         if base != v and base not in variants:
-            raise ConfigError(f"vision.dynamic.variants: '{v}' is simplified from '{base}'; add '{base}' too.")
-    return variants, sens
+            raise ConfigError(f"{key}: '{v}' is simplified from '{base}'; add '{base}' too.")
 
 
 def check_text(config: dict, preset: str | None, calib_images: list) -> tuple[list[str], list[str]]:
@@ -199,13 +204,7 @@ def check_text(config: dict, preset: str | None, calib_images: list) -> tuple[li
     for sub in ("parity", "calibration"):
         parse_size(str((text.get(sub) or {}).get("image_size", "224x224")), key=f"text.{sub}.image_size")
     sens = list((text.get("sensitivity") or {}).get("variants", ["fp32", "fp16"]))
-    for v in sens:
-        if v not in variants:
-            raise ConfigError(f"text.sensitivity.variants: '{v}' needs text.variants to build '{v}' too.")
-    for v in variants:
-        base = v.removesuffix("-sim")
-        if base != v and base not in variants:
-            raise ConfigError(f"text.variants: '{v}' is simplified from '{base}'; add '{base}' too.")
+    check_variants(variants, sens, "text.variants", "text.sensitivity.variants")
     cal = text.get("calibration") or {}
     samples = load_prompt_samples(str(cal.get("prompts", "builtin")), calib_images, key="text.calibration.prompts")
     need = int(cal.get("num_calib", 6)) + int(cal.get("num_eval", 3))

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vlsens.samples import CaseStore
 
 log = logging.getLogger(__name__)
 
@@ -177,26 +178,9 @@ def _attend(q, k, v, mask, scaling):
 # Reference, export, parity, variants
 
 
-class DynamicReference:
+class DynamicReference(CaseStore):
     """Cases (one size, or several images of different sizes) with the graph inputs and
     transformers' ``get_image_features`` output (``reference.npz``)."""
-
-    def __init__(self, cases: dict[str, dict[str, np.ndarray]] | None = None):
-        self.cases = cases or {}
-
-    def save(self, path) -> None:
-        from vlsens.samples import _savez_atomic
-
-        _savez_atomic(path, {f"{c}/{k}": v for c, a in self.cases.items() for k, v in a.items()})
-
-    @classmethod
-    def load(cls, path) -> "DynamicReference":
-        cases: dict[str, dict[str, np.ndarray]] = {}
-        with np.load(path, allow_pickle=False) as z:
-            for key in z.files:
-                c, k = key.split("/", 1)
-                cases.setdefault(c, {})[k] = z[key]
-        return cls(cases)
 
     def feeds(self, case: str) -> dict[str, np.ndarray]:
         return {k: self.cases[case][k] for k in INPUTS}

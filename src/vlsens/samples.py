@@ -204,3 +204,23 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     m = x.max(axis=-1, keepdims=True)
     z = x - m
     return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+
+
+class CaseStore:
+    """Named cases of arrays in one ``.npz`` (``<case>/<name>`` keys): the parity references of
+    the text and dynamic graphs."""
+
+    def __init__(self, cases: dict[str, dict[str, np.ndarray]] | None = None):
+        self.cases = cases or {}
+
+    def save(self, path: str | Path) -> None:
+        _savez_atomic(path, {f"{c}/{k}": v for c, arrays in self.cases.items() for k, v in arrays.items()})
+
+    @classmethod
+    def load(cls, path: str | Path):
+        cases: dict[str, dict[str, np.ndarray]] = {}
+        with np.load(path, allow_pickle=False) as z:
+            for key in z.files:
+                case, name = key.split("/", 1)
+                cases.setdefault(case, {})[name] = z[key]
+        return cls(cases)

@@ -26,7 +26,7 @@ and the embeds graph on image+prompt inputs whose reference is the model's own m
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -35,6 +35,7 @@ import numpy as np
 from vlsens.errors import ParityError, VlsensError
 from vlsens.fsutil import publish, staging_dir, write_json
 from vlsens.onnxutil import check_model, data_path, make_session, resave
+from vlsens.samples import CaseStore
 
 log = logging.getLogger(__name__)
 
@@ -124,36 +125,9 @@ def _wrappers(model):
 # Reference
 
 
-@dataclass
-class TextReference:
-    """Inputs and transformers' logits for the text graphs (``reference.npz``)."""
-
-    cases: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    # case name -> {"graph": "model.onnx"|"embeds.onnx" (as array), inputs..., "logits"}
-
-    def save(self, path: str | Path) -> None:
-        import os
-        import tempfile
-
-        flat = {}
-        for case, arrays in self.cases.items():
-            for k, v in arrays.items():
-                flat[f"{case}/{k}"] = v
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-        os.close(fd)
-        np.savez(tmp, **flat)
-        os.replace(tmp, path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "TextReference":
-        cases: dict[str, dict[str, np.ndarray]] = {}
-        with np.load(path, allow_pickle=False) as z:
-            for key in z.files:
-                case, name = key.split("/", 1)
-                cases.setdefault(case, {})[name] = z[key]
-        return cls(cases)
+class TextReference(CaseStore):
+    """Inputs and transformers' logits for the text graphs (``reference.npz``): per case the
+    graph it feeds (``graph``), that graph's inputs and ``logits``."""
 
     def feeds(self, case: str) -> dict[str, np.ndarray]:
         graph = str(self.cases[case]["graph"])
