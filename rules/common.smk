@@ -77,10 +77,20 @@ def calibration_image_names():
     return [r.name for r in PLAN.calib_images]
 
 
-def shard_csvs(wildcards):
-    n = config["sensitivity"]["shards"]
-    base = f"results/{wildcards.model}/sensitivity/vision/{wildcards.size}/{wildcards.variant}/shards"
-    return [f"{base}/ort.{i}-of-{n}.csv" for i in range(n)]
+def shards_under(path):
+    """Input function: the shard CSVs of one analysis, ``path`` formatted with the wildcards."""
+
+    def csvs(wildcards):
+        n = config["sensitivity"]["shards"]
+        base = path.format(**dict(wildcards.items()))
+        return [f"{base}/shards/ort.{i}-of-{n}.csv" for i in range(n)]
+
+    return csvs
+
+
+shard_csvs = shards_under("results/{model}/sensitivity/vision/{size}/{variant}")
+text_shard_csvs = shards_under("results/{model}/sensitivity/text/{variant}")
+dynamic_shard_csvs = shards_under("results/{model}/sensitivity/vision/dynamic/{variant}")
 
 
 def quant_settings():
@@ -98,21 +108,10 @@ def inc_versions():
     return INC_VERSIONS
 
 
-def text_shard_csvs(wildcards):
-    n = config["sensitivity"]["shards"]
-    base = f"results/{wildcards.model}/sensitivity/text/{wildcards.variant}/shards"
-    return [f"{base}/ort.{i}-of-{n}.csv" for i in range(n)]
-
 
 def text_prompt_files():
-    """The JSONL of text.calibration.prompts (and its images) as inputs; nothing for builtin."""
-    spec = config["text"]["calibration"]["prompts"]
-    if spec == "builtin":
-        return []
-    from vlsens.text import load_prompt_samples
-
-    samples = load_prompt_samples(spec)
-    return [spec] + sorted({str(s.image.path) for s in samples if s.image is not None})
+    """The JSONL of text.calibration.prompts and its images as inputs (read once, by make_plan)."""
+    return PLAN.text_prompt_files
 
 
 def code(script):
@@ -134,8 +133,3 @@ def runtime(rule):
     r = config["cluster"]["runtime"]
     return int(r.get(rule, r.get("default", 60)))
 
-
-def dynamic_shard_csvs(wildcards):
-    n = config["sensitivity"]["shards"]
-    base = f"results/{wildcards.model}/sensitivity/vision/dynamic/{wildcards.variant}/shards"
-    return [f"{base}/ort.{i}-of-{n}.csv" for i in range(n)]

@@ -14,7 +14,6 @@ from vlsens.dynamic import (
     DynamicReference,
     compute_dynamic_reference,
     dynamic_module,
-    dynamic_variant,
     export_dynamic,
     graph_inputs,
     window_len,
@@ -88,16 +87,13 @@ def test_dynamic_graph_equals_fixed_size_graph(dyn, fp32_224, reference_224, tin
 
 
 def test_fp16_and_simplified_dynamic_variants(dyn):
-    from vlsens.fp16 import convert_fp16
-    from vlsens.simplify import simplify_model
+    from vlsens.dynamic import dynamic_fp16, dynamic_simplify
 
-    rec = dynamic_variant(dyn / "fp32" / "model.onnx", dyn / "ref.npz", dyn / "fp16" / "model.onnx",
-                          dyn / "fp16" / "parity.json", TOL_FP16, "fp16",
-                          lambda s, f, o: convert_fp16(s, f, o, 512, 65504))
+    rec = dynamic_fp16(dyn / "fp32" / "model.onnx", dyn / "ref.npz", dyn / "fp16" / "model.onnx",
+                       dyn / "fp16" / "parity.json", TOL_FP16, 512, 65504)
     assert rec["passed"] and len(rec["per_input"]) == len(CASES)
-    rec = dynamic_variant(dyn / "fp32" / "model.onnx", dyn / "ref.npz", dyn / "fp32-sim" / "model.onnx",
-                          dyn / "fp32-sim" / "parity.json", TOL_FP32, "fp32-sim",
-                          lambda s, f, o: simplify_model(s, f[0], o))
+    rec = dynamic_simplify(dyn / "fp32" / "model.onnx", dyn / "ref.npz", dyn / "fp32-sim" / "model.onnx",
+                           dyn / "fp32-sim" / "parity.json", TOL_FP32, "fp32-sim", 2_000_000_000)
     assert rec["passed"] and rec["extra"]["nodes_after"] < rec["extra"]["nodes_before"]
     # simplification must not have baked one size: the gate ran every case through it
     assert {p["image"] for p in rec["per_input"]} == {p["image"] for p in

@@ -41,6 +41,7 @@ class Plan:
     text_variants: list[str] = field(default_factory=list)  # empty: text tower off
     dynamic_variants: list[str] = field(default_factory=list)  # empty: no dynamic vision graph
     dynamic_sens_variants: list[str] = field(default_factory=list)
+    text_prompt_files: list[str] = field(default_factory=list)  # a prompts JSONL and its images
     text_sens_variants: list[str] = field(default_factory=list)
 
     def engine_variants(self, engine: str) -> list[str]:
@@ -161,11 +162,12 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
         if not 0 <= int(outlier["block"]) < TINY_VISION["depth"]:
             raise ConfigError(f"model.tiny.outlier.block: {outlier['block']} is not a vision block "
                               f"(0..{TINY_VISION['depth'] - 1}).")
-    text_variants, text_sens = check_text(config, preset, calib)
+    text_variants, text_sens, prompt_files = check_text(config, preset, calib)
     dyn_variants, dyn_sens = check_dynamic(config)
     return Plan(name, ckpt_dir, preset, sizes, variants, images[:n], calib, sens_variants, engines,
                 inc_tune=bool((sens.get("inc") or {}).get("tune", False)), text_variants=text_variants,
-                text_sens_variants=text_sens, dynamic_variants=dyn_variants, dynamic_sens_variants=dyn_sens)
+                text_sens_variants=text_sens, dynamic_variants=dyn_variants, dynamic_sens_variants=dyn_sens,
+                text_prompt_files=prompt_files)
 
 
 def check_dynamic(config: dict) -> tuple[list[str], list[str]]:
@@ -192,14 +194,15 @@ def check_variants(variants: list[str], analysed: list[str], key: str, analysed_
             raise ConfigError(f"{key}: '{v}' is simplified from '{base}'; add '{base}' too.")
 
 
-def check_text(config: dict, preset: str | None, calib_images: list) -> tuple[list[str], list[str]]:
+def check_text(config: dict, preset: str | None, calib_images: list) -> tuple[list[str], list[str], list[str]]:
     """The text tower's keys: variants, sizes, prompts (a JSONL is read and checked line by line
-    here), the planted text outlier. Returns (variants, sensitivity variants)."""
+    here), the planted text outlier. Returns (variants, sensitivity variants, the prompt JSONL and
+    its images: rule inputs)."""
     from vlsens.text import load_prompt_samples
 
     text = config.get("text") or {}
     if not text.get("enabled", True):
-        return [], []
+        return [], [], []
     variants = list(text.get("variants", VARIANTS))
     for sub in ("parity", "calibration"):
         parse_size(str((text.get(sub) or {}).get("image_size", "224x224")), key=f"text.{sub}.image_size")
@@ -218,7 +221,9 @@ def check_text(config: dict, preset: str | None, calib_images: list) -> tuple[li
         if not 0 <= int(outlier["layer"]) < TINY_TEXT["num_hidden_layers"]:
             raise ConfigError(f"model.tiny.text_outlier.layer: {outlier['layer']} is not a text layer "
                               f"(0..{TINY_TEXT['num_hidden_layers'] - 1}).")
-    return variants, sens
+    spec = str(cal.get("prompts", "builtin"))
+    files = [] if spec == "builtin" else [spec] + sorted({str(x.image.path) for x in samples if x.image is not None})
+    return variants, sens, files
 
 
 def check_inc(sens: dict, sens_variants: list[str]) -> None:

@@ -288,6 +288,34 @@ def dynamic_variant(src_model, reference_path, out_model, out_parity, tolerance:
     return record
 
 
+def dynamic_fp16(src_model, reference_path, out_model, out_parity, tolerance: dict, max_activation: float,
+                 max_initializer: float, threads: int = 0, device: str = "auto") -> dict:
+    from vlsens.fp16 import convert_fp16
+
+    return dynamic_variant(src_model, reference_path, out_model, out_parity, tolerance, "fp16",
+                           lambda src, feeds, staged: convert_fp16(src, feeds, staged, max_activation,
+                                                                   max_initializer, threads, device),
+                           threads, device)
+
+
+def dynamic_simplify(src_model, reference_path, out_model, out_parity, tolerance: dict, variant: str,
+                     check_max_bytes: int, threads: int = 0, device: str = "auto") -> dict:
+    from vlsens.simplify import simplify_model
+
+    return dynamic_variant(src_model, reference_path, out_model, out_parity, tolerance, variant,
+                           lambda src, feeds, staged: simplify_model(src, feeds[0], staged, check_max_bytes),
+                           threads, device)
+
+
+def calibration_stage(checkpoint, sizes: list[str], calib_npzs, eval_npzs, out_calib, out_eval) -> dict:
+    """The ``dynamic_calibration`` rule: both splits from every size's fixed-size sets."""
+    from transformers import AutoConfig
+
+    vc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).vision_config
+    return {split: dynamic_calibration(dict(zip(sizes, npzs)), vc, out)
+            for split, npzs, out in (("calib", calib_npzs, out_calib), ("eval", eval_npzs, out_eval))}
+
+
 def dynamic_calibration(split_npzs: dict[str, str | Path], vision_config, out_npz) -> int:
     """Per-size calibration for the dynamic graph: every image of every size's split (NCHW at that
     size, as the fixed-size sets hold them) becomes one feed with its own index inputs."""

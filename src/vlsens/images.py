@@ -7,7 +7,6 @@ line (relative paths are relative to that file), or a list of any of these paths
 from __future__ import annotations
 
 import glob as _glob
-import hashlib
 import importlib.resources
 import logging
 from dataclasses import dataclass
@@ -44,7 +43,9 @@ class ImageRef:
         object.__setattr__(self, "path", Path(self.path))
 
     def sha256(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        from vlsens.fsutil import file_sha256
+
+        return file_sha256(self.path)
 
 
 def builtin_dir() -> Path:

@@ -298,8 +298,9 @@ def inc_config(model, settings, n_calib: int, confidence: int, max_trials: int, 
 
 
 def graph_batch(model) -> int:
-    d0 = model.graph.input[0].type.tensor_type.shape.dim[0]
-    return d0.dim_value if d0.HasField("dim_value") and d0.dim_value > 0 else 1
+    from vlsens.samples import graph_input
+
+    return graph_input(model)[1]
 
 
 def run_sensitivity(model_path: str | Path, calib: np.ndarray, evals: np.ndarray, settings,

@@ -61,21 +61,6 @@ class QuantSettings:
         )
 
 
-class ArrayReader:
-    """``CalibrationDataReader`` over an (N, ...) array, fed in the graph's batch size."""
-
-    def __init__(self, input_name: str, data: np.ndarray, batch: int = 1):
-        n = len(data) - len(data) % batch
-        self._feeds = [{input_name: data[i:i + batch]} for i in range(0, n, batch)]
-        self._it = iter(self._feeds)
-
-    def get_next(self):
-        return next(self._it, None)
-
-    def __len__(self):
-        return len(self._feeds)
-
-
 @dataclass
 class Op:
     """A quantizable node of the float graph."""

@@ -156,7 +156,7 @@ class VLM:
         mm = inputs.get("mm_token_type_ids")
         if mm is None:
             mm = (ids == int(self.config.image_token_id)).astype(np.int64)
-        pos, self.rope_deltas = rope_index(ids, mm, grid, inputs["attention_mask"],
+        pos, _ = rope_index(ids, mm, grid, inputs["attention_mask"],
                                            int(self.config.vision_config.spatial_merge_size))
         return emb, pos
 

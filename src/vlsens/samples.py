@@ -65,9 +65,6 @@ class Samples:
 
     def save_feeds(self, path: str | Path) -> None:
         """``<input>/<index>`` arrays + ``names`` (any graph whose feeds are not one stacked array)."""
-        self.save_text(path)
-
-    def save_text(self, path: str | Path) -> None:
         arrays = {"names": np.array(self.names)}
         for i, feed in enumerate(self.feeds):
             for k, v in feed.items():
@@ -75,11 +72,11 @@ class Samples:
         _savez_atomic(path, arrays)
 
 
-def graph_input(model: str | Path) -> tuple[str, int]:
-    """Name and fixed batch size (1 when dynamic) of a model's first input."""
+def graph_input(model) -> tuple[str, int]:
+    """Name and fixed batch size (1 when dynamic) of a model's first input (a path or a ModelProto)."""
     import onnx
 
-    m = onnx.load(str(model), load_external_data=False)
+    m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
     inp = m.graph.input[0]
     d0 = inp.type.tensor_type.shape.dim[0]
     return inp.name, (d0.dim_value if d0.HasField("dim_value") and d0.dim_value > 0 else 1)

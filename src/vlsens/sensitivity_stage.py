@@ -122,16 +122,6 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     return meta
 
 
-def ort_input(model_path: str | Path) -> tuple[str, int]:
-    """Name and fixed batch size of the model's (first) input."""
-    import onnx
-
-    m = onnx.load(str(model_path), load_external_data=False)
-    inp = m.graph.input[0]
-    d0 = inp.type.tensor_type.shape.dim[0]
-    return inp.name, (d0.dim_value if d0.HasField("dim_value") and d0.dim_value > 0 else 1)
-
-
 def run_shard(engine_dir: str | Path, eval_npz: str | Path, index: int, count: int, out_csv: str | Path,
               threads: int = 0) -> dict:
     """Sensitivity rows of shard ``index`` of ``count`` (unranked) + a timing sidecar JSON."""

@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vlsens.errors import ParityError, VlsensError
+from vlsens.errors import VlsensError
 from vlsens.fsutil import publish, staging_dir, write_json
 from vlsens.onnxutil import check_model, data_path, make_session, resave
 from vlsens.samples import CaseStore
@@ -340,16 +340,12 @@ def text_simplify(src_dir: str | Path, reference_path: str | Path, out_dir: str 
 # Parity
 
 
-def valid_positions(attention_mask: np.ndarray) -> np.ndarray:
-    return attention_mask.astype(bool)
-
-
 def compare_logits(actual: np.ndarray, expected: np.ndarray, attention_mask: np.ndarray) -> dict:
     """Metrics over real (non-padded) positions only: padded query rows attend to nothing and are
     implementation-defined."""
     from vlsens.parity import compare
 
-    keep = valid_positions(attention_mask)
+    keep = attention_mask.astype(bool)
     a, b = actual[keep], expected[keep]
     m = compare(a, b)
     m["top1_agreement"] = float(np.mean(a.argmax(-1) == b.argmax(-1))) if len(a) else 1.0
@@ -382,9 +378,6 @@ def check_text(models: dict[str, Path], ref: TextReference, tolerance: dict, var
     gate(record)
     return record
 
-
-__all__ = ["BUILTIN_PROMPTS", "GRAPHS", "TextReference", "causal_padding_mask", "check_text", "compute_text_reference",
-           "export_text", "text_position_ids", "ParityError"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -495,7 +488,7 @@ def build_text_calibration(checkpoint: str | Path, samples: Sequence[PromptSampl
                     "name": s.name, "prompt": s.prompt, "split": name, "index": j, "tokens": int(mask.sum()),
                     "image": None if s.image is None else {"source": str(s.image.path), "sha256": s.image.sha256()},
                 })
-            Samples(feeds, [f["attention_mask"].astype(bool) for f in feeds], names).save_text(tmp / f"{name}.npz")
+            Samples(feeds, [f["attention_mask"].astype(bool) for f in feeds], names).save_feeds(tmp / f"{name}.npz")
         write_json(tmp / "manifest.json", manifest)
         publish({out_dir / f: tmp / f for f in ("calib.npz", "eval.npz", "manifest.json")},
                 last=out_dir / "manifest.json")

@@ -11,6 +11,7 @@ reinstalling anything: it previews (and the tests prove) what an upgrade would r
 
 from __future__ import annotations
 
+import functools
 import os
 from importlib import metadata
 from pathlib import Path
@@ -76,6 +77,12 @@ def _module_file(name: str) -> str | None:
 
 def _vlsens_imports(path: str) -> set[str]:
     """vlsens modules imported anywhere in a file (top level or inside functions)."""
+    return set(_imports_of(path, os.stat(path).st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_of(path: str, mtime_ns: int) -> frozenset[str]:
+    """Parsed once per file version: every rule's ``code`` param walks the same modules."""
     import ast
 
     tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
@@ -86,7 +93,7 @@ def _vlsens_imports(path: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vlsens"):
             found.add(node.module)
             found |= {f"{node.module}.{a.name}" for a in node.names}  # "from vlsens import x"
-    return found
+    return frozenset(found)
 
 
 def code_files(*modules: str) -> list[str]:

@@ -202,21 +202,10 @@ class Reference:
     sha256: list[str]
 
     def save(self, path: str | Path) -> None:
-        import os
-        import tempfile
+        from vlsens.samples import _savez_atomic
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-        os.close(fd)
-        np.savez(
-            tmp,
-            pixel_values=self.pixel_values,
-            features=self.features,
-            names=np.array(self.names),
-            sha256=np.array(self.sha256),
-        )
-        os.replace(tmp, path)
+        _savez_atomic(path, {"pixel_values": self.pixel_values, "features": self.features,
+                             "names": np.array(self.names), "sha256": np.array(self.sha256)})
 
     @classmethod
     def load(cls, path: str | Path) -> "Reference":
