@@ -245,6 +245,7 @@ use rule text_profile as dynamic_profile with:
         metric=config["profile"]["metric"],
         target=config["profile"]["target"],
         max_evals=config["profile"]["max_evals"],
+        fail_if_unreachable=config["profile"]["fail_if_unreachable"],
         versions=stage_versions("sensitivity"),
     resources:
         gpu=1,

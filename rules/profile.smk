@@ -28,6 +28,7 @@ rule profile:
         metric=config["profile"]["metric"],
         target=config["profile"]["target"],
         max_evals=config["profile"]["max_evals"],
+        fail_if_unreachable=config["profile"]["fail_if_unreachable"],
         versions=stage_versions("sensitivity"),
     threads: config["threads"]
     resources:

@@ -293,6 +293,7 @@ rule text_profile:
         metric=config["text"]["profile"]["metric"],
         target=config["text"]["profile"]["target"],
         max_evals=config["text"]["profile"]["max_evals"],
+        fail_if_unreachable=config["text"]["profile"]["fail_if_unreachable"],
         versions=stage_versions("sensitivity"),
     threads: config["threads"]
     resources:

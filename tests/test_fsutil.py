@@ -1,8 +1,20 @@
-"""Atomic publication: nothing partial may look complete."""
+"""Atomic publication: nothing partial may look complete, nothing private, nothing left behind."""
+
+import os
+import stat
 
 import pytest
 
-from vlsens.fsutil import atomic_dir, publish, staging_dir, write_json
+from vlsens.fsutil import (
+    atomic_dir,
+    copy_file,
+    publish,
+    remove_stale,
+    savez,
+    stale_entries,
+    staging_dir,
+    write_json,
+)
 
 
 def test_publish_moves_the_model_last(tmp_path):
@@ -33,10 +45,59 @@ def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
     assert (target / "config.json").is_file()
 
 
-def test_staging_dir_is_removed(tmp_path):
-    with staging_dir(tmp_path / "fp32") as tmp:
+def test_staging_dir_is_named_after_its_output_and_removed(tmp_path):
+    owner = tmp_path / "fp32" / "model.onnx"
+    with staging_dir(owner) as tmp:
+        assert tmp.parent == owner.parent and tmp.name.startswith(".model.onnx.staging-")
         (tmp / "x").write_text("x")
     assert list((tmp_path / "fp32").iterdir()) == []
+
+
+def _mode(p):
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_published_files_follow_the_umask(tmp_path, umask):
+    """Temporary files are private (0600) when created; what is published is not."""
+    old = os.umask(umask)
+    try:
+        write_json(tmp_path / "a.json", {"a": 1})
+        savez(tmp_path / "a.npz", {"x": __import__("numpy").zeros(2)})
+        with staging_dir(tmp_path / "out" / "model.onnx") as st:
+            (st / "model.onnx").write_text("m")
+            os.chmod(st / "model.onnx", 0o600)  # as tempfile or a library may leave it
+            publish({tmp_path / "out" / "model.onnx": st / "model.onnx"})
+        with atomic_dir(tmp_path / "ckpt") as d:
+            (d / "w.safetensors").write_text("w")
+            os.chmod(d / "w.safetensors", 0o600)
+    finally:
+        os.umask(old)
+    for f in ("a.json", "a.npz", "out/model.onnx", "ckpt/w.safetensors"):
+        assert _mode(tmp_path / f) == 0o666 & ~umask, f
+    assert _mode(tmp_path / "ckpt") == 0o777 & ~umask
+
+
+def test_remove_stale_takes_only_the_jobs_own_leftovers(tmp_path):
+    d = tmp_path / "sens"
+    d.mkdir()
+    mine = [d / ".ort.csv.tmp-abc", d / ".ort.csv.staging-xyz"]
+    others = [d / ".inc.csv.staging-q", d / ".ort.csv.data"]  # another job's, and not a temp name
+    mine[0].write_text("x")
+    mine[1].mkdir()
+    (mine[1] / "model.onnx.data").write_text("x")
+    others[0].mkdir()
+    others[1].write_text("x")
+    assert set(stale_entries([d / "ort.csv"])) == set(mine)
+    assert set(remove_stale([d / "ort.csv", tmp_path / "missing" / "x"])) == set(mine)
+    assert not any(p.exists() for p in mine) and all(p.exists() for p in others)
+
+
+def test_copy_file_never_hard_links(tmp_path):
+    (tmp_path / "a").write_bytes(b"0123" * 1000)
+    copy_file(tmp_path / "a", tmp_path / "b")
+    assert (tmp_path / "b").read_bytes() == (tmp_path / "a").read_bytes()
+    assert (tmp_path / "a").stat().st_nlink == 1 and (tmp_path / "b").stat().st_nlink == 1
 
 
 def test_write_json(tmp_path):

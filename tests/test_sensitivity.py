@@ -109,10 +109,48 @@ def test_profile_meets_target_keeps_planted_op_float_and_is_remeasured(planted, 
                & {"QuantizeLinear", "DequantizeLinear"}) == 2
 
 
-def test_unreachable_target_is_reported(planted, tmp_path):
+def _int8_ops_in_graph(model_path) -> tuple[set[str], int]:
+    """Read straight from the graph: ops whose weight input is dequantized, and the Q/DQ count."""
+    import onnx
+
+    g = onnx.load(str(model_path), load_external_data=False).graph
+    dq = {o for n in g.node if n.op_type == "DequantizeLinear" for o in n.output}
+    qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in g.node)
+    return {n.name for n in g.node if len(n.input) > 1 and n.input[1] in dq}, qdq
+
+
+@pytest.mark.parametrize("case,metric,target", [
+    ("all", "cosine", 0.5),          # every op INT8
+    ("partial", "cosine", 0.999),    # the planted op stays float
+    ("unreachable", "cosine", 2.0),  # no model can meet it: an all-float model, not an all-INT8 one
+])
+def test_built_model_matches_profile_yaml(planted, tmp_path, case, metric, target):
+    out = tmp_path / case
     rec = build_profile(planted / "engine", planted / "ort.csv", planted / "calib" / "eval.npz",
-                        {"fp32": planted / "fp32" / "model.onnx"}, tmp_path / "p", "sqnr_db", 1000.0)
-    assert rec["status"] == "unreachable" and rec["int8_ops"] == 0
+                        {"fp32": planted / "fp32" / "model.onnx"}, out, metric, target)
+    prof = yaml.safe_load((out / "profile.yaml").read_text())
+    int8 = {n for n, o in prof["ops"].items() if o["precision"] == "int8"}
+    in_graph, qdq = _int8_ops_in_graph(out / "model.onnx")
+    assert in_graph & set(prof["ops"]) == int8 and rec["int8_ops"] == len(int8)
+    excluded = json.loads((out / "nodes_to_exclude.json").read_text())["nodes_to_exclude"]
+    assert set(excluded) == set(prof["ops"]) - int8
+    if case == "all":
+        assert rec["status"] == "met" and len(int8) == len(prof["ops"]) and not excluded
+    elif case == "partial":
+        assert rec["status"] == "met" and 0 < len(int8) < len(prof["ops"])
+    else:
+        assert rec["status"] == "unreachable" and not rec["meets_target"] and qdq == 0 and not int8
+        assert rec["measured"]["cosine"] == pytest.approx(1.0, abs=1e-6)  # the float model, measured
+
+
+def test_fail_if_unreachable_writes_nothing(planted, tmp_path):
+    from vlsens.errors import VlsensError
+
+    with pytest.raises(VlsensError, match="unreachable.*fail_if_unreachable"):
+        build_profile(planted / "engine", planted / "ort.csv", planted / "calib" / "eval.npz",
+                      {"fp32": planted / "fp32" / "model.onnx"}, tmp_path / "p", "sqnr_db", 1000.0,
+                      fail_if_unreachable=True)
+    assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
 
 
 @pytest.mark.parametrize("name,op_type,expect", [

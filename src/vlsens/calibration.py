@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import random
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from vlsens.errors import ImageError
-from vlsens.fsutil import write_json
+from vlsens.fsutil import publish, staging_dir, write_json
 from vlsens.images import ImageRef, open_rgb
 
 log = logging.getLogger(__name__)
@@ -107,26 +105,18 @@ def build_calibration(checkpoint: str | Path, refs: Sequence[ImageRef], height: 
     processor = load_image_processor(checkpoint)
     manifest = {"height": height, "width": width, "seed": seed, "images": [],
                 "counts": {k: len(v) for k, v in split.items()}}
-    staged: dict[Path, Path] = {}
-    tmp = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
-    try:
+    with staging_dir(out_dir / "manifest.json") as tmp:
         for name in SPLITS:
             idx = split[name]
             pixels = preprocess_nchw(processor, [images[i] for i in idx], height, width)
             np.savez(tmp / f"{name}.npz", pixel_values=pixels, names=np.array([refs[i].name for i in idx]))
             write_tar(tmp / f"{name}.tar", pixels)
-            staged[out_dir / f"{name}.npz"] = tmp / f"{name}.npz"
-            staged[out_dir / f"{name}.tar"] = tmp / f"{name}.tar"
             for j, i in enumerate(idx):
                 manifest["images"].append({"source": str(refs[i].path), "name": refs[i].name,
                                            "sha256": shas[i], "split": name, "index": j})
-        for final, src in staged.items():
-            os.replace(src, final)
-        write_json(out_dir / "manifest.json", manifest)
-    finally:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
+        write_json(tmp / "manifest.json", manifest)
+        files = [f"{n}.{ext}" for n in SPLITS for ext in ("npz", "tar")] + ["manifest.json"]
+        publish({out_dir / f: tmp / f for f in files}, last=out_dir / "manifest.json")
     log.info("calibration %dx%d: %s", height, width, manifest["counts"])
     return manifest
 

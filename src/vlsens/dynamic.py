@@ -233,7 +233,7 @@ def export_dynamic(checkpoint, reference_path, out_model, out_parity, tolerance:
     example = max(ref.cases, key=lambda c: c.count("+"))  # a multi-image case: nothing specialises to one image
     dyn = {"patches": {0: "patches"}, "position_ids": {0: "patches"}, "window_index": {0: "tokens"},
            "cu_seqlens": {0: "images_plus_1"}, "cu_window_seqlens": {0: "windows_plus_1"}, OUTPUT: {0: "tokens"}}
-    with staging_dir(out_model.parent) as tmp:
+    with staging_dir(out_model) as tmp:
         raw = tmp / "raw" / "model.onnx"
         raw.parent.mkdir()
         with torch.no_grad():
@@ -280,7 +280,7 @@ def dynamic_variant(src_model, reference_path, out_model, out_parity, tolerance:
 
     out_model = Path(out_model)
     ref = DynamicReference.load(reference_path)
-    with staging_dir(out_model.parent) as tmp:
+    with staging_dir(out_model) as tmp:
         staged = tmp / out_model.name
         extra = make(src_model, [ref.feeds(c) for c in ref.cases], staged)
         record = check_dynamic(staged, ref, tolerance, variant, threads, device, extra=extra, artifact=out_model)

@@ -23,3 +23,7 @@ class ParityError(VlsensError):
     def __init__(self, message: str, record: dict | None = None):
         super().__init__(message)
         self.record = record or {}
+
+
+class ArtifactError(VlsensError):
+    """A published artifact no longer matches its record (changed after it was written)."""

@@ -35,7 +35,7 @@ def export_vision_fixed(checkpoint: str | Path, reference_path: str | Path, out_
     example = torch.from_numpy(ref.pixel_values[:batch].copy())
     if example.shape[0] < batch:
         example = example.repeat((batch + example.shape[0] - 1) // example.shape[0], 1, 1, 1)[:batch]
-    with staging_dir(out_model.parent) as tmp:
+    with staging_dir(out_model) as tmp:
         raw = tmp / "raw" / "model.onnx"
         raw.parent.mkdir()
         with torch.no_grad():

@@ -22,11 +22,10 @@ import numpy as np
 
 from vlsens import parity
 from vlsens.artifacts import publish_model
-from vlsens.fsutil import staging_dir
+from vlsens.fsutil import copy_file, staging_dir
 from vlsens.onnxutil import (
     check_model,
     data_path,
-    link_or_copy,
     make_session,
     save_with_external_data,
     untie_identity_initializers,
@@ -79,8 +78,8 @@ def activation_absmax(model_path: str | Path, inputs: list[dict], scratch: Path,
         ])
         g.output.append(helper.make_tensor_value_info(r, onnx.TensorProto.FLOAT, []))
     aug = scratch / "absmax.onnx"
-    onnx.save_model(m, str(aug))  # weights stay in the original data file, linked beside it
-    link_or_copy(data_path(model_path), scratch / data_path(model_path).name)
+    onnx.save_model(m, str(aug))  # weights stay in the original data file, copied beside it
+    copy_file(data_path(model_path), scratch / data_path(model_path).name)  # never a hard link
     sess = make_session(aug, threads=threads, device=device)
     out_names = [o.name for o in sess.get_outputs()]
     wanted = [o for o in out_names if o.endswith(ABSMAX_SUFFIX)]
@@ -280,7 +279,7 @@ def convert_vision_fp16(src_model: str | Path, reference_path: str | Path, out_m
     batch = inp.shape[0] if isinstance(inp.shape[0], int) else 1
     del sess
     feeds = [{inp.name: ref.pixel_values[i:i + batch]} for i in range(0, len(ref.pixel_values) - batch + 1, batch)]
-    with staging_dir(out_model.parent) as tmp:
+    with staging_dir(out_model) as tmp:
         staged = tmp / out_model.name
         extra = convert_fp16(src_model, feeds, staged, max_activation, max_initializer, threads, device)
         record = parity.check_vision(staged, ref, tolerance, variant=variant, threads=threads,

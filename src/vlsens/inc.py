@@ -464,21 +464,15 @@ def _workspace(path: str | Path | None) -> Iterator[None]:
 def sensitivity_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Path, out_csv: str | Path,
                       out_json: str | Path, settings, max_ops: int | None = None) -> dict:
     """The ``sensitivity_inc`` rule: ``inc.csv`` (``ort.csv`` schema) + ``inc.json``."""
-    import shutil
-    import tempfile
-
     from vlsens.calibration import load_split
-    from vlsens.fsutil import file_sha256, write_json
+    from vlsens.fsutil import file_sha256, staging_dir, write_json
     from vlsens.sensitivity import write_csv
 
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".inc-workspace.", dir=out_csv.parent))
-    try:
+    with staging_dir(out_csv) as work:
         rows, summary = run_sensitivity(model_path, load_split(calib_npz), load_split(eval_npz), settings,
                                         max_ops=max_ops, workspace=work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     summary["eval_sha256"] = file_sha256(eval_npz)
     summary["base_model"] = str(model_path)
     write_csv(rows, out_csv)
@@ -523,9 +517,6 @@ def tune_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Pa
                settings, metric: str, target: float, max_trials: int) -> dict:
     """The ``sensitivity_inc_tune`` rule: INC's mse_v2 run to the profile's target; the model INC
     returns is saved and re-measured with a fresh ONNX Runtime session (``eval.json``)."""
-    import shutil
-    import tempfile
-
     import onnx
     import onnxruntime as ort
     from neural_compressor import quantization
@@ -567,21 +558,17 @@ def tune_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Pa
                       tolerable_loss=tolerable_loss(metric, target))
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".inc-workspace.", dir=out_dir.parent))
     t0 = time.perf_counter()
-    try:
-        with _workspace(work), _inc_errors() as errors, \
-                _patched(ONNXRUNTIMEAdaptor, "_inference_model_on_batches", wrap_inference):
-            q_model = quantization.fit(model, conf, calib_dataloader=Loader(calib, batch), eval_func=eval_func)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with staging_dir(out_dir / "eval.json") as work, _workspace(work), _inc_errors() as errors, \
+            _patched(ONNXRUNTIMEAdaptor, "_inference_model_on_batches", wrap_inference):
+        q_model = quantization.fit(model, conf, calib_dataloader=Loader(calib, batch), eval_func=eval_func)
     if errors.messages:  # not "no model found": INC itself failed
         raise VlsensError(f"engine inc: INC's tuning failed: {errors.messages[0]}")
     seconds = time.perf_counter() - t0
     record = {"engine": "inc", "strategy": "mse_v2", "metric": metric, "target": target,
               "max_trials": max_trials, "trials": len(trials) - 1, "seconds": seconds, "versions": versions,
               "settings": settings.as_dict(), "eval_sha256": file_sha256(eval_npz)}
-    with staging_dir(out_dir) as stage:
+    with staging_dir(out_dir / "eval.json") as stage:
         if q_model is None:
             record.update(status="unreachable", note="INC found no model that meets the target within "
                                                      f"{max_trials} trials (sensitivity.inc.max_trials)")

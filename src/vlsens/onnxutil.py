@@ -60,21 +60,39 @@ def resave(src: str | Path, dst: str | Path) -> Path:
     return save_with_external_data(model, dst)
 
 
+def copy_model(src: str | Path, dst: str | Path) -> Path:
+    """Copy a model saved in vlsens' layout to ``dst`` + ``dst.data`` without loading its weights
+    (the data file is copied as bytes; only the small graph file is rewritten)."""
+    import onnx
+
+    from vlsens.fsutil import copy_file
+
+    src, dst = Path(src), Path(dst)
+    model = onnx.load(str(src), load_external_data=False)
+    old, new = data_path(src).name, data_path(dst).name
+    for t in _external_tensors(model):
+        for entry in t.external_data:
+            if entry.key == "location":
+                if entry.value != old:
+                    raise ValueError(f"{src}: tensor {t.name} lives in '{entry.value}', not in '{old}'")
+                entry.value = new
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    copy_file(data_path(src), data_path(dst))
+    onnx.save_model(model, str(dst))
+    return dst
+
+
+def _external_tensors(model):
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return [t for t in _get_all_tensors(model) if uses_external_data(t)]
+
+
 def check_model(path: str | Path) -> None:
     """The ONNX checker, path-based (works above 2 GB)."""
     import onnx
 
     onnx.checker.check_model(str(path))
-
-
-def link_or_copy(src: str | Path, dst: str | Path) -> None:
-    """Hard-link ``src`` to ``dst`` (same file system), else copy it."""
-    import shutil
-
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
 
 
 def available_providers(device: str = "auto") -> list[str]:

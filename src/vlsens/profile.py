@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
+from vlsens.artifacts import file_entries
 from vlsens.fsutil import publish, staging_dir, write_json
-from vlsens.onnxutil import data_path, make_session
+from vlsens.onnxutil import copy_model, data_path, make_session
 from vlsens.errors import VlsensError
-from vlsens.quant import quantize
+from vlsens.quant import quantize, quantized_ops
 from vlsens.sensitivity import read_csv
 from vlsens.sensitivity_stage import Engine
 
@@ -118,7 +119,8 @@ def deployed_metrics(model: str | Path, float_session, samples, threads: int = 0
 
 def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str | Path,
                   base_models: dict[str, str | Path], out_dir: str | Path, metric: str, value: float,
-                  max_evals: int = 200, variant: str = "fp32", threads: int = 0) -> dict:
+                  max_evals: int = 200, variant: str = "fp32", threads: int = 0,
+                  fail_if_unreachable: bool = False) -> dict:
     import yaml
 
     eng_dir = Engine(engine_dir)
@@ -137,9 +139,18 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
     float_session, _ = deployment_session(eng_dir.float_model, threads)
     by_sensitivity = sorted(chosen, key=lambda n: int(rows[n]["rank"]))  # most sensitive first
     rebuilds = []
-    with staging_dir(out_dir) as tmp:
+    with staging_dir(out_dir / "model.onnx") as tmp:
         while True:
-            model = quantize(eng_dir.float_model, tmp / "model.onnx", chosen, eng_dir.settings, eng_dir.cache)
+            if chosen:
+                model = quantize(eng_dir.float_model, tmp / "model.onnx", chosen, eng_dir.settings, eng_dir.cache)
+            else:  # quantize_static reads nodes_to_quantize=[] as "every op": the float model it is
+                model = copy_model(eng_dir.float_model, tmp / "model.onnx")
+            built = quantized_ops(model, list(rows))
+            if built != set(chosen):
+                raise VlsensError(
+                    f"profile: the built model quantizes {len(built)} op(s) but the profile chose {len(chosen)} "
+                    f"(only built: {sorted(built - set(chosen))[:5]}, only chosen: {sorted(set(chosen) - built)[:5]}); "
+                    "nothing was written.")
             measured, mode = deployed_metrics(model, float_session, evals, threads)
             rebuilds.append({"int8_ops": len(chosen), **measured, "session": mode})
             if meets(measured, metric, value) or not chosen:
@@ -179,8 +190,12 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
             "settings": eng_dir.meta["settings"],
         }
         if status == "unreachable":
-            log.error("target %s %s %s is unreachable with any INT8 op: the profile keeps every op in float",
-                      metric, eval_record["target"]["direction"], value)
+            msg = (f"profile target {metric} {eval_record['target']['direction']} {value} is unreachable with any "
+                   f"INT8 op ({variant}): the profile keeps every op in float and its model.onnx is the float model")
+            if fail_if_unreachable:
+                raise VlsensError(f"{msg}. fail_if_unreachable is set, so nothing was written; loosen the target "
+                                  "or unset fail_if_unreachable to accept an all-float profile.")
+            log.warning("%s (set fail_if_unreachable: true to make this an error)", msg)
         chosen_set = set(chosen)
         profile = {
             "target": eval_record["target"],
@@ -198,6 +213,7 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
         (tmp / "profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False, width=120))
         write_json(tmp / "nodes_to_exclude.json", {"nodes_to_exclude": excluded})
         write_json(tmp / "inc_op_name_dict.json", inc_op_name_dict(excluded, {n: rows[n]["op_type"] for n in rows}))
+        eval_record["files"] = file_entries([model])
         write_json(tmp / "eval.json", eval_record)
         files = ["profile.yaml", "nodes_to_exclude.json", "inc_op_name_dict.json", "model.onnx.data", "eval.json", "model.onnx"]
         publish({out_dir / f: tmp / f for f in files}, last=out_dir / "model.onnx")

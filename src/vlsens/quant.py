@@ -144,6 +144,21 @@ def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str
     return out_model
 
 
+def quantized_ops(model_path: str | Path, ops: Sequence[str]) -> set[str]:
+    """The ops among ``ops`` that run in INT8 in a QDQ model: their weight (second) input comes
+    from a DequantizeLinear node (activation x activation MatMuls: both inputs do)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    wanted = set(ops)
+    out = set()
+    for node in model.graph.node:
+        if node.name in wanted and len(node.input) > 1 and producer.get(node.input[1]) == "DequantizeLinear":
+            out.add(node.name)
+    return out
+
+
 def engine_session(path: str | Path, threads: int = 0, providers: Sequence[str] | None = None):
     """An ORT session with basic optimizations only: Q/DQ stay as they are (fake quantization),
     so the fast engine and the one-model-per-op reference compute exactly the same thing."""

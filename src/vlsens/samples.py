@@ -12,12 +12,12 @@ on disk, one array per feed (:class:`ReferenceStore`), so evaluating a language 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from vlsens.fsutil import atomic_file, savez
 
 
 
@@ -69,7 +69,7 @@ class Samples:
         for i, feed in enumerate(self.feeds):
             for k, v in feed.items():
                 arrays[f"{k}/{i:05d}"] = v
-        _savez_atomic(path, arrays)
+        savez(path, arrays)
 
 
 def graph_input(model) -> tuple[str, int]:
@@ -90,15 +90,6 @@ class FeedReader:
 
     def get_next(self):
         return next(self._it, None)
-
-
-def _savez_atomic(path: str | Path, arrays: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-    os.close(fd)
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
 
 
 class ReferenceStore:
@@ -126,21 +117,13 @@ class ReferenceStore:
         """Write outputs as they come (one in memory at a time) into an ``.npz``, atomically."""
         import zipfile
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-        os.close(fd)
         n = 0
-        try:
+        with atomic_file(path, suffix=".npz") as tmp:
             with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
                 for i, out in enumerate(outputs):
                     with zf.open(f"{i:05d}.npy", "w", force_zip64=True) as f:
                         np.lib.format.write_array(f, np.asarray(out), allow_pickle=False)
                     n += 1
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         return n
 
 
@@ -211,7 +194,7 @@ class CaseStore:
         self.cases = cases or {}
 
     def save(self, path: str | Path) -> None:
-        _savez_atomic(path, {f"{c}/{k}": v for c, arrays in self.cases.items() for k, v in arrays.items()})
+        savez(path, {f"{c}/{k}": v for c, arrays in self.cases.items() for k, v in arrays.items()})
 
     @classmethod
     def load(cls, path: str | Path):

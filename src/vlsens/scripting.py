@@ -1,8 +1,16 @@
 """Support for the thin ``workflow/scripts/*.py`` entry points (no Snakemake import here).
 
-:func:`run` sends logging, warnings and stray output of the job to the rule's ``log:`` file,
-bounds CPU threads to the rule's ``threads:``, and turns a :class:`VlsensError` into one clear
-log line and a non-zero exit, so Snakemake fails the job and removes its outputs.
+:func:`run` wraps every job:
+
+- logging, warnings and stray output go to the rule's ``log:`` file; vlsens' own warnings and
+  errors are also printed on the console (Snakemake's output), so a job that finishes with a
+  caveat (an unreachable profile, a skipped image) says so where the person running it looks;
+- CPU threads are bounded to the rule's ``threads:``;
+- leftovers of an earlier, killed run of the same job (temporary files and staging folders named
+  after its outputs) are removed before it starts;
+- every ONNX input is checked against the record it was published with (size and SHA-256);
+- a :class:`VlsensError` becomes one clear line and a non-zero exit, so Snakemake fails the job
+  and removes its outputs.
 """
 
 from __future__ import annotations
@@ -15,35 +23,58 @@ from typing import Any, Callable
 
 from vlsens.errors import ParityError, VlsensError
 
+#: ``extra=LOG_ONLY`` keeps a record out of the console (long dumps, tracebacks).
+LOG_ONLY = {"log_only": True}
+
+
+class _ConsoleFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.startswith("vlsens") and not getattr(record, "log_only", False)
+
 
 def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
+    from vlsens import job
+
+    rule = str(snakemake.rule)
     log_path = snakemake.log[0] if len(snakemake.log) else None
     stream = open(log_path, "w", buffering=1) if log_path else sys.stderr
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    console = logging.StreamHandler(sys.stderr)  # bound now: the job's own stderr goes to the log below
+    console.setLevel(logging.WARNING)
+    console.addFilter(_ConsoleFilter())
+    console.setFormatter(logging.Formatter(f"vlsens %(levelname)s [{rule}]: %(message)s"))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler, console]
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
     log = logging.getLogger("vlsens.job")
-    log.info("rule %s, wildcards %s, threads %s", snakemake.rule, dict(snakemake.wildcards), snakemake.threads)
+    log.info("rule %s, wildcards %s, threads %s", rule, dict(snakemake.wildcards), snakemake.threads)
+    job.set_rule(rule)
     from vlsens.device import set_threads
 
     set_threads(snakemake.threads)
     t0 = time.perf_counter()
     try:
         with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+            from vlsens.artifacts import verify_inputs
+            from vlsens.fsutil import remove_stale
+
+            remove_stale(list(getattr(snakemake, "output", [])))
+            checked = verify_inputs(list(getattr(snakemake, "input", [])))
+            if checked:
+                log.info("%d ONNX input(s) match their records", checked)
             main(snakemake)
     except VlsensError as e:
         log.error("%s", e)
         if isinstance(e, ParityError) and e.record:
             import json
 
-            log.error("parity record:\n%s", json.dumps(e.record, indent=2, sort_keys=True, default=str))
-        print(f"vlsens: {e}", file=sys.stderr)
+            log.error("parity record:\n%s", json.dumps(e.record, indent=2, sort_keys=True, default=str),
+                      extra=LOG_ONLY)
         sys.exit(1)
     except Exception:
-        log.exception("job failed")
+        log.exception("job failed", extra=LOG_ONLY)
         raise
     finally:
         log.info("done in %.2f s", time.perf_counter() - t0)

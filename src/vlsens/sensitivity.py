@@ -365,20 +365,15 @@ def rank_rows(rows: list[dict]) -> list[dict]:
 
 
 def write_csv(rows: list[dict], path: str | Path) -> None:
-    import os
-    import tempfile
-
     import pandas as pd
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
+    from vlsens.fsutil import atomic_file
+
     cols = CSV_COLUMNS if rows and "rank" in rows[0] else [c for c in CSV_COLUMNS if c != "rank"]
     if rows and all(c in rows[0] for c in LOGIT_COLUMNS):
         cols = cols + LOGIT_COLUMNS
-    pd.DataFrame(rows, columns=cols).to_csv(tmp, index=False, float_format="%.9g")
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        pd.DataFrame(rows, columns=cols).to_csv(tmp, index=False, float_format="%.9g")
 
 
 def read_csv(path: str | Path) -> list[dict]:

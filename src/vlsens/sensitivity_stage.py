@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from vlsens.fsutil import file_sha256, write_json
+from vlsens.artifacts import file_entries
+from vlsens.fsutil import file_sha256, staging_dir, write_json
 from vlsens.quant import Op, QuantSettings, prepare_float_model, quantize
 from vlsens.samples import FeedReader, ReferenceStore, Samples
 from vlsens.sensitivity import (
@@ -95,12 +95,11 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     cache = engine_dir / "calibration.json"
     if cache.exists():
         cache.unlink()
-    scratch = engine_dir / "all-int8"
     t_cal = time.perf_counter()
-    quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, cache, FeedReader(calib))
-    t_q = time.perf_counter()
-    switches = build_switch_model(fl, scratch / "model.onnx", engine_dir / "switch.onnx", [o.name for o in ops])
-    shutil.rmtree(scratch, ignore_errors=True)
+    with staging_dir(engine_dir / "switch.onnx") as scratch:
+        quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, cache, FeedReader(calib))
+        t_q = time.perf_counter()
+        switches = build_switch_model(fl, scratch / "model.onnx", engine_dir / "switch.onnx", [o.name for o in ops])
     t_sw = time.perf_counter()
     # The reference is the switch model with every switch off (identical to the float model in
     # FP32; in FP16 it keeps the engine's own float path, see README).
@@ -117,6 +116,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         "seconds": {"calibrate_and_quantize": t_q - t_cal, "switch_model": t_sw - t_q,
                     "total": time.perf_counter() - t0},
         "floor_seconds": floor,
+        "files": file_entries([fl, engine_dir / "switch.onnx"]),
     }
     write_json(engine_dir / "engine.json", meta)
     return meta

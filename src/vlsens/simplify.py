@@ -57,7 +57,7 @@ def simplify_vision(src_model: str | Path, reference_path: str | Path, out_model
     inp = sess.get_inputs()[0]
     batch = inp.shape[0] if isinstance(inp.shape[0], int) else 1
     del sess
-    with staging_dir(out_model.parent) as tmp:
+    with staging_dir(out_model) as tmp:
         staged = tmp / out_model.name
         extra = simplify_model(src_model, {inp.name: ref.pixel_values[:batch]}, staged, check_max_bytes)
         record = parity.check_vision(staged, ref, tolerance, variant=variant, threads=threads,

@@ -259,7 +259,7 @@ def export_text(checkpoint: str | Path, reference_path: str | Path, out_dir: str
     if missing:
         raise VlsensError(f"{reference_path}: no reference case for {sorted(missing)}")
     order = [exporter] + ([e for e in ("legacy", "dynamo") if e != exporter] if fallback else [])
-    with staging_dir(out_dir) as tmp:
+    with staging_dir(out_dir / "model.onnx") as tmp:
         staged, used = {}, {}
         for graph, module in wrappers.items():
             errors = []
@@ -287,7 +287,10 @@ def export_text(checkpoint: str | Path, reference_path: str | Path, out_dir: str
 
 def publish_text(staged: dict[str, Path], record: dict, out_dir: Path) -> None:
     """Data files, parity.json, embeds.onnx, then model.onnx (the rule's main output) last."""
+    from vlsens.artifacts import file_entries
+
     stage = next(iter(staged.values())).parent
+    record["files"] = file_entries(staged.values())
     write_json(stage / "parity.json", record)
     files = {}
     for graph, p in staged.items():
@@ -304,7 +307,7 @@ def _variant_stage(src_dir: str | Path, reference_path: str | Path, out_dir: str
     graph, then the parity gate on both graphs and one publish."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     ref = TextReference.load(reference_path)
-    with staging_dir(out_dir) as tmp:
+    with staging_dir(out_dir / "model.onnx") as tmp:
         staged, extras = {}, {}
         for graph in GRAPHS:
             feeds = [ref.feeds(c) for c, a in ref.cases.items() if str(a["graph"]) == graph]
@@ -467,7 +470,7 @@ def build_text_calibration(checkpoint: str | Path, samples: Sequence[PromptSampl
     out_dir = Path(out_dir)
     manifest = {"image_size": [height, width], "seed": seed, "samples": [],
                 "counts": {k: len(v) for k, v in split.items()}}
-    with staging_dir(out_dir) as tmp:
+    with staging_dir(out_dir / "manifest.json") as tmp:
         for name, idx in split.items():
             feeds, names = [], []
             for j, i in enumerate(idx):

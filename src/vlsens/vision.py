@@ -202,9 +202,9 @@ class Reference:
     sha256: list[str]
 
     def save(self, path: str | Path) -> None:
-        from vlsens.samples import _savez_atomic
+        from vlsens.fsutil import savez
 
-        _savez_atomic(path, {"pixel_values": self.pixel_values, "features": self.features,
+        savez(path, {"pixel_values": self.pixel_values, "features": self.features,
                              "names": np.array(self.names), "sha256": np.array(self.sha256)})
 
     @classmethod

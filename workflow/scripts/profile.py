@@ -7,7 +7,8 @@ from vlsens.scripting import run
 def main(sm):
     build_profile(sm.input.meta.rsplit("/", 1)[0], sm.input.ranking, sm.input.eval,
                   {"fp32": sm.input.fp32, "fp16": sm.input.fp16}, sm.output.eval.rsplit("/", 1)[0],
-                  sm.params.metric, float(sm.params.target), sm.params.max_evals, sm.wildcards.variant, sm.threads)
+                  sm.params.metric, float(sm.params.target), sm.params.max_evals, sm.wildcards.variant, sm.threads,
+                  fail_if_unreachable=sm.params.fail_if_unreachable)
 
 
 run(snakemake, main)  # noqa: F821

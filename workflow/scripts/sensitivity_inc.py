@@ -42,4 +42,6 @@ def main(_sm):
 
 
 run(types.SimpleNamespace(log=[args.log], rule="sensitivity_inc_tune" if args.tune else "sensitivity_inc",
-                          wildcards={"model": args.model}, threads=args.threads), main)
+                          wildcards={"model": args.model}, threads=args.threads,
+                          input=[args.model, args.calib, args.eval],
+                          output=[args.summary] + ([args.csv] if args.csv else [])), main)
