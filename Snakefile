@@ -2,12 +2,16 @@
 # simplified variants, calibration sets, per-op quantization sensitivity and mixed-precision
 # profiles. A table of contents: logic lives in src/vlsens/, rules in rules/, entry points in
 # workflow/scripts/.
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The default config, found next to this Snakefile from any working directory (-d); a
+# --configfile extends it (nested keys are merged), it does not replace it.
+configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 include: "rules/common.smk"

@@ -17,7 +17,6 @@ rule calibration:
         "results/{model}/benchmarks/calibration/{size}.tsv"
     params:
         code=code("calibration.py"),
-        names=calibration_image_names(),
         num_calib=config["calibration"]["num_calib"],
         num_eval=config["calibration"]["num_eval"],
         seed=config["calibration"]["seed"],

@@ -10,15 +10,33 @@ _SRC = str(Path(workflow.basedir) / "src")
 if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 
-from vlsens.config import all_targets, canonical, make_plan, tolerance_for
+from vlsens.config import RESULTS, all_targets, canonical, check_images, make_plan, schema_errors, tolerance_for
 from vlsens.errors import ConfigError
+from vlsens.inputs import write_manifests
 from vlsens.versions import script_code_version, stage_versions
 from snakemake.settings.types import DeploymentMethod
 
-
-validate(config, "../workflow/schemas/config.schema.yaml")
+_SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+try:
+    validate(config, str(_SCHEMA))
+except WorkflowError:
+    # Snakemake's message buries the key in a dump of the whole schema: name it first, one line each.
+    raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config, _SCHEMA))) from None
 try:
     PLAN = make_plan(config, workdir=Path.cwd())
+    # Outside inputs by content (see vlsens.inputs): rules read these manifests, not mtimes.
+    INPUTS = write_manifests(
+        f"{RESULTS}/{PLAN.model}/inputs", None if PLAN.preset else PLAN.checkpoint,
+        PLAN.parity_images, PLAN.calib_images, PLAN.prompt_file, PLAN.prompt_images)
+    for _problem in check_images(INPUTS, config):
+        logger.warning(f"vlsens: {_problem} (image_checks.on_problem: warn)")
+    if config["device"] == "cuda" and workflow.local_exec and not workflow.remote_exec:
+        from vlsens.device import cuda_visible
+
+        if not cuda_visible():
+            raise ConfigError("device: cuda, but neither torch nor onnxruntime sees a CUDA device on this machine; "
+                              "use device: auto (CUDA where present) or cpu, or submit to GPU nodes "
+                              "(--workflow-profile profiles/slurm).")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
 
@@ -54,15 +72,13 @@ def get_final_output():
 
 
 def checkpoint_dir(wildcards):
-    return PLAN.checkpoint_dir()
+    """A preset's directory (built by a rule), or a local checkpoint's content manifest."""
+    return PLAN.checkpoint if PLAN.preset else INPUTS["checkpoint"]
 
 
 def parity_images():
-    return [str(r.path) for r in PLAN.parity_images]
-
-
-def parity_image_names():
-    return [r.name for r in PLAN.parity_images]
+    """The parity images' manifest (paths, names, sha256): edited images re-run what reads them."""
+    return INPUTS["parity_images"]
 
 
 def tolerance(variant):
@@ -70,11 +86,7 @@ def tolerance(variant):
 
 
 def calibration_images():
-    return [str(r.path) for r in PLAN.calib_images]
-
-
-def calibration_image_names():
-    return [r.name for r in PLAN.calib_images]
+    return INPUTS["calibration_images"]
 
 
 def shards_under(path):
@@ -110,8 +122,8 @@ def inc_versions():
 
 
 def text_prompt_files():
-    """The JSONL of text.calibration.prompts and its images as inputs (read once, by make_plan)."""
-    return PLAN.text_prompt_files
+    """The manifest of text.calibration.prompts' JSONL and its images (none for builtin)."""
+    return [INPUTS["text_prompts"]] if "text_prompts" in INPUTS else []
 
 
 def code(script):

@@ -15,7 +15,6 @@ rule dynamic_reference:
         "results/{model}/benchmarks/dynamic_reference/reference.tsv"
     params:
         code=code("dynamic_reference.py"),
-        names=parity_image_names(),
         cases=config["vision"]["dynamic"]["parity_cases"],
         versions=stage_versions("reference"),
     threads: config["threads"]
@@ -46,7 +45,6 @@ rule export_dynamic:
         code=code("export_dynamic.py"),
         tolerance=tolerance("fp32"),
         opset=config["export"]["opset"],
-        device=config["device"],
         versions=stage_versions("export"),
     threads: config["threads"]
     resources:
@@ -78,7 +76,6 @@ rule dynamic_fp16:
         tolerance=tolerance("fp16"),
         max_activation=config["fp16"]["max_activation"],
         max_initializer=config["fp16"]["max_initializer"],
-        device=config["device"],
         versions=stage_versions("fp16"),
     threads: config["threads"]
     resources:
@@ -109,7 +106,6 @@ rule dynamic_simplify:
         code=code("dynamic_variant.py"),
         tolerance=lambda wildcards: tolerance(wildcards.base),
         check_max_bytes=config["simplify"]["check_max_bytes"],
-        device=config["device"],
         versions=stage_versions("simplify"),
     threads: config["threads"]
     resources:

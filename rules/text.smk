@@ -16,7 +16,6 @@ rule text_reference:
         "results/{model}/benchmarks/text_reference/reference.tsv"
     params:
         code=code("text_reference.py"),
-        names=parity_image_names(),
         repeats=config["text"]["parity"]["repeats"],
         image_size=config["text"]["parity"]["image_size"],
         versions=stage_versions("reference"),
@@ -52,7 +51,6 @@ rule export_text:
         exporter=config["text"]["exporter"],
         fallback=config["text"]["fallback"],
         opset=config["export"]["opset"],
-        device=config["device"],
         versions=stage_versions("export"),
     threads: config["threads"]
     resources:
@@ -88,7 +86,6 @@ rule text_fp16:
         tolerance=tolerance("fp16"),
         max_activation=config["fp16"]["max_activation"],
         max_initializer=config["fp16"]["max_initializer"],
-        device=config["device"],
         versions=stage_versions("fp16"),
     threads: config["threads"]
     resources:
@@ -123,7 +120,6 @@ rule text_simplify:
         code=code("text_simplify.py"),
         tolerance=lambda wildcards: tolerance(wildcards.base),
         check_max_bytes=config["simplify"]["check_max_bytes"],
-        device=config["device"],
         versions=stage_versions("simplify"),
     threads: config["threads"]
     resources:
@@ -152,7 +148,6 @@ rule text_calibration:
         "results/{model}/benchmarks/text_calibration/text.tsv"
     params:
         code=code("text_calibration.py"),
-        names=calibration_image_names(),
         prompts=config["text"]["calibration"]["prompts"],
         image_size=config["text"]["calibration"]["image_size"],
         num_calib=config["text"]["calibration"]["num_calib"],

@@ -14,8 +14,6 @@ rule vision_reference:
         "results/{model}/benchmarks/vision_reference/{size}.tsv"
     params:
         code=code("vision_reference.py"),
-        names=parity_image_names(),
-        device=config["device"],
         versions=stage_versions("reference"),
     threads: config["threads"]
     resources:
@@ -47,7 +45,6 @@ rule export_vision:
         batch_size=config["vision"]["batch_size"],
         opset=config["export"]["opset"],
         attn_implementation=config["export"]["attn_implementation"],
-        device=config["device"],
         versions=stage_versions("export"),
     threads: config["threads"]
     resources:
@@ -79,7 +76,6 @@ rule vision_fp16:
         tolerance=tolerance("fp16"),
         max_activation=config["fp16"]["max_activation"],
         max_initializer=config["fp16"]["max_initializer"],
-        device=config["device"],
         versions=stage_versions("fp16"),
     threads: config["threads"]
     resources:
@@ -110,7 +106,6 @@ rule vision_simplify:
         code=code("vision_simplify.py"),
         tolerance=lambda wildcards: tolerance(wildcards.base),
         check_max_bytes=config["simplify"]["check_max_bytes"],
-        device=config["device"],
         versions=stage_versions("simplify"),
     threads: config["threads"]
     resources:

@@ -83,3 +83,22 @@ def test_missing_and_foreign_checkpoints(tmp_path):
     (d / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(CheckpointError, match="model_type 'llama'.*qwen2_5_vl"):
         check_checkpoint_dir(d)
+
+
+def test_unexpected_tensor_and_bad_index_are_named(tiny_ckpt, tmp_path):
+    import json
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    d = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, d)
+    t = load_file(d / "model.safetensors")
+    t["model.visual.blocks.9.extra.weight"] = np.zeros((2, 2), np.float32)
+    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"unexpected keys \(1\): .*blocks\.9\.extra\.weight"):
+        load_model(d)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00002.safetensors"}}))
+    with pytest.raises(CheckpointError, match="model-00002.safetensors"):
+        check_checkpoint_dir(d)

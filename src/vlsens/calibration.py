@@ -23,7 +23,7 @@ import numpy as np
 
 from vlsens.errors import ImageError
 from vlsens.fsutil import publish, staging_dir, write_json
-from vlsens.images import ImageRef, open_rgb
+from vlsens.images import ImageRef, header, open_rgb
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def build_calibration(checkpoint: str | Path, refs: Sequence[ImageRef], height: 
             write_tar(tmp / f"{name}.tar", pixels)
             for j, i in enumerate(idx):
                 manifest["images"].append({"source": str(refs[i].path), "name": refs[i].name,
-                                           "sha256": shas[i], "split": name, "index": j})
+                                           "sha256": shas[i], "split": name, "index": j, **header(refs[i])})
         write_json(tmp / "manifest.json", manifest)
         files = [f"{n}.{ext}" for n in SPLITS for ext in ("npz", "tar")] + ["manifest.json"]
         publish({out_dir / f: tmp / f for f in files}, last=out_dir / "manifest.json")

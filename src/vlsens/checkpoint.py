@@ -316,7 +316,48 @@ def check_checkpoint_dir(path: str | Path, key: str = "model.checkpoint") -> Pat
                 "environment (model.save_pretrained(dir, safe_serialization=True))."
             )
         raise CheckpointError(f"{key}: '{path}' has no *.safetensors weight files.")
+    check_safetensors_files(p, key)
     return p
+
+
+def check_safetensors_files(directory: Path, key: str = "model.checkpoint") -> None:
+    """Each ``*.safetensors`` file is complete (its header's tensors end exactly at the end of the
+    file), and every shard an index names exists. Reads headers only, so it is cheap at any size."""
+    for f in sorted(directory.glob("*.safetensors")):
+        safetensors_header(f, key)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (json.JSONDecodeError, KeyError, AttributeError) as e:
+            raise CheckpointError(f"{key}: '{index}' is not a valid safetensors index ({e}).") from e
+        missing = sorted(s for s in shards if not (directory / s).is_file())
+        if missing:
+            raise CheckpointError(f"{key}: '{index}' names shard(s) {missing} that are not in '{directory}'.")
+
+
+def safetensors_header(path: Path, key: str = "model.checkpoint") -> dict:
+    """The JSON header of a safetensors file; :class:`CheckpointError` naming the file when the
+    file is not one, or is shorter or longer than its header says (truncated or corrupt)."""
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if n < 2 or 8 + n > size:
+            raise CheckpointError(f"{key}: '{path}' is not a complete safetensors file ({size} bytes; its header "
+                                  "cannot be read). Copy the file again.")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{key}: '{path}' has a corrupt safetensors header ({e}). Copy the file again.") from e
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        raise CheckpointError(
+            f"{key}: '{path}' is {size} bytes but its safetensors header describes {8 + n + end}: the file is "
+            f"{'truncated' if size < 8 + n + end else 'corrupt'}. Copy the file again.")
+    return header
 
 
 def load_model(path: str | Path, attn_implementation: str | None = None, device: str = "cpu"):
@@ -333,7 +374,18 @@ def load_model(path: str | Path, attn_implementation: str | None = None, device:
     )
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(p), **kwargs)
+    try:
+        model, info = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(p), output_loading_info=True, **kwargs)
+    except Exception as e:  # safetensors and transformers raise their own types, naming no file
+        raise CheckpointError(f"model.checkpoint: '{p}' cannot be loaded: {type(e).__name__}: {e}") from e
+    problems = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    problems["error_msgs"] = list(info.get("error_msgs") or [])
+    if any(problems.values()):
+        what = "; ".join(f"{k.replace('_', ' ')} ({len(v)}): {', '.join(map(str, v[:8]))}"
+                         + (" ..." if len(v) > 8 else "") for k, v in problems.items() if v)
+        raise CheckpointError(
+            f"model.checkpoint: '{p}' does not match its config.json: {what}. transformers would fill missing "
+            "tensors with random values and every result would be wrong; fix or re-download the checkpoint.")
     return model.to(device).eval()
 
 

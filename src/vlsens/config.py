@@ -41,7 +41,8 @@ class Plan:
     text_variants: list[str] = field(default_factory=list)  # empty: text tower off
     dynamic_variants: list[str] = field(default_factory=list)  # empty: no dynamic vision graph
     dynamic_sens_variants: list[str] = field(default_factory=list)
-    text_prompt_files: list[str] = field(default_factory=list)  # a prompts JSONL and its images
+    prompt_file: str | None = None  # text.calibration.prompts when it is a JSONL (not builtin)
+    prompt_images: list[ImageRef] = field(default_factory=list)  # the images that JSONL names
     text_sens_variants: list[str] = field(default_factory=list)
 
     def engine_variants(self, engine: str) -> list[str]:
@@ -51,9 +52,6 @@ class Plan:
             return [v for v in self.sens_variants if v == "fp32"]
         return list(self.sens_variants)
 
-    def checkpoint_dir(self) -> str:
-        return self.checkpoint
-
 
 def _get(config: dict, dotted: str) -> Any:
     cur: Any = config
@@ -62,6 +60,33 @@ def _get(config: dict, dotted: str) -> Any:
             raise ConfigError(f"{dotted}: missing from the config (see config/README.md).")
         cur = cur[part]
     return cur
+
+
+def schema_errors(config: dict, schema_path: str | Path) -> list[str]:
+    """Schema violations of ``config``, one line each, the offending key first, with a close match
+    for a misspelled key (Snakemake's own message buries the key in a dump of the whole schema)."""
+    import difflib
+
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    out = []
+    for err in sorted(cls(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+        where = ".".join(str(p) for p in err.absolute_path)
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            allowed = list((err.schema or {}).get("properties", {}))
+            for key in sorted(k for k in err.instance if k not in allowed):
+                full = f"{where}.{key}" if where else str(key)
+                near = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+                hint = f" (did you mean '{near[0]}'?)" if near else f" (valid here: {', '.join(allowed)})"
+                out.append(f"{full}: unknown key{hint}")
+        elif err.validator == "required":
+            out.append(f"{where + ': ' if where else ''}{err.message}")
+        else:
+            out.append(f"{where or '<config>'}: {err.message}")
+    return out
 
 
 def model_name(config: dict) -> str:
@@ -75,8 +100,8 @@ def model_name(config: dict) -> str:
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(ckpt.rstrip("/")).name) or "model"
     if not NAME_RE.match(name):
         raise ConfigError(
-            f"model.name: '{name}' may only hold letters, digits, '.', '_' and '-' (it names the "
-            "results/<name>/ folder)."
+            f"model.name: '{name}' is not a valid folder name: it must start with a letter or digit and hold "
+            "only letters, digits, '.', '_' and '-' (it names the results/<name>/ folder), e.g. 'qwen2.5-vl-3b'."
         )
     return name
 
@@ -162,12 +187,12 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
         if not 0 <= int(outlier["block"]) < TINY_VISION["depth"]:
             raise ConfigError(f"model.tiny.outlier.block: {outlier['block']} is not a vision block "
                               f"(0..{TINY_VISION['depth'] - 1}).")
-    text_variants, text_sens, prompt_files = check_text(config, preset, calib)
+    text_variants, text_sens, prompt_file, prompt_images = check_text(config, preset, calib)
     dyn_variants, dyn_sens = check_dynamic(config)
     return Plan(name, ckpt_dir, preset, sizes, variants, images[:n], calib, sens_variants, engines,
                 inc_tune=bool((sens.get("inc") or {}).get("tune", False)), text_variants=text_variants,
                 text_sens_variants=text_sens, dynamic_variants=dyn_variants, dynamic_sens_variants=dyn_sens,
-                text_prompt_files=prompt_files)
+                prompt_file=prompt_file, prompt_images=prompt_images)
 
 
 def check_dynamic(config: dict) -> tuple[list[str], list[str]]:
@@ -194,15 +219,15 @@ def check_variants(variants: list[str], analysed: list[str], key: str, analysed_
             raise ConfigError(f"{key}: '{v}' is simplified from '{base}'; add '{base}' too.")
 
 
-def check_text(config: dict, preset: str | None, calib_images: list) -> tuple[list[str], list[str], list[str]]:
+def check_text(config: dict, preset: str | None, calib_images: list):
     """The text tower's keys: variants, sizes, prompts (a JSONL is read and checked line by line
-    here), the planted text outlier. Returns (variants, sensitivity variants, the prompt JSONL and
-    its images: rule inputs)."""
+    here), the planted text outlier. Returns (variants, sensitivity variants, the prompt JSONL or
+    None, the images it names)."""
     from vlsens.text import load_prompt_samples
 
     text = config.get("text") or {}
     if not text.get("enabled", True):
-        return [], [], []
+        return [], [], None, []
     variants = list(text.get("variants", VARIANTS))
     for sub in ("parity", "calibration"):
         parse_size(str((text.get(sub) or {}).get("image_size", "224x224")), key=f"text.{sub}.image_size")
@@ -222,8 +247,34 @@ def check_text(config: dict, preset: str | None, calib_images: list) -> tuple[li
             raise ConfigError(f"model.tiny.text_outlier.layer: {outlier['layer']} is not a text layer "
                               f"(0..{TINY_TEXT['num_hidden_layers'] - 1}).")
     spec = str(cal.get("prompts", "builtin"))
-    files = [] if spec == "builtin" else [spec] + sorted({str(x.image.path) for x in samples if x.image is not None})
-    return variants, sens, files
+    if spec == "builtin":
+        return variants, sens, None, []
+    images = {str(x.image.path): x.image for x in samples if x.image is not None}
+    return variants, sens, spec, [images[k] for k in sorted(images)]
+
+
+def check_images(manifests: dict[str, str], config: dict) -> list[str]:
+    """Images that are too small or too elongated (from the input manifests' headers). Raises
+    :class:`ConfigError` listing them unless ``image_checks.on_problem: warn``; returns the
+    warnings then."""
+    from vlsens.images import image_problems
+    from vlsens.inputs import read
+
+    chk = config.get("image_checks") or {}
+    min_side, ratio = int(chk.get("min_side", 28)), float(chk.get("max_aspect_ratio", 10.0))
+    keys = {"parity_images": "parity.images", "calibration_images": "calibration.images",
+            "text_prompts": "text.calibration.prompts"}
+    problems = []
+    for kind, key in keys.items():
+        if kind in manifests:
+            problems += [f"{key}: {p}" for p in image_problems(read(manifests[kind])["images"], min_side, ratio)]
+    problems = list(dict.fromkeys(problems))
+    if problems and chk.get("on_problem", "error") == "error":
+        raise ConfigError(f"{len(problems)} image(s) unfit for use: " + "; ".join(problems[:5])
+                          + (" ..." if len(problems) > 5 else "")
+                          + ". Remove them, or set image_checks.on_problem: warn to use them anyway "
+                            "(image_checks.min_side, image_checks.max_aspect_ratio set the limits).")
+    return problems
 
 
 def check_inc(sens: dict, sens_variants: list[str]) -> None:

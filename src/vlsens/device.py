@@ -15,6 +15,24 @@ def torch_device(device: str = "auto") -> str:
     return "cpu"
 
 
+def cuda_visible() -> list[str]:
+    """What sees a CUDA device here: ``torch`` and/or ``onnxruntime`` (empty: none)."""
+    import importlib.util
+
+    seen = []
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            seen.append("torch")
+    if importlib.util.find_spec("onnxruntime") is not None:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            seen.append("onnxruntime")
+    return seen
+
+
 def set_threads(threads: int) -> None:
     """Bound torch's CPU threads to what the Snakemake rule declared.
 

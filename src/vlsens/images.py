@@ -109,21 +109,77 @@ def _dedup(refs: Iterable[ImageRef]) -> list[ImageRef]:
     return out
 
 
-def open_rgb(ref: ImageRef):
-    """Open an image as an RGB PIL image (grayscale and RGBA are converted).
-
-    Raises :class:`ImageError` naming the file when it is unreadable or corrupt.
-    """
+def header(ref: ImageRef) -> dict:
+    """Width and height as the image will be used (after its EXIF orientation) and its mode,
+    read from the file's header without decoding the pixels."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(ref.path) as im:
+            w, h = im.size
+            orientation = int(im.getexif().get(0x0112, 1) or 1)
+            mode = im.mode
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise ImageError(f"image '{ref.path}' cannot be read: {e}") from e
+    if orientation in (5, 6, 7, 8):  # rotated by 90 degrees
+        w, h = h, w
+    return {"width": w, "height": h, "mode": mode, "exif_orientation": orientation}
+
+
+def image_problems(entries: list[dict], min_side: int, max_aspect_ratio: float) -> list[str]:
+    """What is wrong with images (entries with path, width, height), one line each."""
+    out = []
+    for e in entries:
+        w, h = int(e["width"]), int(e["height"])
+        if min(w, h) < min_side:
+            out.append(f"'{e['path']}' is {w}x{h} pixels, smaller than {min_side} pixels on a side "
+                       "(one merged patch): it would be upsampled from almost nothing")
+        elif max(w, h) / min(w, h) > max_aspect_ratio:
+            out.append(f"'{e['path']}' is {w}x{h} pixels, aspect ratio {max(w, h) / min(w, h):.0f}:1 > "
+                       f"{max_aspect_ratio:g}:1: resized to a fixed size it is squashed beyond recognition")
+    return out
+
+
+#: 16-bit and 32-bit integer modes, scaled to 8 bits by their full range (PIL's convert clips).
+_WIDE_INT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def to_rgb(im):
+    """A PIL image in any mode as 8-bit RGB.
+
+    16-bit grayscale (``I;16*``; ``I`` with values above 255) is scaled from 0..65535, float
+    (``F``) from 0..1 when its values lie there (else taken as 0..255); PIL's own ``convert`` clips
+    them, which turns most 16-bit images white. Transparency is composited on white.
+    """
+    import numpy as np
+    from PIL import Image
+
+    if im.mode in _WIDE_INT_MODES or im.mode == "F":
+        a = np.asarray(im, dtype=np.float64)
+        if im.mode == "F":
+            top = 1.0 if a.size and float(np.nanmax(a)) <= 1.0 else 255.0
+        else:
+            top = 65535.0 if im.mode != "I" or (a.size and a.max() > 255) else 255.0
+        im = Image.fromarray(np.clip(np.nan_to_num(a) / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
+    if im.mode in ("RGBA", "LA", "P", "PA", "La", "RGBa") or "transparency" in im.info:
+        im = im.convert("RGBA")
+        background = Image.new("RGBA", im.size, (255, 255, 255, 255))
+        im = Image.alpha_composite(background, im)
+    return im.convert("RGB")
+
+
+def open_rgb(ref: ImageRef):
+    """Open an image as an 8-bit RGB PIL image, upright (EXIF orientation applied, as
+    transformers' ``load_image`` does); see :func:`to_rgb` for the modes.
+
+    Raises :class:`ImageError` naming the file when it is unreadable or corrupt.
+    """
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        with Image.open(ref.path) as im:
             im.load()
-            if im.mode in ("RGBA", "LA", "P"):
-                im = im.convert("RGBA")
-                background = Image.new("RGBA", im.size, (255, 255, 255, 255))
-                im = Image.alpha_composite(background, im)
-            return im.convert("RGB")
+            return to_rgb(ImageOps.exif_transpose(im))
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise ImageError(f"image '{ref.path}' cannot be read: {e}") from e
 

@@ -89,7 +89,7 @@ def deployment_session(model: str | Path, threads: int = 0):
     try:
         return make_session(model, threads=threads), "default"
     except Exception as e:  # noqa: BLE001  (ORT raises its own Fail / InvalidGraph types)
-        log.warning("default session refused %s (%s); using basic optimizations", model, str(e)[:160])
+        log.info("default session refused %s (%s); using basic optimizations (recorded in eval.json)", model, str(e)[:160])
         return engine_session(model, threads=threads), "basic (default optimizations refused the graph)"
 
 

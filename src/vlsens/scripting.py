@@ -9,6 +9,7 @@
 - leftovers of an earlier, killed run of the same job (temporary files and staging folders named
   after its outputs) are removed before it starts;
 - every ONNX input is checked against the record it was published with (size and SHA-256);
+- every output ends with the mode of an ordinary file under the umask, whichever library wrote it;
 - a :class:`VlsensError` becomes one clear line and a non-zero exit, so Snakemake fails the job
   and removes its outputs.
 """
@@ -19,6 +20,7 @@ import contextlib
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from vlsens.errors import ParityError, VlsensError
@@ -58,13 +60,16 @@ def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
     try:
         with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
             from vlsens.artifacts import verify_inputs
-            from vlsens.fsutil import remove_stale
+            from vlsens.fsutil import normal_mode, remove_stale
 
             remove_stale(list(getattr(snakemake, "output", [])))
             checked = verify_inputs(list(getattr(snakemake, "input", [])))
             if checked:
                 log.info("%d ONNX input(s) match their records", checked)
             main(snakemake)
+            for out in getattr(snakemake, "output", []):  # whatever wrote them (ORT, onnx, tempfile)
+                if Path(out).exists():
+                    normal_mode(out)
     except VlsensError as e:
         log.error("%s", e)
         if isinstance(e, ParityError) and e.record:

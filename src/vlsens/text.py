@@ -455,7 +455,7 @@ def build_text_calibration(checkpoint: str | Path, samples: Sequence[PromptSampl
 
     from vlsens.checkpoint import load_model, load_processor
     from vlsens.errors import ImageError
-    from vlsens.images import open_rgb
+    from vlsens.images import header, open_rgb
     from vlsens.samples import Samples
 
     if len(samples) < n_calib + n_eval:
@@ -489,7 +489,8 @@ def build_text_calibration(checkpoint: str | Path, samples: Sequence[PromptSampl
                 names.append(s.name)
                 manifest["samples"].append({
                     "name": s.name, "prompt": s.prompt, "split": name, "index": j, "tokens": int(mask.sum()),
-                    "image": None if s.image is None else {"source": str(s.image.path), "sha256": s.image.sha256()},
+                    "image": None if s.image is None else {"source": str(s.image.path), "sha256": s.image.sha256(),
+                                                          **header(s.image)},
                 })
             Samples(feeds, [f["attention_mask"].astype(bool) for f in feeds], names).save_feeds(tmp / f"{name}.npz")
         write_json(tmp / "manifest.json", manifest)

@@ -7,9 +7,9 @@ from vlsens.scripting import run
 def main(sm):
     args = (sm.input.model, sm.input.reference, sm.output.model, sm.output.parity, sm.params.tolerance)
     if sm.rule == "dynamic_fp16":
-        dynamic_fp16(*args, sm.params.max_activation, sm.params.max_initializer, sm.threads, sm.params.device)
+        dynamic_fp16(*args, sm.params.max_activation, sm.params.max_initializer, sm.threads, sm.config["device"])
     else:
-        dynamic_simplify(*args, f"{sm.wildcards.base}-sim", sm.params.check_max_bytes, sm.threads, sm.params.device)
+        dynamic_simplify(*args, f"{sm.wildcards.base}-sim", sm.params.check_max_bytes, sm.threads, sm.config["device"])
 
 
 run(snakemake, main)  # noqa: F821

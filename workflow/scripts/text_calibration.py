@@ -2,17 +2,17 @@
 import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from pathlib import Path
 
-from vlsens.images import ImageRef
+from vlsens.inputs import checkpoint_dir, image_refs
 from vlsens.scripting import run
 from vlsens.text import build_text_calibration, load_prompt_samples
 from vlsens.vision import parse_size
 
 
 def main(sm):
-    images = [ImageRef(p, n) for p, n in zip(sm.input.images, sm.params.names)]
+    images = image_refs(sm.input.images)
     samples = load_prompt_samples(sm.params.prompts, images)
     h, w = parse_size(sm.params.image_size, key="text.calibration.image_size")
-    build_text_calibration(sm.input.checkpoint, samples, h, w, Path(sm.output.manifest).parent,
+    build_text_calibration(checkpoint_dir(sm.input.checkpoint), samples, h, w, Path(sm.output.manifest).parent,
                            sm.params.num_calib, sm.params.num_eval, sm.params.seed)
 
 

@@ -7,4 +7,4 @@ from vlsens.text import text_fp16
 
 run(snakemake, lambda sm: text_fp16(  # noqa: F821
     Path(sm.input.model).parent, sm.input.reference, Path(sm.output.model).parent, sm.params.tolerance,
-    sm.params.max_activation, sm.params.max_initializer, threads=sm.threads, device=sm.params.device))
+    sm.params.max_activation, sm.params.max_initializer, threads=sm.threads, device=sm.config["device"]))

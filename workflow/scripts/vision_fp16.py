@@ -8,7 +8,7 @@ def main(sm):
     convert_vision_fp16(
         sm.input.model, sm.input.reference, sm.output.model, sm.output.parity,
         tolerance=sm.params.tolerance, max_activation=sm.params.max_activation,
-        max_initializer=sm.params.max_initializer, threads=sm.threads, device=sm.params.device,
+        max_initializer=sm.params.max_initializer, threads=sm.threads, device=sm.config["device"],
     )
 
 

@@ -8,7 +8,7 @@ def main(sm):
     simplify_vision(
         sm.input.model, sm.input.reference, sm.output.model, sm.output.parity,
         tolerance=sm.params.tolerance, variant=f"{sm.wildcards.base}-sim",
-        check_max_bytes=sm.params.check_max_bytes, threads=sm.threads, device=sm.params.device,
+        check_max_bytes=sm.params.check_max_bytes, threads=sm.threads, device=sm.config["device"],
     )
 
 
