@@ -1,6 +1,6 @@
 """One vision graph for every image size (and several images per call).
 
-The stock encoder does not export this way (../shared/FACTS.md): the window index, cu_seqlens and
+The stock encoder does not export this way: the window index, cu_seqlens and
 rotary positions are computed from ``grid_thw`` in Python, and its eager attention loops over
 windows with ``torch.split(lengths.tolist())``; tracing bakes all of that for one size. The graph
 here takes what Qwen2.5-VL computes from ``grid_thw`` as inputs, exactly as transformers' own

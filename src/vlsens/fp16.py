@@ -1,6 +1,6 @@
 """Stage: FP32 ONNX -> FP16 ONNX (I/O kept FP32) with a range-based FP32 fallback.
 
-Two facts shape this (see ../shared/FACTS.md):
+Two facts shape this:
 
 * ``onnxconverter_common.float16`` leaves the model's own ``Cast(to=FLOAT)`` nodes alone, and ORT
   then refuses the graph (a float32 tensor feeds an fp16 consumer). The Casts are noted before

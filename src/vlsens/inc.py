@@ -522,6 +522,7 @@ def tune_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Pa
     from neural_compressor import quantization
     from neural_compressor.adaptor.onnxrt import ONNXRUNTIMEAdaptor
 
+    from vlsens.artifacts import file_entries
     from vlsens.calibration import load_split
     from vlsens.fsutil import file_sha256, publish, staging_dir, write_json
     from vlsens.onnxutil import save_with_external_data
@@ -592,6 +593,7 @@ def tune_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Pa
             int8_ops=sorted(mapping[n][0] if n in mapping else n for n in int8),
             fp32_ops=sorted(mapping[n][0] if n in mapping else n for n in fp32),
             unmapped=unmapped, ops_total=len(ops),
+            files=file_entries([stage / "model.onnx"]),
         )
         write_json(stage / "eval.json", record)
         # eval.json (the rule's declared output) last: the model is complete when it appears

@@ -7,7 +7,7 @@
 #
 # Needs root and apt (Debian's slurmctld slurmd slurm-client munge are installed when missing).
 # WORKDIR gets the workflow's results, the cluster's state and logs, and jobs.json (what SLURM
-# recorded per job: rule, partition, GPUs requested, state). Traps (../shared/FACTS.md): the
+# recorded per job: rule, partition, GPUs requested, state). Traps: the
 # jobstep plugin strips SLURM_CONF, so the config must sit at /etc/slurm/slurm.conf; without
 # slurmdbd sacct fails, so job status comes from squeue (MinJobAge keeps finished jobs visible);
 # a file-less GPU gres is dropped and the node drains, so the fake GPU is File=/dev/null.
