@@ -74,8 +74,7 @@ def atomic_file(final: str | Path, suffix: str = "") -> Iterator[Path]:
     final = Path(final)
     tmp = temp_file(final, suffix)
     try:
-        yield tmp
-        normal_mode(tmp)
+        yield tmp  # created with the umask's mode by temp_file
         os.replace(tmp, final)
     finally:
         if tmp.exists():
