@@ -34,8 +34,8 @@ $(INC_STAMP): envs/inc.yaml | $(STAMP)
 	rm -rf $(INC_VENV)
 	$(PYTHON) -m venv $(INC_VENV)
 	$(INC_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(INC_VENV)/bin/python -m pip install --quiet $$($(BIN)/python -m vlsens.inc_env requirements envs/inc.yaml)
-	PYTHONPATH=src $(INC_VENV)/bin/python -c "from vlsens.inc import check_environment as c; print(c())"
+	$(INC_VENV)/bin/python -m pip install --quiet $$($(BIN)/python -m vlsens.inc.env requirements envs/inc.yaml)
+	PYTHONPATH=src $(INC_VENV)/bin/python -c "from vlsens.inc.settings import check_environment as c; print(c())"
 	touch $@
 
 install: $(STAMP)
@@ -45,7 +45,7 @@ install-test: $(STAMP)-test
 inc-env: $(INC_STAMP)
 
 run: install
-	@if $(BIN)/python -m vlsens.inc_env enabled $(CONFIG); then $(MAKE) --no-print-directory inc-env; fi
+	@if $(BIN)/python -m vlsens.inc.env enabled $(CONFIG); then $(MAKE) --no-print-directory inc-env; fi
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS) $(ARGS)
 
 test: install-test inc-env

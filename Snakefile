@@ -1,7 +1,7 @@
 # vlsens: Qwen2.5-VL checkpoint -> verified ONNX models of the vision and text towers, FP16 and
 # simplified variants, calibration sets, per-op quantization sensitivity and mixed-precision
-# profiles. A table of contents: logic lives in src/vlsens/, rules in rules/, entry points in
-# workflow/scripts/.
+# profiles. A table of contents: logic lives in src/vlsens/, rules in rules/ (one rule per stage,
+# over a {graph} wildcard: vision/<H>x<W>, vision/dynamic, text), entry points in workflow/scripts/.
 import os
 
 from snakemake.utils import min_version
@@ -16,12 +16,10 @@ configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 include: "rules/common.smk"
 include: "rules/checkpoint.smk"
-include: "rules/vision.smk"
-include: "rules/calibration.smk"
+include: "rules/towers.smk"
+include: "rules/variants.smk"
 include: "rules/sensitivity.smk"
 include: "rules/profile.smk"
-include: "rules/text.smk"
-include: "rules/dynamic.smk"
 
 
 localrules:

@@ -57,7 +57,7 @@ def export(tower: str, vision: dict | None, work: Path) -> tuple[Path, Path]:
     import torch
 
     from vlsens.checkpoint import build_tiny_checkpoint, load_model
-    from vlsens.dynamic import INPUTS, OUTPUT, dynamic_module, graph_inputs
+    from vlsens.towers.vision_dynamic import INPUTS, OUTPUT, dynamic_module, graph_inputs
     from vlsens.onnxutil import resave
 
     ckpt = build_tiny_checkpoint(work / tower / "ckpt", seed=0, vision=vision)
@@ -95,7 +95,7 @@ def main() -> None:
         vc = AutoConfig.from_pretrained(str(ckpt)).vision_config
         import numpy as np
 
-        from vlsens.dynamic import graph_inputs
+        from vlsens.towers.vision_dynamic import graph_inputs
 
         for size in a.sizes:
             g = size // vc.patch_size

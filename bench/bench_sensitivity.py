@@ -62,30 +62,38 @@ def run_inc(python: Path, d: Path, max_ops: int, threads: int) -> dict | None:
 
 def run_tower(name: str, vision: dict | None, work: Path, size: tuple[int, int], straight_ops: int,
               threads: int, n_calib: int, n_eval: int, inc_python: Path, inc_ops: int) -> dict:
-    from vlsens.calibration import build_calibration, load_split
+    import yaml
+
+    from vlsens import stages, towers
+    from vlsens.calibration import load_split
     from vlsens.checkpoint import build_tiny_checkpoint
-    from vlsens.export import export_vision_fixed
+    from vlsens.config import with_defaults
     from vlsens.images import resolve_images
-    from vlsens.sensitivity import engine_sensitivity, straightforward_sensitivity
-    from vlsens.sensitivity_stage import Engine, prepare
+    from vlsens.inputs import write_manifests
     from vlsens.quant import QuantSettings
-    from vlsens.vision import compute_reference
+    from vlsens.sensitivity.baseline import straightforward_sensitivity
+    from vlsens.sensitivity.engine import Engine, engine_sensitivity
+    from vlsens.sensitivity.stages import prepare
 
     h, w = size
     d = work / name
     ckpt = build_tiny_checkpoint(d / "ckpt", seed=0, vision=vision)
     refs = resolve_images("builtin")
-    compute_reference(ckpt, refs[:1], h, w).save(d / "ref.npz")
-    export_vision_fixed(ckpt, d / "ref.npz", d / "fp32" / "model.onnx", d / "fp32" / "parity.json", h, w, TOL32,
-                        threads=threads)
-    build_calibration(ckpt, refs, h, w, d / "calib", n_calib, n_eval)
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg["vision"]["sizes"] = [f"{h}x{w}"]
+    cfg["calibration"].update(num_calib=n_calib, num_eval=n_eval)
+    tower = towers.for_graph(with_defaults(cfg), f"vision/{h}x{w}")
+    stages.reference(tower, ckpt, refs[:1], d / "ref.npz", {})
+    stages.export(tower, ckpt, d / "ref.npz", d / "fp32", TOL32, tower.export_settings(), threads=threads)
+    images = write_manifests(d / "inputs", None, refs[:1], refs, None)["calibration_images"]
+    stages.calibration(tower, ckpt, {"images": images}, d / "calib", tower.calibration_settings())
     t0 = time.perf_counter()
     meta = prepare(d / "fp32" / "model.onnx", d / "calib" / "calib.npz", d / "calib" / "eval.npz", d / "engine",
                    QuantSettings(), threads)
     prepare_s = time.perf_counter() - t0
     eng = Engine(d / "engine")
     evals = load_split(d / "calib" / "eval.npz")
-    ref = eng.float_outputs()
+    ref = list(eng.reference())
     _, per_engine = engine_sensitivity(eng.session(evals, threads), eng.ops, ref)
     k = min(straight_ops, len(eng.ops))
     _, per_straight, _ = straightforward_sensitivity(eng.float_model, eng.ops[:k], eng.settings, eng.cache, evals,

@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""Export time and peak memory per stage of the spine (checkpoint -> reference -> fp32 export ->
-fp16 -> simplified variants), printed as a table.
+"""Time and peak memory per stage of the spine (checkpoint -> reference -> fp32 export -> fp16 ->
+simplified variants), for any graph (tower), printed as a table.
 
 Each stage runs in a fresh child process, so "peak RSS" is that stage's own high-water mark and
 "stage s" excludes interpreter start-up and imports (shown separately as "process s").
 
-    python bench/bench_spine.py                      # tiny preset, 224x224 and 224x336
-    python bench/bench_spine.py --checkpoint DIR --sizes 448x448 --workdir /scratch/bench
+    python bench/bench_spine.py                      # tiny preset, vision/224x224 and vision/224x336
+    python bench/bench_spine.py --graphs vision/224x224 vision/dynamic text
+    python bench/bench_spine.py --checkpoint DIR --graphs vision/448x448 --workdir /scratch/bench
 """
 
 from __future__ import annotations
@@ -32,22 +33,25 @@ stage = args["stage"]
 if stage == "checkpoint":
     from vlsens.checkpoint import build_tiny_checkpoint
     job = lambda: build_tiny_checkpoint(args["ckpt"], seed=0)
-elif stage == "reference":
-    from vlsens.images import resolve_images
-    from vlsens.vision import compute_reference
-    job = lambda: compute_reference(args["ckpt"], resolve_images("builtin")[:2], args["h"], args["w"]).save(args["ref"])
-elif stage == "export":
-    from vlsens.export import export_vision_fixed
-    job = lambda: export_vision_fixed(args["ckpt"], args["ref"], args["out"], args["out"] + ".parity.json",
-                                      args["h"], args["w"], args["tol32"])
-elif stage == "fp16":
-    from vlsens.fp16 import convert_vision_fp16
-    job = lambda: convert_vision_fp16(args["src"], args["ref"], args["out"], args["out"] + ".parity.json",
-                                      args["tol16"], max_activation=512)
 else:
-    from vlsens.simplify import simplify_vision
-    tol = args["tol16"] if stage == "fp16-sim" else args["tol32"]
-    job = lambda: simplify_vision(args["src"], args["ref"], args["out"], args["out"] + ".parity.json", tol, stage)
+    import yaml
+    from vlsens import stages, towers, variants
+    from vlsens.config import with_defaults
+    from vlsens.images import resolve_images
+    cfg = yaml.safe_load(open(args["config"]))
+    cfg["vision"]["sizes"] = args["sizes"]
+    tower = towers.for_graph(with_defaults(cfg), args["graph"])
+    if stage == "reference":
+        job = lambda: stages.reference(tower, args["ckpt"], resolve_images("builtin")[:2], args["ref"],
+                                       tower.reference_settings())
+    elif stage == "export":
+        job = lambda: stages.export(tower, args["ckpt"], args["ref"], args["out"], args["tol32"],
+                                    tower.export_settings())
+    elif stage == "fp16":
+        job = lambda: variants.fp16(args["src"], args["ref"], args["out"], args["tol16"], 512, 65504)
+    else:
+        tol = args["tol16"] if stage == "fp16-sim" else args["tol32"]
+        job = lambda: variants.simplify(args["src"], args["ref"], args["out"], tol, stage, 2_000_000_000)
 import torch, onnx, onnxruntime, transformers  # imports are not part of a stage's time
 t0 = time.perf_counter()
 job()
@@ -71,35 +75,36 @@ def run_stage(args: dict) -> tuple[float, float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", help="local Qwen2.5-VL directory (default: build the tiny preset)")
-    ap.add_argument("--sizes", nargs="+", default=["224x224", "224x336"])
+    ap.add_argument("--graphs", nargs="+", default=["vision/224x224", "vision/224x336"])
     ap.add_argument("--workdir", help="where models go (default: a temporary directory)")
     a = ap.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="vlsens-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     ckpt = a.checkpoint or str(work / "checkpoint")
-    common = {"ckpt": ckpt, "tol32": TOL32, "tol16": TOL16}
+    sizes = [g.split("/", 1)[1] for g in a.graphs if g.startswith("vision/") and g != "vision/dynamic"] or ["224x224"]
+    common = {"ckpt": ckpt, "tol32": TOL32, "tol16": TOL16, "config": str(REPO / "config" / "config.yaml"),
+              "sizes": sizes}
     if not a.checkpoint:
         rows.append(("checkpoint (tiny)", "-", *run_stage({**common, "stage": "checkpoint"})))
-    for size in a.sizes:
-        h, w = map(int, size.split("x"))
-        d = work / size
+    for graph in a.graphs:
+        d = work / graph.replace("/", "-")
         d.mkdir(exist_ok=True)
-        base = {**common, "h": h, "w": w, "ref": str(d / "reference.npz")}
+        base = {**common, "graph": graph, "ref": str(d / "reference.npz")}
         plan = [
             ("reference", {}),
-            ("export", {"out": str(d / "fp32.onnx")}),
-            ("fp16", {"src": str(d / "fp32.onnx"), "out": str(d / "fp16.onnx")}),
-            ("fp32-sim", {"src": str(d / "fp32.onnx"), "out": str(d / "fp32-sim.onnx")}),
-            ("fp16-sim", {"src": str(d / "fp16.onnx"), "out": str(d / "fp16-sim.onnx")}),
+            ("export", {"out": str(d / "fp32")}),
+            ("fp16", {"src": str(d / "fp32"), "out": str(d / "fp16")}),
+            ("fp32-sim", {"src": str(d / "fp32"), "out": str(d / "fp32-sim")}),
+            ("fp16-sim", {"src": str(d / "fp16"), "out": str(d / "fp16-sim")}),
         ]
         for stage, extra in plan:
-            rows.append((stage, size, *run_stage({**base, **extra, "stage": stage})))
-    head = ("stage", "size", "stage s", "process s", "peak RSS MiB")
-    print(f"{head[0]:<18} {head[1]:<9} {head[2]:>8} {head[3]:>10} {head[4]:>13}")
-    print("-" * 62)
-    for stage, size, s, wall, rss in rows:
-        print(f"{stage:<18} {size:<9} {s:>8.2f} {wall:>10.2f} {rss:>13.0f}")
+            rows.append((stage, graph, *run_stage({**base, **extra, "stage": stage})))
+    head = ("stage", "graph", "stage s", "process s", "peak RSS MiB")
+    print(f"{head[0]:<18} {head[1]:<16} {head[2]:>8} {head[3]:>10} {head[4]:>13}")
+    print("-" * 69)
+    for stage, graph, s, wall, rss in rows:
+        print(f"{stage:<18} {graph:<16} {s:>8.2f} {wall:>10.2f} {rss:>13.0f}")
     print(f"\nmodels and parity records: {work}")
 
 

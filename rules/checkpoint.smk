@@ -1,27 +1,24 @@
-# Stage: the checkpoint. A local directory is read in place; a preset is built here.
+# The checkpoint. A local directory is read in place (its content manifest is the rules' input);
+# the tiny preset is built here, a complete Hugging Face checkpoint.
 
 
 rule tiny_checkpoint:
     output:
-        checkpoint=directory("results/{preset}/checkpoint"),
+        checkpoint=directory(paths.CHECKPOINT),
     log:
-        "results/{preset}/logs/tiny_checkpoint.log",
+        paths.model_log("tiny_checkpoint"),
     benchmark:
-        "results/{preset}/benchmarks/tiny_checkpoint.tsv"
+        paths.model_benchmark("tiny_checkpoint")
     wildcard_constraints:
-        preset="tiny",
+        model="tiny",
     params:
-        code=code("build_tiny_checkpoint.py"),
         seed=config["model"]["tiny"]["seed"],
         outlier=canonical(config["model"]["tiny"]["outlier"]),
         text_outlier=canonical(config["model"]["tiny"]["text_outlier"]),
-        versions=stage_versions("checkpoint"),
+        provenance=provenance("checkpoint", "build_tiny_checkpoint.py"),
     threads: 1
     resources:
-        gpu=0,
-        slurm_partition=partition(gpu=False),
-        mem_mb=mem_mb("tiny_checkpoint"),
-        runtime=runtime("tiny_checkpoint"),
+        **cluster("tiny_checkpoint", gpu=False),
     conda:
         "../envs/torch.yaml"
     script:

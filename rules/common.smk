@@ -1,4 +1,6 @@
-# Shared setup: config validation, the plan, and the small functions every rule uses.
+# Shared setup: config validation, the plan, the towers, and the small functions every rule uses.
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -10,26 +12,28 @@ _SRC = str(Path(workflow.basedir) / "src")
 if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 
-from vlsens.config import RESULTS, all_targets, canonical, check_images, make_plan, schema_errors, tolerance_for
+from vlsens import paths
+from vlsens import towers as towers_registry
+from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
 from vlsens.errors import ConfigError
 from vlsens.inputs import write_manifests
-from vlsens.versions import script_code_version, stage_versions
+from vlsens.targets import all_targets, engine_variants
+from vlsens.versions import provenance as _provenance
 from snakemake.settings.types import DeploymentMethod
 
-_SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 try:
-    validate(config, str(_SCHEMA))
+    validate(config, str(SCHEMA))  # also fills every default the schema holds
 except WorkflowError:
     # Snakemake's message buries the key in a dump of the whole schema: name it first, one line each.
-    raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config, _SCHEMA))) from None
+    raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
 try:
-    PLAN = make_plan(config, workdir=Path.cwd())
+    PLAN, TOWERS = towers_registry.configure(config, workdir=Path.cwd())
     # Outside inputs by content (see vlsens.inputs): rules read these manifests, not mtimes.
     INPUTS = write_manifests(
-        f"{RESULTS}/{PLAN.model}/inputs", None if PLAN.preset else PLAN.checkpoint,
+        paths.fill(paths.INPUTS, model=PLAN.model), None if PLAN.preset else PLAN.checkpoint,
         PLAN.parity_images, PLAN.calib_images, PLAN.prompt_file, PLAN.prompt_images)
     for _problem in check_images(INPUTS, config):
-        logger.warning(f"vlsens: {_problem} (image_checks.on_problem: warn)")
+        logger.warning(f"vlsens: {_problem}")
     if config["device"] == "cuda" and workflow.local_exec and not workflow.remote_exec:
         from vlsens.device import cuda_visible
 
@@ -37,38 +41,37 @@ try:
             raise ConfigError("device: cuda, but neither torch nor onnxruntime sees a CUDA device on this machine; "
                               "use device: auto (CUDA where present) or cpu, or submit to GPU nodes "
                               "(--workflow-profile profiles/slurm).")
+    # Engine "inc" runs in its own interpreter (vlsens.inc.env), checked here so a missing
+    # environment fails before any job starts.
+    INC_PYTHON, INC_VERSIONS = None, {}
+    if "inc" in PLAN.engines:
+        from vlsens.inc.env import check_config as _check_inc, resolve as _resolve_inc
+
+        _check_inc(config, TOWERS.values())
+        INC_PYTHON, INC_VERSIONS = _resolve_inc(
+            config, workflow.basedir, DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method,
+            Path(workflow.basedir) / "envs" / "inc.yaml")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
-
-# Engine "inc" runs in its own interpreter: envs/inc.yaml under --use-conda, else
-# sensitivity.inc.python (default .venv-inc/bin/python, made by `make inc-env`), checked here so
-# a missing environment fails before any job starts.
-INC_PYTHON, INC_VERSIONS = None, {}
-if "inc" in PLAN.engines:
-    from vlsens.inc_env import check_interpreter, pinned_versions, resolve_python
-
-    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-        INC_PYTHON = "python"
-        INC_VERSIONS = pinned_versions(Path(workflow.basedir) / "envs" / "inc.yaml")
-    else:
-        INC_PYTHON = resolve_python(config["sensitivity"]["inc"]["python"], workflow.basedir)
-        try:
-            INC_VERSIONS = check_interpreter(INC_PYTHON)
-        except ConfigError as e:
-            raise WorkflowError(f"invalid configuration: {e}") from None
 INC_SCRIPT = str(Path(workflow.basedir) / "workflow" / "scripts" / "sensitivity_inc.py")
 
 
 wildcard_constraints:
     model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
-    size=r"[0-9]+x[0-9]+",
+    graph="|".join(re.escape(g) for g in TOWERS),
     base="fp32|fp16",
-    variant="fp32|fp16",
-    engine="ort|inc",
+    variant="fp32|fp16|fp32-sim|fp16-sim",
 
 
 def get_final_output():
-    return all_targets(PLAN)
+    return all_targets(PLAN, TOWERS.values())
+
+
+def tower(wildcards):
+    return TOWERS[wildcards.graph]
+
+
+# --- inputs ----------------------------------------------------------------------------------
 
 
 def checkpoint_dir(wildcards):
@@ -76,72 +79,97 @@ def checkpoint_dir(wildcards):
     return PLAN.checkpoint if PLAN.preset else INPUTS["checkpoint"]
 
 
-def parity_images():
-    """The parity images' manifest (paths, names, sha256): edited images re-run what reads them."""
-    return INPUTS["parity_images"]
+def calibration_inputs(wildcards):
+    return {"checkpoint": checkpoint_dir(wildcards), **tower(wildcards).calibration_inputs(wildcards.model, INPUTS)}
+
+
+def record(variant):
+    """The parity record of a variant folder: what a consumer of its graphs depends on (every
+    graph file is listed in it with its hash, and checked when read)."""
+    return paths.in_variant(variant, paths.RECORD)
+
+
+def analysed_model(wildcards, variant=None):
+    """The graph file the engines and the profile read (``model.onnx``, or the text tower's
+    ``embeds.onnx``) of a variant folder (default: the ``variant`` wildcard's)."""
+    folder = paths.fill(paths.VARIANT, model=wildcards.model, graph=wildcards.graph,
+                        variant=variant or wildcards.variant)
+    return f"{folder}/{tower(wildcards).analysed}"
+
+
+def profile_bases(wildcards):
+    """The built fp32 / fp16 variants the profile's latency is compared with: their records."""
+    return {v: paths.fill(record(v), model=wildcards.model, graph=wildcards.graph)
+            for v in ("fp32", "fp16") if v in tower(wildcards).variants()}
+
+
+def profile_models(wildcards):
+    return {v: analysed_model(wildcards, v) for v in profile_bases(wildcards)}
+
+
+def shard_csvs(wildcards):
+    n = config["sensitivity"]["shards"]
+    return [f"{paths.fill(paths.SHARD, i=i, n=n, **dict(wildcards.items()))}.csv" for i in range(n)]
+
+
+# --- params ----------------------------------------------------------------------------------
 
 
 def tolerance(variant):
     return tolerance_for(config, variant)
 
 
-def calibration_images():
-    return INPUTS["calibration_images"]
-
-
-def shards_under(path):
-    """Input function: the shard CSVs of one analysis, ``path`` formatted with the wildcards."""
-
-    def csvs(wildcards):
-        n = config["sensitivity"]["shards"]
-        base = path.format(**dict(wildcards.items()))
-        return [f"{base}/shards/ort.{i}-of-{n}.csv" for i in range(n)]
-
-    return csvs
-
-
-shard_csvs = shards_under("results/{model}/sensitivity/vision/{size}/{variant}")
-text_shard_csvs = shards_under("results/{model}/sensitivity/text/{variant}")
-dynamic_shard_csvs = shards_under("results/{model}/sensitivity/vision/dynamic/{variant}")
-
-
 def quant_settings():
     s = config["sensitivity"]
-    return {k: s[k] for k in ("op_types", "activation_type", "weight_type", "per_channel", "calibrate_method")}
+    return canonical({k: s[k] for k in ("op_types", "activation_type", "weight_type", "per_channel", "calibrate_method")})
 
 
-def inc_settings_json():
-    import json
-
-    return json.dumps(canonical(quant_settings()), sort_keys=True)
-
-
-def inc_versions():
-    return INC_VERSIONS
+def tower_settings(stage):
+    """A tower's settings for ``stage`` (reference, export, calibration, profile), as a param."""
+    return lambda wc: canonical(getattr(tower(wc), f"{stage}_settings")())
 
 
-
-def text_prompt_files():
-    """The manifest of text.calibration.prompts' JSONL and its images (none for builtin)."""
-    return [INPUTS["text_prompts"]] if "text_prompts" in INPUTS else []
-
-
-def code(script):
-    """Hash of the vlsens code a workflow script runs (rerun trigger through params)."""
-    return script_code_version(Path(workflow.basedir) / "workflow" / "scripts" / script)
+def provenance(stage, script):
+    """Rerun trigger: library versions and the hash of the vlsens code the script runs."""
+    return _provenance(stage, Path(workflow.basedir) / "workflow" / "scripts" / script)
 
 
-# Cluster resources (profiles/slurm): partition by GPU use, memory and runtime per rule name.
-def partition(gpu):
-    return config["cluster"]["gpu_partition" if gpu else "cpu_partition"]
+def inc_provenance():
+    """Engine inc records its own environment's versions (``INC_VERSIONS``) and its code."""
+    code = _provenance("sensitivity", Path(workflow.basedir) / "workflow" / "scripts" / "sensitivity_inc.py")["code"]
+    return {"versions": INC_VERSIONS, "code": code}
 
 
-def mem_mb(rule):
-    m = config["cluster"]["mem_mb"]
-    return int(m.get(rule, m.get("default", 8000)))
+_TOWER_PROVENANCE = {}
 
 
-def runtime(rule):
-    r = config["cluster"]["runtime"]
-    return int(r.get(rule, r.get("default", 60)))
+def tower_provenance(stage, script):
+    """The same for a stage that runs its tower's code: the tower's module and libraries count."""
 
+    def get(wc):
+        t = tower(wc)
+        key = (stage, script, wc.graph)
+        if key not in _TOWER_PROVENANCE:
+            _TOWER_PROVENANCE[key] = _provenance(
+                stage, Path(workflow.basedir) / "workflow" / "scripts" / script, type(t).__module__,
+                libraries=t.libraries.get(stage))
+        return _TOWER_PROVENANCE[key]
+
+    return get
+
+
+# --- resources ---------------------------------------------------------------------------------
+
+
+def cluster(rule, gpu=True):
+    """Resources of a rule: ``gpu`` (1 for rules that run torch or ONNX Runtime; a function of the
+    wildcards where it depends on the tower) and what SLURM gets from the config's ``cluster:``
+    section: partition by GPU use, memory and runtime per rule name (or ``default``)."""
+    c = config["cluster"]
+    wants_gpu = gpu if callable(gpu) else (lambda wc: int(bool(gpu)))
+    return {
+        "gpu": wants_gpu,
+        "slurm_partition": lambda wc: c["gpu_partition" if wants_gpu(wc) else "cpu_partition"],
+        "mem_mb": int(c["mem_mb"].get(rule, c["mem_mb"]["default"])),
+        "runtime": int(c["runtime"].get(rule, c["runtime"]["default"])),
+    }

@@ -1,34 +1,29 @@
-# Stage: per-op INT8 sensitivity, engine "ort" (one switch model, sharded over jobs).
+# Per-op INT8 sensitivity of any graph's analysed file (vlsens.sensitivity, vlsens.inc). Engine
+# "ort": one switch model, the op list sharded over jobs, gathered into one ranked CSV. Engine
+# "inc": Intel Neural Compressor's mse_v2, in its own environment (fixed-size FP32 graphs).
+
+ENGINE = paths.files(paths.ENGINE, paths.ENGINE_FILES)
+CALIB = paths.files(paths.CALIB, paths.CALIB_FILES)
 
 
 rule sensitivity_prepare:
     input:
-        model="results/{model}/vision/{size}/{variant}/model.onnx",
-        data="results/{model}/vision/{size}/{variant}/model.onnx.data",
-        calib=rules.calibration.output.calib,
-        eval=rules.calibration.output.eval,
+        parity=record("{variant}"),
+        calib=CALIB["calib"],
+        eval=CALIB["eval"],
     output:
-        float_model="results/{model}/sensitivity/vision/{size}/{variant}/engine/float.onnx",
-        float_data="results/{model}/sensitivity/vision/{size}/{variant}/engine/float.onnx.data",
-        switch="results/{model}/sensitivity/vision/{size}/{variant}/engine/switch.onnx",
-        switch_data="results/{model}/sensitivity/vision/{size}/{variant}/engine/switch.onnx.data",
-        cache="results/{model}/sensitivity/vision/{size}/{variant}/engine/calibration.json",
-        reference="results/{model}/sensitivity/vision/{size}/{variant}/engine/float_outputs.npz",
-        meta="results/{model}/sensitivity/vision/{size}/{variant}/engine/engine.json",
+        **ENGINE,
     log:
-        "results/{model}/logs/sensitivity_prepare/{size}-{variant}.log",
+        paths.log("sensitivity_prepare", "{variant}"),
     benchmark:
-        "results/{model}/benchmarks/sensitivity_prepare/{size}-{variant}.tsv"
+        paths.benchmark("sensitivity_prepare", "{variant}")
     params:
-        code=code("sensitivity_prepare.py"),
-        settings=canonical(quant_settings()),
-        versions=stage_versions("sensitivity"),
+        model=analysed_model,
+        settings=quant_settings(),
+        provenance=provenance("sensitivity", "sensitivity_prepare.py"),
     threads: config["threads"]
     resources:
-        gpu=1,
-        slurm_partition=partition(gpu=True),
-        mem_mb=mem_mb("sensitivity_prepare"),
-        runtime=runtime("sensitivity_prepare"),
+        **cluster("sensitivity_prepare"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -37,30 +32,26 @@ rule sensitivity_prepare:
 
 rule sensitivity_shard:
     input:
-        meta=rules.sensitivity_prepare.output.meta,
-        switch=rules.sensitivity_prepare.output.switch,
-        switch_data=rules.sensitivity_prepare.output.switch_data,
-        reference=rules.sensitivity_prepare.output.reference,
-        eval=rules.calibration.output.eval,
+        meta=ENGINE["meta"],
+        switch=ENGINE["switch"],
+        switch_data=ENGINE["switch_data"],
+        reference=ENGINE["reference"],
+        eval=CALIB["eval"],
     output:
-        csv="results/{model}/sensitivity/vision/{size}/{variant}/shards/ort.{i}-of-{n}.csv",
-        timing="results/{model}/sensitivity/vision/{size}/{variant}/shards/ort.{i}-of-{n}.json",
+        csv=f"{paths.SHARD}.csv",
+        timing=f"{paths.SHARD}.json",
     log:
-        "results/{model}/logs/sensitivity_shard/{size}-{variant}-{i}-of-{n}.log",
+        paths.log("sensitivity_shard", "{variant}", "{i}-of-{n}"),
     benchmark:
-        "results/{model}/benchmarks/sensitivity_shard/{size}-{variant}-{i}-of-{n}.tsv"
+        paths.benchmark("sensitivity_shard", "{variant}", "{i}-of-{n}")
     wildcard_constraints:
         i=r"\d+",
         n=r"\d+",
     params:
-        code=code("sensitivity_shard.py"),
-        versions=stage_versions("sensitivity"),
+        provenance=provenance("sensitivity", "sensitivity_shard.py"),
     threads: config["threads"]
     resources:
-        gpu=1,
-        slurm_partition=partition(gpu=True),
-        mem_mb=mem_mb("sensitivity_shard"),
-        runtime=runtime("sensitivity_shard"),
+        **cluster("sensitivity_shard"),
     conda:
         "../envs/onnx.yaml"
     script:
@@ -69,68 +60,59 @@ rule sensitivity_shard:
 
 rule sensitivity_gather:
     input:
-        meta=rules.sensitivity_prepare.output.meta,
-        switch=rules.sensitivity_prepare.output.switch,
-        reference=rules.sensitivity_prepare.output.reference,
-        eval=rules.calibration.output.eval,
+        meta=ENGINE["meta"],
+        switch=ENGINE["switch"],
+        reference=ENGINE["reference"],
+        eval=CALIB["eval"],
         shards=shard_csvs,
     output:
-        csv="results/{model}/sensitivity/vision/{size}/{variant}/ort.csv",
-        summary="results/{model}/sensitivity/vision/{size}/{variant}/ort.json",
+        csv=f"{paths.SENSITIVITY}/ort.csv",
+        summary=f"{paths.SENSITIVITY}/ort.json",
     log:
-        "results/{model}/logs/sensitivity_gather/{size}-{variant}.log",
+        paths.log("sensitivity_gather", "{variant}"),
     benchmark:
-        "results/{model}/benchmarks/sensitivity_gather/{size}-{variant}.tsv"
+        paths.benchmark("sensitivity_gather", "{variant}")
     params:
-        code=code("sensitivity_gather.py"),
-        versions=stage_versions("sensitivity"),
+        provenance=provenance("sensitivity", "sensitivity_gather.py"),
     threads: config["threads"]
     resources:
-        gpu=1,
-        slurm_partition=partition(gpu=True),
-        mem_mb=mem_mb("sensitivity_gather"),
-        runtime=runtime("sensitivity_gather"),
+        **cluster("sensitivity_gather"),
     conda:
         "../envs/onnx.yaml"
     script:
         "../workflow/scripts/sensitivity_gather.py"
 
 
-# Engine "inc": Intel Neural Compressor 3.7.1, strategy mse_v2, in its own environment. A shell
-# rule because the script runs with INC's interpreter, not Snakemake's (src/vlsens/inc.py says
-# why). CPU only: INC's ONNX Runtime adaptor creates its sessions with the CPU provider.
+# A shell rule: the script runs with INC's interpreter, not Snakemake's (vlsens.inc says why).
+# CPU only: INC's ONNX Runtime adaptor creates its sessions with the CPU provider.
 rule sensitivity_inc:
     input:
-        model="results/{model}/vision/{size}/{variant}/model.onnx",
-        data="results/{model}/vision/{size}/{variant}/model.onnx.data",
-        calib=rules.calibration.output.calib,
-        eval=rules.calibration.output.eval,
+        parity=record("{variant}"),
+        calib=CALIB["calib"],
+        eval=CALIB["eval"],
     output:
-        csv="results/{model}/sensitivity/vision/{size}/{variant}/inc.csv",
-        summary="results/{model}/sensitivity/vision/{size}/{variant}/inc.json",
+        csv=f"{paths.SENSITIVITY}/inc.csv",
+        summary=f"{paths.SENSITIVITY}/inc.json",
     log:
-        "results/{model}/logs/sensitivity_inc/{size}-{variant}.log",
+        paths.log("sensitivity_inc", "{variant}"),
     benchmark:
-        "results/{model}/benchmarks/sensitivity_inc/{size}-{variant}.tsv"
+        paths.benchmark("sensitivity_inc", "{variant}")
     wildcard_constraints:
         variant="fp32",
     params:
-        code=code("sensitivity_inc.py"),
+        model=analysed_model,
         python=INC_PYTHON,
         script=INC_SCRIPT,
-        settings=inc_settings_json(),
+        settings=json.dumps(quant_settings(), sort_keys=True),
         max_ops=config["sensitivity"]["inc"]["max_ops"],
-        versions=inc_versions(),
+        provenance=inc_provenance(),
     threads: config["threads"]
     resources:
-        gpu=0,
-        slurm_partition=partition(gpu=False),
-        mem_mb=mem_mb("sensitivity_inc"),
-        runtime=runtime("sensitivity_inc"),
+        **cluster("sensitivity_inc", gpu=False),
     conda:
         "../envs/inc.yaml"
     shell:
-        "{params.python} {params.script} --model {input.model:q} --calib {input.calib:q}"
+        "{params.python} {params.script} --model {params.model:q} --calib {input.calib:q}"
         " --eval {input.eval:q} --csv {output.csv:q} --summary {output.summary:q} --log {log:q}"
         " --settings {params.settings:q} --max-ops {params.max_ops} --threads {threads}"
 
@@ -138,37 +120,33 @@ rule sensitivity_inc:
 # INC's own fallback run to the profile's target (sensitivity.inc.tune: true).
 rule sensitivity_inc_tune:
     input:
-        model="results/{model}/vision/{size}/{variant}/model.onnx",
-        data="results/{model}/vision/{size}/{variant}/model.onnx.data",
-        calib=rules.calibration.output.calib,
-        eval=rules.calibration.output.eval,
+        parity=record("{variant}"),
+        calib=CALIB["calib"],
+        eval=CALIB["eval"],
     output:
-        eval="results/{model}/sensitivity/vision/{size}/{variant}/inc-tune/eval.json",
+        eval=f"{paths.INC_TUNE}/eval.json",
     log:
-        "results/{model}/logs/sensitivity_inc_tune/{size}-{variant}.log",
+        paths.log("sensitivity_inc_tune", "{variant}"),
     benchmark:
-        "results/{model}/benchmarks/sensitivity_inc_tune/{size}-{variant}.tsv"
+        paths.benchmark("sensitivity_inc_tune", "{variant}")
     wildcard_constraints:
         variant="fp32",
     params:
-        code=code("sensitivity_inc.py"),
+        model=analysed_model,
         python=INC_PYTHON,
         script=INC_SCRIPT,
-        settings=inc_settings_json(),
-        metric=config["profile"]["metric"],
-        target=config["profile"]["target"],
+        settings=json.dumps(quant_settings(), sort_keys=True),
+        metric=lambda wildcards: tower(wildcards).profile_settings()["metric"],
+        target=lambda wildcards: tower(wildcards).profile_settings()["target"],
         max_trials=config["sensitivity"]["inc"]["max_trials"],
-        versions=inc_versions(),
+        provenance=inc_provenance(),
     threads: config["threads"]
     resources:
-        gpu=0,
-        slurm_partition=partition(gpu=False),
-        mem_mb=mem_mb("sensitivity_inc_tune"),
-        runtime=runtime("sensitivity_inc_tune"),
+        **cluster("sensitivity_inc_tune", gpu=False),
     conda:
         "../envs/inc.yaml"
     shell:
-        "{params.python} {params.script} --tune --model {input.model:q} --calib {input.calib:q}"
+        "{params.python} {params.script} --tune --model {params.model:q} --calib {input.calib:q}"
         " --eval {input.eval:q} --summary {output.eval:q} --log {log:q}"
         " --settings {params.settings:q} --metric {params.metric} --target {params.target}"
         " --max-trials {params.max_trials} --threads {threads}"
@@ -176,24 +154,21 @@ rule sensitivity_inc_tune:
 
 rule sensitivity_compare:
     input:
-        ort_csv="results/{model}/sensitivity/vision/{size}/{variant}/ort.csv",
-        ort_json="results/{model}/sensitivity/vision/{size}/{variant}/ort.json",
-        inc_csv="results/{model}/sensitivity/vision/{size}/{variant}/inc.csv",
-        inc_json="results/{model}/sensitivity/vision/{size}/{variant}/inc.json",
+        ort_csv=rules.sensitivity_gather.output.csv,
+        ort_json=rules.sensitivity_gather.output.summary,
+        inc_csv=rules.sensitivity_inc.output.csv,
+        inc_json=rules.sensitivity_inc.output.summary,
     output:
-        "results/{model}/sensitivity/vision/{size}/{variant}/compare.json",
+        f"{paths.SENSITIVITY}/compare.json",
     log:
-        "results/{model}/logs/sensitivity_compare/{size}-{variant}.log",
+        paths.log("sensitivity_compare", "{variant}"),
     benchmark:
-        "results/{model}/benchmarks/sensitivity_compare/{size}-{variant}.tsv"
+        paths.benchmark("sensitivity_compare", "{variant}")
     params:
-        code=code("sensitivity_compare.py"),
         top_k=config["sensitivity"]["compare"]["top_k"],
+        provenance=provenance("compare", "sensitivity_compare.py"),
     resources:
-        gpu=0,
-        slurm_partition=partition(gpu=False),
-        mem_mb=mem_mb("sensitivity_compare"),
-        runtime=runtime("sensitivity_compare"),
+        **cluster("sensitivity_compare", gpu=False),
     conda:
         "../envs/onnx.yaml"
     script:

@@ -1,11 +1,15 @@
-"""Shared fixtures: one tiny checkpoint, reference and fp32 export per test session."""
+"""Shared fixtures: one tiny checkpoint; per tower its reference, fp32 export and calibration set;
+the planted tiny preset through the ort engine."""
 
 from __future__ import annotations
 
+import copy
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 TOL_FP32 = {"min_cosine": 0.99999, "max_rel_error": 1e-4}
@@ -17,6 +21,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PLANT = {"block": 2, "channels": 2, "scale": 1000.0}
 #: Engine inc's interpreter, as `make inc-env` (part of `make test`) builds it.
 INC_PYTHON = REPO / ".venv-inc" / "bin" / "python"
+#: One graph of each builtin tower: the generic stages are tested over all three.
+GRAPHS = ["vision/224x224", "vision/dynamic", "text"]
+
+
+def default_config(**changes) -> dict:
+    """The default config with its schema defaults filled, ``changes`` given as dotted keys."""
+    from vlsens.config import with_defaults
+
+    cfg = copy.deepcopy(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    for dotted, value in changes.items():
+        cur = cfg
+        *parents, last = dotted.split(".")
+        for p in parents:
+            cur = cur[p]
+        cur[last] = value
+    return with_defaults(cfg)
+
+
+def tower_of(graph: str, **changes):
+    from vlsens import towers
+
+    return towers.for_graph(default_config(**changes), graph)
 
 
 @pytest.fixture(scope="session")
@@ -33,22 +59,83 @@ def parity_refs():
     return resolve_images("builtin")[:2]
 
 
+@dataclass
+class Built:
+    """One graph through the tower stages: reference, fp32 folder, calibration folder."""
+
+    tower: object
+    root: Path
+    ckpt: Path
+
+    @property
+    def reference(self) -> Path:
+        return self.root / "reference.npz"
+
+    def folder(self, variant: str) -> Path:
+        return self.root / variant
+
+    def model(self, variant: str = "fp32", analysed: bool = False) -> Path:
+        return self.folder(variant) / (self.tower.analysed if analysed else "model.onnx")
+
+    @property
+    def calib(self) -> Path:
+        return self.root / "calib"
+
+
+def build_graph(graph: str, ckpt: Path, root: Path, refs, **changes) -> Built:
+    """reference -> fp32 export (gated) -> calibration set, with the tower's own settings."""
+    from vlsens import stages
+
+    tower = tower_of(graph, **changes)
+    stages.reference(tower, ckpt, refs, root / "reference.npz", tower.reference_settings())
+    stages.export(tower, ckpt, root / "reference.npz", root / "fp32", TOL_FP32, tower.export_settings())
+    if graph == "vision/dynamic":  # its calibration set is made of the fixed sizes' sets
+        for size in tower.sizes():
+            fixed = tower_of(f"vision/{size}", **changes)
+            stages.calibration(fixed, ckpt, {"images": _images_manifest(root)}, root / f"calib-{size}",
+                               fixed.calibration_settings())
+        inputs = {s: [str(root / f"calib-{size}" / f"{s}.npz") for size in tower.sizes()] for s in ("calib", "eval")}
+    else:
+        inputs = {"images": _images_manifest(root)}
+    stages.calibration(tower, ckpt, inputs, root / "calib", tower.calibration_settings())
+    return Built(tower, root, ckpt)
+
+
+def _images_manifest(root: Path) -> str:
+    from vlsens.images import resolve_images
+    from vlsens.inputs import write_manifests
+
+    refs = resolve_images("builtin")
+    return write_manifests(root / "inputs", None, refs[:2], refs, None)["calibration_images"]
+
+
 @pytest.fixture(scope="session")
-def reference_224(tiny_ckpt, parity_refs, tmp_path_factory) -> Path:
-    from vlsens.vision import compute_reference
+def graph_builder(tiny_ckpt, parity_refs, tmp_path_factory):
+    """``get(graph)``: the graph built on the tiny checkpoint, once per test session."""
+    cache: dict[str, Built] = {}
 
-    path = tmp_path_factory.mktemp("ref") / "reference.npz"
-    compute_reference(tiny_ckpt, parity_refs, 224, 224).save(path)
-    return path
+    def get(graph: str) -> Built:
+        if graph not in cache:
+            cache[graph] = build_graph(graph, tiny_ckpt, tmp_path_factory.mktemp(graph.replace("/", "-")), parity_refs)
+        return cache[graph]
+
+    return get
+
+
+@pytest.fixture(scope="session", params=GRAPHS)
+def built(request, graph_builder) -> Built:
+    """Each builtin tower's graph on the tiny checkpoint (the generic stages' tests run on all)."""
+    return graph_builder(request.param)
 
 
 @pytest.fixture(scope="session")
-def fp32_224(tiny_ckpt, reference_224, tmp_path_factory) -> Path:
-    from vlsens.export import export_vision_fixed
+def reference_224(graph_builder) -> Path:
+    return graph_builder("vision/224x224").reference
 
-    out = tmp_path_factory.mktemp("fp32") / "model.onnx"
-    export_vision_fixed(tiny_ckpt, reference_224, out, out.with_name("parity.json"), 224, 224, TOL_FP32)
-    return out
+
+@pytest.fixture(scope="session")
+def fp32_224(graph_builder) -> Path:
+    return graph_builder("vision/224x224").model()
 
 
 @pytest.fixture
@@ -64,22 +151,16 @@ def pickle_only_ckpt(tiny_ckpt, tmp_path) -> Path:
 
 
 def _pipeline(root, outlier):
-    """checkpoint -> fp32 export (gated) -> calibration -> ort engine (3 shards) -> ort.csv."""
-    from vlsens.calibration import build_calibration
+    """The planted preset at 224x224: fp32 export -> calibration -> ort engine (3 shards) -> ort.csv."""
     from vlsens.checkpoint import build_tiny_checkpoint
-    from vlsens.export import export_vision_fixed
     from vlsens.images import resolve_images
     from vlsens.quant import QuantSettings
-    from vlsens.sensitivity_stage import gather, prepare, run_shard
-    from vlsens.vision import compute_reference
+    from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, outlier=outlier)
-    refs = resolve_images("builtin")
-    compute_reference(ckpt, refs[:2], 224, 224).save(root / "ref.npz")
-    model = root / "fp32" / "model.onnx"
-    export_vision_fixed(ckpt, root / "ref.npz", model, root / "fp32" / "parity.json", 224, 224, TOL_FP32)
-    build_calibration(ckpt, refs, 224, 224, root / "calib", 6, 3)
-    prepare(model, root / "calib" / "calib.npz", root / "calib" / "eval.npz", root / "engine", QuantSettings())
+    build_graph("vision/224x224", ckpt, root, resolve_images("builtin")[:2])
+    prepare(root / "fp32" / "model.onnx", root / "calib" / "calib.npz", root / "calib" / "eval.npz", root / "engine",
+            QuantSettings())
     shards = [root / "shards" / f"ort.{i}-of-3.csv" for i in range(3)]
     for i, p in enumerate(shards):
         run_shard(root / "engine", root / "calib" / "eval.npz", i, 3, p)

@@ -8,10 +8,24 @@ import numpy as np
 import pytest
 import torch
 
-from vlsens.calibration import build_calibration, load_split, read_tar
+from conftest import tower_of
+from vlsens import stages
+from vlsens.calibration import load_split, read_tar
 from vlsens.errors import ImageError
 from vlsens.images import ImageRef, open_rgb, resolve_images
+from vlsens.inputs import write_manifests
 from vlsens.vision import Geometry, patchify, processor_inputs
+
+
+def build_calibration(ckpt, refs, h, w, out, n_calib, n_eval, skip_unreadable=False):
+    """The fixed-size tower's calibration set (+ its NPU archive) of ``refs`` at h x w."""
+    tower = tower_of(f"vision/{h}x{w}", **{"vision.sizes": [f"{h}x{w}"]})
+    manifest = write_manifests(out.parent / f"{out.name}-inputs", None, refs, refs, None)["calibration_images"]
+    settings = {**tower.calibration_settings(), "num_calib": n_calib, "num_eval": n_eval,
+                "skip_unreadable": skip_unreadable}
+    m = stages.calibration(tower, ckpt, {"images": manifest}, out, settings)
+    stages.npu_archive(out / "calib.npz", out / "eval.npz", out / "calib.tar", out / "eval.tar")
+    return m
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +37,7 @@ def calib_224(tiny_ckpt, tmp_path_factory):
 
 def test_split_is_disjoint_and_complete(calib_224):
     m = json.loads((calib_224 / "manifest.json").read_text())
-    by = {s: [i for i in m["images"] if i["split"] == s] for s in ("calib", "eval")}
+    by = {s: [i for i in m["samples"] if i["split"] == s] for s in ("calib", "eval")}
     assert len(by["calib"]) == 5 and len(by["eval"]) == 3 and m["counts"] == {"calib": 5, "eval": 3}
     assert not {i["sha256"] for i in by["calib"]} & {i["sha256"] for i in by["eval"]}
     assert not {i["source"] for i in by["calib"]} & {i["source"] for i in by["eval"]}
@@ -36,7 +50,7 @@ def test_tensors_equal_the_processor_output(calib_224, tiny_ckpt):
     from vlsens.checkpoint import load_image_processor
 
     m = json.loads((calib_224 / "manifest.json").read_text())
-    evals = [i for i in m["images"] if i["split"] == "eval"]
+    evals = [i for i in m["samples"] if i["split"] == "eval"]
     pixels = load_split(calib_224 / "eval.npz")
     assert pixels.shape == (3, 3, 224, 224) and pixels.dtype == np.float32
     proc = load_image_processor(tiny_ckpt)
@@ -70,7 +84,7 @@ def test_corrupt_image_can_be_skipped(tiny_ckpt, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         m = build_calibration(tiny_ckpt, refs, 224, 224, tmp_path / "out", 2, 2, skip_unreadable=True)
     assert "broken.png" in caplog.text
-    assert all(i["name"] != "broken.png" for i in m["images"])
+    assert all(i["name"] != "broken.png" for i in m["samples"])
 
 
 def test_grayscale_and_rgba_are_converted(tmp_path):

@@ -1,38 +1,38 @@
 """Bad configuration fails when the DAG is built, with a message that names key, value and fix."""
 
-import copy
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import REPO
-from vlsens.config import make_plan, vision_targets
+from conftest import REPO, default_config
 from vlsens.errors import ConfigError
-
-DEFAULT = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+from vlsens.targets import all_targets
+from vlsens.towers import configure
 
 
 def _cfg(**changes):
-    cfg = copy.deepcopy(DEFAULT)
-    for dotted, value in changes.items():
-        cur = cfg
-        *parents, last = dotted.split("__")
-        for p in parents:
-            cur = cur[p]
-        cur[last] = value
-    return cfg
+    """The default config with ``changes`` (``a__b`` is the key ``a.b``)."""
+    return default_config(**{k.replace("__", "."): v for k, v in changes.items()})
+
+
+def make_plan(cfg, workdir=REPO):
+    """What the Snakefile does when the DAG is built: the plan and every tower, checked."""
+    return configure(cfg, workdir)
 
 
 def test_default_config_plan():
-    plan = make_plan(_cfg(), workdir=REPO)
+    plan, towers = make_plan(_cfg())
     assert plan.model == "tiny" and plan.preset == "tiny"
     assert plan.checkpoint == "results/tiny/checkpoint"
-    assert plan.sizes == ["224x224", "224x336"]
+    assert list(towers) == ["vision/224x224", "vision/224x336", "vision/dynamic", "text"]
     assert [r.name for r in plan.parity_images] == ["astronaut.png", "coffee.png"]
-    targets = vision_targets(plan)
-    assert "results/tiny/vision/224x336/fp16-sim/model.onnx" in targets and len(targets) == 16
+    targets = all_targets(plan, towers.values())
+    assert "results/tiny/vision/224x336/fp16-sim/model.onnx" in targets
+    assert len([t for t in targets if t.startswith("results/tiny/vision/224x")
+                and t.endswith(("model.onnx", "parity.json")) and "/profile/" not in t]) == 16
+    assert "results/tiny/text/fp32/parity.json" in targets and "results/tiny/calib/vision/224x224/calib.tar" in targets
 
 
 def test_schema_accepts_default_and_rejects_unknown_keys():
@@ -69,7 +69,7 @@ def test_pickle_only_checkpoint(pickle_only_ckpt):
 
 
 def test_local_checkpoint_gets_its_directory_name(tiny_ckpt):
-    plan = make_plan(_cfg(model__checkpoint=str(tiny_ckpt)))
+    plan, _ = make_plan(_cfg(model__checkpoint=str(tiny_ckpt)))
     assert plan.model == tiny_ckpt.name and plan.preset is None and plan.checkpoint == str(tiny_ckpt)
     with pytest.raises(ConfigError, match="model.name"):
         make_plan(_cfg(model__checkpoint=str(tiny_ckpt), model__name="a/b"))
@@ -111,8 +111,9 @@ def test_cli_reports_bad_config_before_any_job(tmp_path, change, expect):
 
 
 def test_text_keys_are_checked():
-    plan = make_plan(_cfg(), workdir=REPO)
-    assert plan.text_variants == ["fp32", "fp16", "fp32-sim", "fp16-sim"] and plan.text_sens_variants == ["fp32", "fp16"]
+    _, towers = make_plan(_cfg())
+    assert towers["text"].variants() == ["fp32", "fp16", "fp32-sim", "fp16-sim"]
+    assert towers["text"].analysed_variants() == ["fp32", "fp16"]
     with pytest.raises(ConfigError, match=r"text\.parity\.image_size"):
         make_plan(_cfg(text__parity__image_size="230x230"))
     with pytest.raises(ConfigError, match=r"text\.sensitivity\.variants: 'fp16'"):
@@ -121,5 +122,22 @@ def test_text_keys_are_checked():
         make_plan(_cfg(model__tiny__text_outlier={"layer": 5, "channels": 2, "scale": 10.0}))
     with pytest.raises(ConfigError, match=r"text\.calibration\.num_calib \+ num_eval = 40"):
         make_plan(_cfg(text__calibration__num_calib=30, text__calibration__num_eval=10))
-    off = make_plan(_cfg(text__enabled=False), workdir=REPO)
-    assert off.text_variants == [] and not any("/text/" in t for t in __import__("vlsens.config").config.all_targets(off))
+    plan, towers = make_plan(_cfg(text__enabled=False))
+    assert "text" not in towers and not any("/text/" in t for t in all_targets(plan, towers.values()))
+
+
+def test_defaults_come_from_the_schema():
+    """A config that names only what it must still plans; every default is the schema's."""
+    from vlsens.config import load_schema, with_defaults
+
+    minimal = {"model": {"checkpoint": "tiny"}, "vision": {"sizes": ["224x224"]},
+               "parity": {"tolerance": {"fp32": {"min_cosine": 0.9, "max_rel_error": 0.1},
+                                        "fp16": {"min_cosine": 0.9, "max_rel_error": 0.1}}}}
+    full = with_defaults(minimal)
+    schema = load_schema()
+    assert full["calibration"]["num_calib"] == schema["properties"]["calibration"]["properties"]["num_calib"]["default"]
+    assert full["text"]["profile"]["metric"] == "kl" and full["sensitivity"]["inc"]["python"] == ".venv-inc/bin/python"
+    assert minimal == {"model": {"checkpoint": "tiny"}, "vision": {"sizes": ["224x224"]},
+                       "parity": minimal["parity"]}  # the caller's dict is left alone
+    plan, towers = make_plan(minimal)
+    assert list(towers) == ["vision/224x224", "vision/dynamic", "text"]

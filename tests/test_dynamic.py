@@ -1,34 +1,24 @@
-"""One vision graph for every size: the rewrite equals transformers' encoder, the ONNX graph passes
-its gate at several sizes (partial windows) and on a 2-image call, equals the fixed-size graph,
-its variants and the per-size sensitivity work, and ONNX vision + ONNX text reproduce PyTorch end
-to end (logits and greedy generation)."""
+"""Tower vision_dynamic, one vision graph for every size: the rewrite equals transformers' encoder,
+the graph passes its gate at several sizes (partial windows) and on a 2-image call, equals the
+fixed-size graph, its calibration set holds every size, and ONNX vision + ONNX text reproduce
+PyTorch end to end (logits and greedy generation). (FP16, onnxsim, the engine and the profile of
+every tower: tests/test_stages.py.)"""
 
 import json
 
 import numpy as np
 import pytest
 
-from conftest import TOL_FP16, TOL_FP32
-from vlsens.dynamic import (
-    INPUTS,
-    DynamicReference,
-    compute_dynamic_reference,
-    dynamic_module,
-    export_dynamic,
-    graph_inputs,
-    window_len,
-)
+from conftest import TOL_FP32, tower_of
+from vlsens.cases import Cases
 from vlsens.images import open_rgb, resolve_images
-
-CASES = [[(224, 224)], [(336, 448)], [(448, 224)], [(252, 308)], [(224, 224), (252, 308)]]
+from vlsens.towers.vision_dynamic import INPUTS, dynamic_module, graph_inputs, window_len
 
 
 @pytest.fixture(scope="module")
-def dyn(tiny_ckpt, tmp_path_factory):
-    root = tmp_path_factory.mktemp("dynamic")
-    compute_dynamic_reference(tiny_ckpt, resolve_images("builtin"), CASES).save(root / "ref.npz")
-    export_dynamic(tiny_ckpt, root / "ref.npz", root / "fp32" / "model.onnx", root / "fp32" / "parity.json", TOL_FP32)
-    return root
+def dyn(graph_builder):
+    """The default parity cases (224x224, 336x448, 448x224, 252x308, a 224x224 + 252x308 call)."""
+    return graph_builder("vision/dynamic")
 
 
 def test_rewrite_equals_transformers_encoder(tiny_ckpt):
@@ -54,16 +44,16 @@ def test_rewrite_equals_transformers_encoder(tiny_ckpt):
 def test_gate_at_four_sizes_partial_windows_and_two_images(dyn, tiny_ckpt):
     from transformers import AutoConfig
 
-    rec = json.loads((dyn / "fp32" / "parity.json").read_text())
-    assert rec["passed"] and {p["image"] for p in rec["per_input"]} == {
+    rec = json.loads((dyn.folder("fp32") / "parity.json").read_text())
+    assert rec["passed"] and {p["case"] for p in rec["per_input"]} == {
         "224x224", "336x448", "448x224", "252x308", "224x224+252x308"}
     assert rec["metrics"]["max_rel_error"] <= 1e-4
-    ref = DynamicReference.load(dyn / "ref.npz")
+    ref = {c.name: c.inputs for c in Cases.load(dyn.reference)}
     cfg = AutoConfig.from_pretrained(str(tiny_ckpt)).vision_config
-    lens = np.diff(ref.cases["252x308"]["cu_window_seqlens"])
+    lens = np.diff(ref["252x308"]["cu_window_seqlens"])
     assert lens.max() == window_len(cfg) and lens.min() < window_len(cfg)  # partial windows present
-    assert len(ref.cases["224x224+252x308"]["cu_seqlens"]) == 3  # two images in one call
-    counts = {c: len(ref.cases[c]["patches"]) for c in ref.cases}
+    assert len(ref["224x224+252x308"]["cu_seqlens"]) == 3  # two images in one call
+    counts = {c: len(ref[c]["patches"]) for c in ref}
     assert len(set(counts.values())) == len(counts)  # every case a different patch count: one graph
 
 
@@ -71,33 +61,18 @@ def test_dynamic_graph_equals_fixed_size_graph(dyn, fp32_224, reference_224, tin
     import onnxruntime as ort
     from transformers import AutoConfig
 
-    from vlsens.vision import Geometry, Reference, patchify_np
+    from vlsens.vision import Geometry, patchify_np
 
-    ref = Reference.load(reference_224)
     vision_config = AutoConfig.from_pretrained(str(tiny_ckpt)).vision_config
     geom = Geometry.from_config(vision_config)
     fixed = ort.InferenceSession(str(fp32_224), providers=["CPUExecutionProvider"])
-    dynamic = ort.InferenceSession(str(dyn / "fp32" / "model.onnx"), providers=["CPUExecutionProvider"])
-    for i in range(len(ref.pixel_values)):
-        x = ref.pixel_values[i:i + 1]
+    dynamic = ort.InferenceSession(str(dyn.model()), providers=["CPUExecutionProvider"])
+    for case in Cases.load(reference_224):
+        x = case.inputs["pixel_values"]
         want = fixed.run(None, {"pixel_values": x})[0][0]
         patches, grid = patchify_np(x, geom)
         got = dynamic.run(None, graph_inputs(patches, grid, vision_config))[0]
         np.testing.assert_allclose(got, want, atol=2e-5)
-
-
-def test_fp16_and_simplified_dynamic_variants(dyn):
-    from vlsens.dynamic import dynamic_fp16, dynamic_simplify
-
-    rec = dynamic_fp16(dyn / "fp32" / "model.onnx", dyn / "ref.npz", dyn / "fp16" / "model.onnx",
-                       dyn / "fp16" / "parity.json", TOL_FP16, 512, 65504)
-    assert rec["passed"] and len(rec["per_input"]) == len(CASES)
-    rec = dynamic_simplify(dyn / "fp32" / "model.onnx", dyn / "ref.npz", dyn / "fp32-sim" / "model.onnx",
-                           dyn / "fp32-sim" / "parity.json", TOL_FP32, "fp32-sim", 2_000_000_000)
-    assert rec["passed"] and rec["extra"]["nodes_after"] < rec["extra"]["nodes_before"]
-    # simplification must not have baked one size: the gate ran every case through it
-    assert {p["image"] for p in rec["per_input"]} == {p["image"] for p in
-                                                     json.loads((dyn / "fp32" / "parity.json").read_text())["per_input"]}
 
 
 def test_vision_encoder_runtime_any_size(dyn, tiny_ckpt):
@@ -106,7 +81,7 @@ def test_vision_encoder_runtime_any_size(dyn, tiny_ckpt):
     from vlsens.checkpoint import load_model
     from vlsens.runtime import VisionEncoder
 
-    enc = VisionEncoder(dyn / "fp32" / "model.onnx", tiny_ckpt)
+    enc = VisionEncoder(dyn.model(), tiny_ckpt)
     imgs = [open_rgb(r) for r in resolve_images("builtin")[:2]]
     model = load_model(tiny_ckpt)
     for sizes in ([(224, 224), (252, 308)], None):  # exact sizes, and the processor's own resize
@@ -121,12 +96,13 @@ def test_vision_encoder_runtime_any_size(dyn, tiny_ckpt):
 
 
 @pytest.fixture(scope="module")
-def text_fp32(tiny_ckpt, tmp_path_factory):
-    from vlsens.text import BUILTIN_PROMPTS, compute_text_reference, export_text
+def text_fp32(tiny_ckpt, parity_refs, tmp_path_factory):
+    from vlsens import stages
 
     root = tmp_path_factory.mktemp("text")
-    compute_text_reference(tiny_ckpt, resolve_images("builtin")[:2], BUILTIN_PROMPTS, [1, 2]).save(root / "ref.npz")
-    export_text(tiny_ckpt, root / "ref.npz", root / "fp32", TOL_FP32)
+    tower = tower_of("text", **{"text.parity.repeats": [1, 2]})
+    stages.reference(tower, tiny_ckpt, parity_refs, root / "ref.npz", tower.reference_settings())
+    stages.export(tower, tiny_ckpt, root / "ref.npz", root / "fp32", TOL_FP32, tower.export_settings())
     return root / "fp32" / "embeds.onnx"
 
 
@@ -138,7 +114,7 @@ def test_end_to_end_onnx_reproduces_pytorch_logits_and_generation(dyn, text_fp32
     from vlsens.checkpoint import load_model
     from vlsens.runtime import VLM, rope_index
 
-    vlm = VLM(dyn / "fp32" / "model.onnx", text_fp32, tiny_ckpt)
+    vlm = VLM(dyn.model(), text_fp32, tiny_ckpt)
     imgs = [open_rgb(r) for r in resolve_images("builtin")[2:4]]
     sizes = [(224, 224), (252, 308)]
     inputs = vlm.inputs(imgs, ["Describe both images."], sizes)
@@ -162,36 +138,14 @@ def test_end_to_end_onnx_reproduces_pytorch_logits_and_generation(dyn, text_fp32
     assert tokens == gen[0, t["input_ids"].shape[1]:].tolist()
 
 
-def test_sensitivity_on_the_dynamic_graph_with_per_size_calibration(dyn, tiny_ckpt, tmp_path):
-    from transformers import AutoConfig
-
-    from vlsens.calibration import build_calibration
-    from vlsens.dynamic import dynamic_calibration
-    from vlsens.quant import QuantSettings
+def test_calibration_set_holds_every_size(dyn):
     from vlsens.samples import Samples
-    from vlsens.sensitivity import read_csv
-    from vlsens.sensitivity_stage import gather, prepare, run_shard
 
-    refs = resolve_images("builtin")
-    vcfg = AutoConfig.from_pretrained(str(tiny_ckpt)).vision_config
-    splits = {}
-    for size in ("224x224", "252x308"):
-        h, w = map(int, size.split("x"))
-        build_calibration(tiny_ckpt, refs, h, w, tmp_path / size, 3, 2)
-        splits[size] = tmp_path / size
-    for split in ("calib", "eval"):
-        n = dynamic_calibration({s: d / f"{split}.npz" for s, d in splits.items()}, vcfg, tmp_path / f"{split}.npz")
-        assert n == (6 if split == "calib" else 4)
-    ev = Samples.load(tmp_path / "eval.npz")
-    assert len({len(f["patches"]) for f in ev.feeds}) == 2  # both sizes in one set
-    prepare(dyn / "fp32" / "model.onnx", tmp_path / "calib.npz", tmp_path / "eval.npz", tmp_path / "engine",
-            QuantSettings())
-    run_shard(tmp_path / "engine", tmp_path / "eval.npz", 0, 1, tmp_path / "s.csv")
-    s = gather(tmp_path / "engine", tmp_path / "eval.npz", [tmp_path / "s.csv"], tmp_path / "ort.csv",
-               tmp_path / "ort.json")
-    rows = read_csv(tmp_path / "ort.csv")
-    assert len(rows) == s["ops"] > 10 and s["all_int8"]["cosine"] > 0.9
-    assert any(r["role"] == "patch_embed.proj" for r in rows)
+    man = json.loads((dyn.calib / "manifest.json").read_text())
+    assert man["sizes"] == ["224x224", "224x336"] and man["counts"] == {"calib": 12, "eval": 6}
+    ev = Samples.load(dyn.calib / "eval.npz")
+    assert {len(f["patches"]) for f in ev.feeds} == {256, 384}  # both sizes in one set, one image per feed
+    assert [e["size"] for e in man["samples"] if e["split"] == "eval"] == ["224x224"] * 3 + ["224x336"] * 3
 
 
 def test_dynamic_graph_names_ops_like_the_fixed_graphs(dyn, fp32_224):
@@ -201,7 +155,7 @@ def test_dynamic_graph_names_ops_like_the_fixed_graphs(dyn, fp32_224):
 
     from vlsens.quant import quantizable_ops
 
-    dyn_ops = {o.name: o for o in quantizable_ops(onnx.load(str(dyn / "fp32" / "model.onnx")))}
+    dyn_ops = {o.name: o for o in quantizable_ops(onnx.load(str(dyn.model())))}
     fixed_ops = {o.name for o in quantizable_ops(onnx.load(str(fp32_224)))}
     assert "/visual/blocks.2/attn/qkv/Gemm" in dyn_ops and "/visual/blocks.3/mlp/down_proj/Gemm" in dyn_ops
     weights = {o.name for o in dyn_ops.values() if o.weight_params}

@@ -9,10 +9,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import TOL_FP16
-from vlsens.fp16 import choose_fp32_nodes, convert_vision_fp16, own_float_casts, to_fp16
+from vlsens import variants
+from vlsens.cases import Cases
+from vlsens.fp16 import choose_fp32_nodes, own_float_casts, to_fp16
+from vlsens.metrics import compare
 from vlsens.onnxutil import save_with_external_data, untie_identity_initializers
-from vlsens.parity import compare
-from vlsens.vision import Reference
 
 
 def _load(path):
@@ -32,20 +33,21 @@ def test_own_cast_nodes_must_be_retargeted(fp32_224, reference_224, tmp_path):
     fixed, casts = to_fp16(model, [], retarget_casts=True, repair=False)
     save_with_external_data(fixed, tmp_path / "ok" / "model.onnx")
     sess = ort.InferenceSession(str(tmp_path / "ok" / "model.onnx"), providers=["CPUExecutionProvider"])
-    ref = Reference.load(reference_224)
-    out = sess.run(None, {"pixel_values": ref.pixel_values[:1]})[0]
+    case = Cases.load(reference_224).cases[0]
+    out = sess.run(None, case.inputs)[0]
     assert out.dtype == np.float32  # I/O kept FP32
-    assert compare(out[0], ref.features[0])["cosine"] > 0.999
+    assert compare(out, case.expected)["cosine"] > 0.999
     retargeted = [n for n in fixed.graph.node if n.name in set(casts)]
     assert retargeted and all(a.i == TensorProto.FLOAT16 for n in retargeted for a in n.attribute if a.name == "to")
 
 
 def test_fp16_stage_default_bound_keeps_nothing_on_random_weights(fp32_224, reference_224, tmp_path):
     out = tmp_path / "fp16" / "model.onnx"
-    rec = convert_vision_fp16(fp32_224, reference_224, out, out.with_name("parity.json"), TOL_FP16, max_activation=512)
-    assert rec["passed"] and rec["extra"]["fp32_fallback"] == []
-    assert rec["extra"]["retargeted_casts"] > 0
-    assert 0 < rec["extra"]["observed_max_activation"] < 512
+    rec = variants.fp16(fp32_224.parent, reference_224, out.parent, TOL_FP16, max_activation=512, max_initializer=65504)
+    facts = rec["extra"]["graphs"]["model.onnx"]
+    assert rec["passed"] and facts["fp32_fallback"] == []
+    assert facts["retargeted_casts"] > 0
+    assert 0 < facts["observed_max_activation"] < 512
     assert json.loads(out.with_name("parity.json").read_text())["variant"] == "fp16"
     inits = onnx.load(str(out), load_external_data=False).graph.initializer
     assert sum(i.data_type == TensorProto.FLOAT16 for i in inits) > sum(i.data_type == TensorProto.FLOAT for i in inits)
@@ -54,9 +56,10 @@ def test_fp16_stage_default_bound_keeps_nothing_on_random_weights(fp32_224, refe
 @pytest.mark.parametrize("bound", [1.0, 3.0, 4.0])
 def test_fp16_fallback_keeps_large_activation_nodes_in_fp32(fp32_224, reference_224, tmp_path, bound):
     out = tmp_path / "fb" / "model.onnx"
-    rec = convert_vision_fp16(fp32_224, reference_224, out, out.with_name("parity.json"), TOL_FP16, max_activation=bound)
-    kept = {f["node"] for f in rec["extra"]["fp32_fallback"]}
-    assert kept and all(f"> {bound:g}" in f["reason"] for f in rec["extra"]["fp32_fallback"])
+    rec = variants.fp16(fp32_224.parent, reference_224, out.parent, TOL_FP16, max_activation=bound, max_initializer=65504)
+    fallback = rec["extra"]["graphs"]["model.onnx"]["fp32_fallback"]
+    kept = {f["node"] for f in fallback}
+    assert kept and all(f"> {bound:g}" in f["reason"] for f in fallback)
     assert rec["passed"]
     model = onnx.load(str(out), load_external_data=False)
     # Kept nodes compute in FP32: the weights only they read stay FP32, the rest became FP16.

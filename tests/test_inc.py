@@ -10,9 +10,10 @@ import pytest
 
 from conftest import PLANT, REPO
 from vlsens.compare import average_ranks, compare, spearman, top_k
-from vlsens.inc import IncEnvironmentError, Node, check_private_api, check_settings, map_names
+from vlsens.inc.names import Node, map_names
+from vlsens.inc.settings import IncEnvironmentError, check_private_api, check_settings
 from vlsens.quant import QuantSettings
-from vlsens.sensitivity import read_csv
+from vlsens.sensitivity.ranking import read_csv
 
 SCRIPT = REPO / "workflow" / "scripts" / "sensitivity_inc.py"
 SETTINGS = json.dumps(QuantSettings().as_dict())
@@ -108,7 +109,7 @@ def test_settings_inc_cannot_honour_are_named():
 
 def test_inc_environment_is_the_pinned_one(inc_python):
     """The interpreter `make inc-env` builds passes the same check the rule runs first."""
-    code = "from vlsens.inc import check_environment; import json; print(json.dumps(check_environment()))"
+    code = "from vlsens.inc.settings import check_environment; import json; print(json.dumps(check_environment()))"
     r = subprocess.run([str(inc_python), "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(REPO / "src")})
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -243,7 +244,7 @@ def test_inc_fallback_run_meets_the_target_and_is_remeasured(planted, inc_python
     import onnxruntime as ort
 
     from vlsens.calibration import load_split
-    from vlsens.quant import output_metrics
+    from vlsens.metrics import output_metrics
 
     evals = load_split(planted / "calib" / "eval.npz")
     ref = ort.InferenceSession(str(planted / "fp32" / "model.onnx"), providers=["CPUExecutionProvider"])

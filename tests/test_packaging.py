@@ -42,8 +42,8 @@ ONNX_ONLY_STAGES = """
 import sys
 sys.modules["torch"] = None          # any import of torch now raises ImportError
 sys.modules["transformers"] = None
-import vlsens.fp16, vlsens.simplify, vlsens.scripting, vlsens.parity, vlsens.text, vlsens.samples
-import vlsens.sensitivity_stage, vlsens.profile, vlsens.compare
+import vlsens.fp16, vlsens.simplify, vlsens.scripting, vlsens.parity, vlsens.variants, vlsens.samples
+import vlsens.sensitivity.stages, vlsens.profile, vlsens.compare, vlsens.calibration, vlsens.stages
 from vlsens.device import set_threads
 set_threads(2)
 print("ok")
@@ -75,7 +75,7 @@ def test_constraints_satisfy_pyproject_ranges():
 SHELL_RULES = {"sensitivity_inc", "sensitivity_inc_tune"}
 
 
-def test_every_rule_declares_log_benchmark_and_conda():
+def test_every_rule_declares_log_benchmark_conda_and_cluster_resources():
     text = "\n".join(p.read_text() for p in (REPO / "rules").glob("*.smk"))
     rules = re.split(r"\nrule ", text)[1:]
     assert rules
@@ -83,14 +83,22 @@ def test_every_rule_declares_log_benchmark_and_conda():
         name = body.split(":")[0]
         for directive in ("log:", "benchmark:", "conda:", "shell:" if name in SHELL_RULES else "script:"):
             assert directive in body, f"rule {name} lacks {directive}"
-        assert "resources:" in body and "gpu=" in body, f"rule {name} does not declare its GPU use"
+        # GPU use, partition, memory and runtime from one helper (rules/common.smk: cluster)
+        assert re.search(r"resources:\s*\n\s*\*\*cluster\(\"" + name + r"\"", body), f"rule {name}: resources"
+        assert "provenance=" in body or name == "all", f"rule {name} records no provenance (rerun trigger)"
+
+
+def test_no_results_path_is_written_in_the_rules():
+    """One path layout (vlsens.paths): the rules spell no results/ path themselves."""
+    for smk in (REPO / "rules").glob("*.smk"):
+        assert "results/" not in smk.read_text(), smk.name
 
 
 def test_inc_env_is_pinned():
     """envs/inc.yaml (also the source of the Makefile's .venv-inc) pins exactly what the engine
     relies on; its onnxruntime is the main environment's, so both engines run the same runtime."""
-    from vlsens.inc import INC_VERSION
-    from vlsens.inc_env import requirements
+    from vlsens.inc.env import requirements
+    from vlsens.inc.settings import INC_VERSION
 
     reqs = {Requirement(r).name: Requirement(r) for r in requirements(REPO / "envs" / "inc.yaml")}
     for r in reqs.values():
@@ -101,4 +109,4 @@ def test_inc_env_is_pinned():
     pins = {Requirement(line).name: str(Requirement(line).specifier) for line in
             (l.split("#")[0].strip() for l in (REPO / "constraints.txt").read_text().splitlines()) if line}
     assert str(reqs["onnxruntime"].specifier) == pins["onnxruntime"]
-    assert "vlsens.inc_env requirements envs/inc.yaml" in (REPO / "Makefile").read_text()
+    assert "vlsens.inc.env requirements envs/inc.yaml" in (REPO / "Makefile").read_text()

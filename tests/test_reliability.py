@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import PLANT, REPO
+from conftest import PLANT, REPO, default_config
 
 SIZE = "224x224"
 pytestmark = pytest.mark.slow
@@ -39,19 +39,11 @@ def smk(workdir, *args, env=None, configfile="config.yaml", timeout=900):
 
 
 def small_config(checkpoint, **changes) -> dict:
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    cfg["model"]["checkpoint"] = str(checkpoint)
-    cfg["vision"].update(sizes=[SIZE], variants=["fp32", "fp16"])
-    cfg["vision"]["dynamic"]["enabled"] = False
-    cfg["text"]["enabled"] = False
-    cfg["sensitivity"].update(variants=["fp32"], shards=1)
-    for dotted, value in changes.items():
-        cur = cfg
-        *parents, last = dotted.split(".")
-        for p in parents:
-            cur = cur[p]
-        cur[last] = value
-    return cfg
+    """One size, fp32 + fp16, engine ort, no text or dynamic graph; ``changes`` as dotted keys."""
+    return default_config(**{"model.checkpoint": str(checkpoint), "vision.sizes": [SIZE],
+                             "vision.variants": ["fp32", "fp16"], "vision.dynamic.enabled": False,
+                             "text.enabled": False, "sensitivity.variants": ["fp32"], "sensitivity.shards": 1,
+                             **changes})
 
 
 def write_config(workdir, cfg, name="config.yaml"):
@@ -75,7 +67,7 @@ def run(tmp_path_factory, ckpts):
     ckpt = wd / "ckpt"
     shutil.copytree(ckpts[0], ckpt)
     write_config(wd, small_config(ckpt))
-    killed = smk(wd, env={"VLSENS_FAULT": "vision_fp16:publish"})
+    killed = smk(wd, env={"VLSENS_FAULT": "fp16:publish"})
     fp16 = wd / "results" / "ckpt" / "vision" / SIZE / "fp16"
     leftovers = sorted(p.name for p in fp16.glob(".*")) if fp16.exists() else []
     again = smk(wd)
@@ -86,11 +78,11 @@ def run(tmp_path_factory, ckpts):
 
 def test_7_killed_job_leaves_nothing_that_breaks_the_rerun(run):
     killed = run["killed"]
-    assert killed.returncode != 0 and "vision_fp16" in killed.out
+    assert killed.returncode != 0 and "rule fp16" in killed.out
     assert "-9" in killed.out or "SIGKILL" in killed.out or "signal 9" in killed.out.lower(), killed.out[-3000:]
     assert any(n.startswith(".model.onnx.staging-") for n in run["leftovers"]), run["leftovers"]
     res = run["results"]
-    assert "removed" in (res / "logs" / "vision_fp16" / f"{SIZE}.log").read_text()  # the leftover, at start
+    assert "removed" in (res / "logs" / "vision" / SIZE / "fp16.log").read_text()  # the leftover, at start
     assert not [p for p in res.rglob("*") if ".staging-" in p.name or ".tmp-" in p.name]
     for p in res.rglob("*.data"):  # never a hard link into published data
         assert p.stat().st_nlink == 1, p
@@ -123,7 +115,7 @@ def test_records_hold_the_sha256_of_each_onnx_file(run):
 
 def test_4_calibration_manifest_records_size_and_mode(run):
     man = json.loads((run["results"] / "calib" / "vision" / SIZE / "manifest.json").read_text())
-    assert all(i["width"] > 0 and i["height"] > 0 and i["mode"] == "RGB" for i in man["images"])
+    assert all(i["width"] > 0 and i["height"] > 0 and i["mode"] == "RGB" for i in man["samples"])
 
 
 def test_1_unreachable_profile_is_all_float_and_said_on_the_console(run):
@@ -196,7 +188,7 @@ def test_2_checkpoint_edited_in_place_reruns_exactly_what_reads_it(run, ckpts):
     os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the old mtime (cp -p, rsync -t)
     r = smk(wd, "-n", "--quiet", "rules")
     assert r.returncode == 0, r.out
-    for rule in ("vision_reference", "export_vision", "calibration", "vision_fp16", "sensitivity_prepare", "profile"):
+    for rule in ("reference", "export", "calibration", "fp16", "sensitivity_prepare", "profile"):
         assert rule in r.out, (rule, r.out)
     man = json.loads((run["results"] / "inputs" / "checkpoint.json").read_text())
     from vlsens.fsutil import file_sha256
@@ -310,7 +302,7 @@ def test_8_model_name_message_says_what_is_valid(tmp_path, ckpts):
 
 def test_9_configfile_extends_the_default_from_any_directory(tmp_path):
     (tmp_path / "config.yaml").write_text("vision:\n  sizes: [224x224]\ntext:\n  enabled: false\n")
-    r = smk(tmp_path, "-n", "--quiet", "rules")
+    r = smk(tmp_path, "-n")
     assert r.returncode == 0, r.out[-2000:]
     assert "is extended by additional config" in r.out
-    assert "export_vision" in r.out and "export_text" not in r.out
+    assert "graph=vision/224x224" in r.out and "graph=text" not in r.out and "graph=vision/224x336" not in r.out

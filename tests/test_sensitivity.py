@@ -1,5 +1,6 @@
-"""The ort engine: exact against the one-model-per-op method, shardable, finds a planted outlier;
-and the profile built from it."""
+"""The ort engine on the planted tiny preset (vision/224x224): it finds the planted outlier, and
+the profile built from it keeps that op in float and is exactly what profile.yaml says. (The
+engine's exactness, sharding and profiles of every tower: tests/test_stages.py.)"""
 
 import json
 
@@ -10,40 +11,18 @@ import yaml
 
 from conftest import PLANT
 from vlsens.calibration import load_split
+from vlsens.metrics import output_metrics
 from vlsens.profile import build_profile
-from vlsens.quant import output_metrics, parse_op_name
-from vlsens.sensitivity import read_csv, straightforward_sensitivity
-from vlsens.sensitivity_stage import Engine, gather, run_shard
-
-def test_engine_equals_one_model_per_op(planted, tmp_path):
-    """Same numbers as quantize_static(nodes_to_quantize=[k]) + a fresh session, for every op."""
-    eng = Engine(planted / "engine")
-    evals = load_split(planted / "calib" / "eval.npz")
-    session = eng.session(evals)
-    ref = eng.float_outputs()
-    _, _, outs = straightforward_sensitivity(eng.float_model, eng.ops, eng.settings, eng.cache, evals, ref, tmp_path)
-    for op, expected in zip(eng.ops, outs):
-        np.testing.assert_array_equal(session.run([op.name]), expected, err_msg=op.name)
-    rows = {r["op"]: r for r in read_csv(planted / "ort.csv")}
-    for op, expected in zip(eng.ops, outs):
-        assert rows[op.name]["mse"] == pytest.approx(output_metrics(expected, ref)["mse"], rel=1e-6)
-
+from vlsens.quant import parse_op_name
+from vlsens.sensitivity.engine import Engine
+from vlsens.sensitivity.ranking import read_csv
 
 def test_switches_off_is_the_float_model(planted):
-    from vlsens.sensitivity import float_outputs
+    from vlsens.sensitivity.baseline import model_outputs
 
     eng = Engine(planted / "engine")
     evals = load_split(planted / "calib" / "eval.npz")
-    out, _ = float_outputs(eng.float_model, evals)
-    np.testing.assert_array_equal(eng.float_outputs(), out)
-
-
-def test_sharded_equals_unsharded(planted, tmp_path):
-    one = tmp_path / "ort.0-of-1.csv"
-    run_shard(planted / "engine", planted / "calib" / "eval.npz", 0, 1, one)
-    gather(planted / "engine", planted / "calib" / "eval.npz", [one], tmp_path / "ort.csv", tmp_path / "ort.json")
-    a, b = read_csv(planted / "ort.csv"), read_csv(tmp_path / "ort.csv")
-    assert [(r["op"], r["rank"], r["mse"]) for r in a] == [(r["op"], r["rank"], r["mse"]) for r in b]
+    np.testing.assert_array_equal(eng.float_outputs(), np.concatenate(model_outputs(eng.float_model, evals)))
 
 
 def test_csv_schema_and_sidecar(planted):
@@ -165,7 +144,7 @@ def test_parse_op_name(name, op_type, expect):
 
 def test_switch_map_survives_a_json_round_trip():
     from vlsens.fsutil import write_json
-    from vlsens.sensitivity import SwitchMap
+    from vlsens.sensitivity.switch import SwitchMap
     import tempfile, pathlib
 
     sm = SwitchMap(["b", "a"], {"z": ["a"], "y": ["b"], "x": ["a", "b"]})

@@ -1,42 +1,35 @@
-"""Text tower: export of both graphs with parity at two lengths with left padding, the embeds graph
-on merged vision features against the PyTorch model, FP16/simplified variants, the exporter
-fallback, text calibration, and sensitivity/profile finding a planted text layer."""
+"""Tower text: both graphs gated at two lengths with left padding, the embeds graph on merged
+vision features against the PyTorch model, the exporter fallback, text calibration carrying real
+vision features, prompts files, and sensitivity/profile finding a planted text layer. (FP16,
+onnxsim, the engine and the profile of every tower: tests/test_stages.py.)"""
 
 import json
 
 import numpy as np
 import pytest
 
-from conftest import TOL_FP16, TOL_FP32
-from vlsens.errors import ConfigError, ParityError
+from conftest import TOL_FP32, build_graph, tower_of
+from vlsens import stages
+from vlsens.cases import Cases
+from vlsens.errors import ConfigError
 from vlsens.images import resolve_images
-from vlsens.quant import QuantSettings, output_metrics
-from vlsens.samples import Samples, StreamMetrics
-from vlsens.sensitivity import read_csv
-from vlsens.text import (
-    BUILTIN_PROMPTS,
-    TextReference,
-    build_text_calibration,
-    causal_padding_mask,
-    compute_text_reference,
-    export_text,
-    load_prompt_samples,
-    text_fp16,
-    text_position_ids,
-    text_simplify,
-)
+from vlsens.prompts import BUILTIN_PROMPTS, load_prompt_samples
+from vlsens.quant import QuantSettings
+from vlsens.samples import Samples
+from vlsens.sensitivity.ranking import read_csv
+from vlsens.towers.text import causal_padding_mask, text_position_ids
 
 TEXT_PLANT = {"layer": 1, "channels": 2, "scale": 1000.0}
 
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
+    """The text graph of a checkpoint with a planted text layer: reference, fp32, calibration."""
     from vlsens.checkpoint import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("text")
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, text_outlier=TEXT_PLANT)
-    compute_text_reference(ckpt, resolve_images("builtin")[:2], BUILTIN_PROMPTS, [1, 4]).save(root / "ref.npz")
-    export_text(ckpt, root / "ref.npz", root / "fp32", TOL_FP32)
+    build_graph("text", ckpt, root, resolve_images("builtin")[:2])
     return root
 
 
@@ -58,12 +51,12 @@ def test_mask_and_positions():
 def test_parity_at_two_lengths_with_left_padding(text_run):
     rec = json.loads((text_run / "fp32" / "parity.json").read_text())
     assert rec["passed"] and rec["variant"] == "fp32"
-    cases = {p["image"]: p for p in rec["per_input"]}
+    cases = {p["case"]: p for p in rec["per_input"]}
     lengths = {cases[c]["shape"][1] for c in ("text-x1", "text-x4")}
     assert len(lengths) == 2  # two sequence lengths
-    ref = TextReference.load(text_run / "ref.npz")
+    ref = {c.name: c.inputs for c in Cases.load(text_run / "reference.npz")}
     for c in ("text-x1", "text-x4"):
-        mask = ref.cases[c]["attention_mask"]
+        mask = ref[c]["attention_mask"]
         assert (mask == 0).any() and (mask[:, -1] == 1).all()  # left padded
         assert cases[c]["max_rel_error"] <= 1e-4 and cases[c]["top1_agreement"] == 1.0
         assert cases[c]["positions"] == int(mask.sum())  # padded positions excluded
@@ -76,8 +69,8 @@ def test_left_padding_gives_the_unpadded_logits(text_run):
     has alone, at every real token."""
     import onnxruntime as ort
 
-    ref = TextReference.load(text_run / "ref.npz")
-    ids, mask = ref.cases["text-x1"]["input_ids"], ref.cases["text-x1"]["attention_mask"]
+    ref = {c.name: c.inputs for c in Cases.load(text_run / "reference.npz")}
+    ids, mask = ref["text-x1"]["input_ids"], ref["text-x1"]["attention_mask"]
     short = int(np.argmin(mask.sum(1)))
     assert mask[short].sum() < mask.shape[1]
     s = ort.InferenceSession(str(text_run / "fp32" / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -96,7 +89,7 @@ def test_embeds_graph_on_merged_vision_features_equals_pytorch(text_run):
 
     from vlsens.checkpoint import load_model, load_processor
     from vlsens.images import open_rgb, resize_exact
-    from vlsens.text import chat_prompt, merged_embeds
+    from vlsens.towers.text import chat_prompt, merged_embeds
 
     ckpt = text_run / "ckpt"
     model, processor = load_model(ckpt, attn_implementation="eager"), load_processor(ckpt)
@@ -117,32 +110,9 @@ def test_embeds_graph_on_merged_vision_features_equals_pytorch(text_run):
     assert (got[keep].argmax(-1) == expected[keep].argmax(-1)).all()
 
 
-def test_fp16_and_simplified_variants_pass_their_gates(text_run):
-    rec16 = text_fp16(text_run / "fp32", text_run / "ref.npz", text_run / "fp16", TOL_FP16, 512, 65504)
-    assert rec16["passed"] and rec16["metrics"]["min_top1_agreement"] >= 0.99
-    kept = {k["node"] for k in rec16["extra"]["graphs"]["embeds.onnx"]["fp32_fallback"]}
-    # the range-based fallback keeps the mask arithmetic (|-65504| > 512) in FP32
-    assert any(n.endswith("self_attn/Add_2") for n in kept) and any(n.endswith("Softmax") for n in kept)
-    for base, tol in (("fp32", TOL_FP32), ("fp16", TOL_FP16)):
-        rec = text_simplify(text_run / base, text_run / "ref.npz", text_run / f"{base}-sim", tol, f"{base}-sim",
-                            2_000_000_000)
-        assert rec["passed"]
-        g = rec["extra"]["graphs"]["model.onnx"]
-        assert g["nodes_after"] < g["nodes_before"]
-        assert (text_run / f"{base}-sim" / "embeds.onnx.data").is_file()
-
-
-def test_failed_gate_leaves_nothing(text_run, tmp_path):
-    out = tmp_path / "fp32"
-    with pytest.raises(ParityError):
-        export_text(text_run / "ckpt", text_run / "ref.npz", out, {"min_cosine": 1.5, "max_rel_error": 1e-12})
-    assert not (out / "model.onnx").exists() and not (out / "embeds.onnx").exists()
-    assert not list(out.glob("*.onnx*")) and not (out / "parity.json").exists()
-
-
 def test_exporter_fallback_is_recorded(text_run, tmp_path, monkeypatch):
     """The legacy exporter failing (as it does on transformers 4.57) falls back to dynamo."""
-    import vlsens.text as text
+    import vlsens.towers.text as text
 
     real = text._export_one
 
@@ -152,7 +122,9 @@ def test_exporter_fallback_is_recorded(text_run, tmp_path, monkeypatch):
         return real(module, example, names, path, exporter, opset)
 
     monkeypatch.setattr(text, "_export_one", legacy_breaks)
-    rec = export_text(text_run / "ckpt", text_run / "ref.npz", tmp_path / "fp32", TOL_FP32)
+    tower = tower_of("text")
+    rec = stages.export(tower, text_run / "ckpt", text_run / "reference.npz", tmp_path / "fp32", TOL_FP32,
+                        tower.export_settings())
     used = rec["extra"]["exporters"]
     assert rec["passed"]
     for g in ("model.onnx", "embeds.onnx"):
@@ -164,9 +136,7 @@ def test_exporter_fallback_is_recorded(text_run, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def text_cal(text_run):
-    samples = load_prompt_samples("builtin", resolve_images("builtin"))
-    build_text_calibration(text_run / "ckpt", samples, 224, 224, text_run / "cal", 6, 3)
-    return text_run / "cal"
+    return text_run / "calib"
 
 
 def test_text_calibration_carries_vision_features(text_cal, text_run):
@@ -212,7 +182,7 @@ def test_jsonl_prompts_and_their_errors(tmp_path):
 
 @pytest.fixture(scope="module")
 def text_sens(text_run, text_cal):
-    from vlsens.sensitivity_stage import gather, prepare, run_shard
+    from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     eng = text_run / "engine"
     prepare(text_run / "fp32" / "embeds.onnx", text_cal / "calib.npz", text_cal / "eval.npz", eng, QuantSettings())
@@ -244,25 +214,12 @@ def test_text_profile_meets_kl_target_and_keeps_the_planted_layer_float(text_sen
     assert any(f"layers.{TEXT_PLANT['layer']}/mlp/down_proj" in n for n in excluded)
     assert rec["int8_op_share"] >= 0.5
     # re-measured here, independently, at real tokens
+    from vlsens.metrics import Metrics
+
     ev = Samples.load(text_cal / "eval.npz")
     q = ort.InferenceSession(str(text_sens / "profile" / "model.onnx"), providers=["CPUExecutionProvider"])
     f = ort.InferenceSession(str(text_sens / "fp32" / "embeds.onnx"), providers=["CPUExecutionProvider"])
-    acc = StreamMetrics(logits=True)
+    acc = Metrics(logits=True)
     for feed, valid in zip(ev.feeds, ev.valid):
         acc.add(q.run(None, feed)[0], f.run(None, feed)[0], valid)
     assert acc.result()["kl"] == pytest.approx(rec["measured"]["kl"], rel=1e-3, abs=1e-9)
-
-
-def test_stream_metrics_match_whole_array_metrics():
-    rng = np.random.default_rng(0)
-    ref = rng.normal(size=(3, 5, 11)).astype(np.float32)
-    act = ref + rng.normal(scale=0.1, size=ref.shape).astype(np.float32)
-    acc = StreamMetrics(logits=True)
-    for i in range(3):
-        acc.add(act[i:i + 1], ref[i:i + 1])
-    got, want = acc.result(), output_metrics(act, ref)
-    for k in ("mse", "cosine", "sqnr_db"):
-        assert got[k] == pytest.approx(want[k], rel=1e-9)
-    same = StreamMetrics(logits=True)
-    same.add(ref, ref)
-    assert same.result()["kl"] == pytest.approx(0.0, abs=1e-9) and same.result()["top1"] == 1.0

@@ -6,7 +6,8 @@ import torch
 
 from vlsens.errors import ConfigError
 from vlsens.images import open_rgb, resize_exact
-from vlsens.vision import Geometry, nearest_valid_sizes, parse_size, patchify, preprocess_nchw, processor_inputs, unpatchify
+from vlsens.sizes import nearest_valid_sizes, parse_size
+from vlsens.vision import Geometry, patchify, preprocess_nchw, processor_inputs, unpatchify
 
 
 @pytest.mark.parametrize("h,w", [(224, 224), (224, 336), (308, 252)])

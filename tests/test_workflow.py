@@ -9,11 +9,11 @@ import pytest
 from conftest import REPO
 
 
-def smk(workdir, *args, timeout=900, overrides=None):
+def smk(workdir, *args, timeout=900, overrides=None, configfile="config.yaml"):
     import os
 
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(workdir / "config.yaml"), *args]
+           "--configfile", str(workdir / configfile), *args]
     env = dict(os.environ)
     env.pop("VLSENS_VERSION_OVERRIDES", None)
     if overrides:
@@ -21,29 +21,37 @@ def smk(workdir, *args, timeout=900, overrides=None):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def planned(workdir, overrides=None) -> tuple[set[str], str]:
-    """Rules a dry run would execute (from Snakemake's job table) and its full output."""
-    r = smk(workdir, "-n", "--cores", "2", overrides=overrides)
+def dry_run(workdir, overrides=None, configfile="config.yaml") -> tuple[set[tuple[str, str]], str]:
+    """Jobs a dry run would execute, as (rule, graph) pairs (graph "" for jobs without one), and
+    its full output."""
+    r = smk(workdir, "-n", "--cores", "2", overrides=overrides, configfile=configfile)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    rules, table = set(), False
+    jobs, rule = set(), None
     for line in out.splitlines():
-        parts = line.split()
-        if parts[:2] == ["job", "count"]:
-            table = True
-        elif table and parts and parts[0] == "total":
-            break
-        elif table and len(parts) == 2 and parts[1].isdigit():
-            rules.add(parts[0])
-    return rules - {"all"}, out
+        s = line.strip()
+        if s.startswith("rule ") and s.endswith(":"):
+            rule = s[5:-1]
+            jobs.add((rule, ""))
+        elif rule and s.startswith("wildcards:"):
+            wc = dict(kv.split("=", 1) for kv in s[len("wildcards:"):].replace(" ", "").split(","))
+            jobs.discard((rule, ""))
+            jobs.add((rule, wc.get("graph", "")))
+            rule = None
+        elif not s:
+            rule = None
+    return {j for j in jobs if j[0] != "all"}, out
 
 
-VISION_TORCH = {"vision_reference", "export_vision", "dynamic_reference", "export_dynamic"}
-TEXT_TORCH = {"text_reference", "export_text", "text_calibration"}
+def planned(workdir, overrides=None) -> tuple[set[str], str]:
+    """Rules a dry run would execute, and its full output."""
+    jobs, out = dry_run(workdir, overrides)
+    return {r for r, _ in jobs}, out
+
+
+GRAPHS = {"vision/224x224", "vision/224x336", "vision/dynamic", "text"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
-              "sensitivity_compare", "text_sensitivity_prepare", "text_sensitivity_shard",
-              "text_sensitivity_gather", "text_profile", "dynamic_sensitivity_prepare", "dynamic_sensitivity_shard",
-              "dynamic_sensitivity_gather", "dynamic_profile"}
+              "sensitivity_compare"}
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +77,8 @@ def test_whole_dag_builds_verified_models(finished_run):
             rec = json.loads((d / "parity.json").read_text())
             assert rec["passed"] is True and rec["variant"] == variant
             h, w = map(int, size.split("x"))
-            assert rec["input_shape"] == [2, 3, h, w]
-        assert (wd / "results" / "tiny" / "logs" / "export_vision" / f"{size}.log").is_file()
+            assert rec["input_shape"] == [[1, 3, h, w]] * 2  # one case per parity image
+        assert (wd / "results" / "tiny" / "logs" / "vision" / size / "export.log").is_file()
         for variant in ("fp32", "fp16"):
             sens = wd / "results" / "tiny" / "sensitivity" / "vision" / size / variant
             assert (sens / "ort.csv").is_file() and (sens / "ort.json").is_file()
@@ -81,7 +89,7 @@ def test_whole_dag_builds_verified_models(finished_run):
         cmp = json.loads((sens / "compare.json").read_text())
         assert cmp["engines"] == ["ort", "inc"] and cmp["same_eval_data"] and cmp["common_ops"] > 0
         assert (wd / "results" / "tiny" / "calib" / "vision" / size / "calib.tar").is_file()
-        assert (wd / "results" / "tiny" / "benchmarks" / "export_vision" / f"{size}.tsv").is_file()
+        assert (wd / "results" / "tiny" / "benchmarks" / "vision" / size / "export.tsv").is_file()
     text = wd / "results" / "tiny" / "text"
     for variant in ("fp32", "fp16", "fp32-sim", "fp16-sim"):
         rec = json.loads((text / variant / "parity.json").read_text())
@@ -111,50 +119,43 @@ def test_rerun_has_nothing_to_do(finished_run):
 
 
 @pytest.mark.slow
-def test_changed_tolerance_reruns_only_gated_stages_downstream(finished_run):
-    """A changed FP16 param re-runs FP16 and what consumes it, nothing upstream."""
+def test_changed_fp16_setting_reruns_only_fp16_and_downstream(finished_run):
+    """A changed FP16 param re-runs FP16 of every graph and what consumes it, nothing upstream."""
     import yaml
 
     wd = finished_run
     cfg = yaml.safe_load((wd / "config.yaml").read_text())
     cfg["fp16"]["max_activation"] = 256
-    alt = wd / "alt.yaml"
-    alt.write_text(yaml.safe_dump(cfg))
-    r = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(wd),
-         "--configfile", str(alt), "-n", "--cores", "2", "--quiet", "rules"],
-        capture_output=True, text=True, timeout=300,
-    )
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
-    assert "vision_fp16" in out and "vision_simplify" in out and "sensitivity_prepare" in out
-    assert "text_fp16" in out and "text_profile" in out  # the text FP16 variant shares fp16.*
-    assert "export_vision" not in out and "vision_reference" not in out and "tiny_checkpoint" not in out
-    assert "export_text" not in out and "text_reference" not in out and "text_calibration" not in out
-    assert "calibration" not in out
-    assert "sensitivity_inc" not in out and "sensitivity_compare" not in out  # fp32-only: untouched
+    (wd / "alt.yaml").write_text(yaml.safe_dump(cfg))
+    jobs, _ = dry_run(wd, configfile="alt.yaml")
+    assert {g for rule, g in jobs if rule == "fp16"} == GRAPHS  # every tower's fp16: one rule
+    assert {"simplify", "sensitivity_prepare", "profile"} <= {r for r, _ in jobs}
+    assert not {r for r, _ in jobs} & {"reference", "export", "calibration", "calibration_tar", "tiny_checkpoint",
+                                      "sensitivity_inc", "sensitivity_compare"}  # fp32-only inc: untouched
 
 
 @pytest.mark.slow
 def test_torch_upgrade_reruns_what_torch_made_and_downstream(finished_run):
-    """torch is recorded by the stages that run it (references, exports, text calibration); the
-    tiny checkpoint (numpy-drawn weights) and the vision calibration (PIL image processor) stay."""
-    rules, out = planned(finished_run, "torch=99.0")
-    assert VISION_TORCH | TEXT_TORCH <= rules, rules
-    assert {"vision_fp16", "vision_simplify", "text_fp16", "sensitivity_prepare", "profile"} <= rules  # downstream
-    assert "tiny_checkpoint" not in rules and "calibration" not in rules, rules
+    """torch is recorded by the stages that run it (references, exports, the text calibration);
+    the tiny checkpoint (numpy-drawn weights) and the vision calibration sets (PIL image
+    processor, index helpers) stay."""
+    jobs, out = dry_run(finished_run, "torch=99.0")
+    rules = {r for r, _ in jobs}
+    assert {g for r, g in jobs if r == "reference"} == GRAPHS and {g for r, g in jobs if r == "export"} == GRAPHS
+    assert {g for r, g in jobs if r == "calibration"} == {"text"}, jobs
+    assert {"fp16", "simplify", "sensitivity_prepare", "profile"} <= rules  # downstream
+    assert "tiny_checkpoint" not in rules and "calibration_tar" not in rules, rules
     # the rules that first read torch say why: their recorded versions changed (the exports run
     # torch too, but Snakemake reports their updated inputs, the first reason it finds)
     reasons = out[out.index("Reasons:"):].split("params have changed since last execution:")[1].split("\n")[1]
-    assert {"vision_reference", "text_reference", "text_calibration", "dynamic_reference"} <= \
-        {r.strip() for r in reasons.split(",")}, reasons
+    assert {"reference", "calibration"} <= {r.strip() for r in reasons.split(",")}, reasons
     assert "Params have changed since last execution" in out and "'torch': '99.0'" in out
 
 
 @pytest.mark.slow
 def test_onnxruntime_upgrade_reruns_only_sensitivity_and_profile(finished_run):
     rules, out = planned(finished_run, "onnxruntime=99.0")
-    assert {"sensitivity_prepare", "profile", "text_sensitivity_prepare", "text_profile"} <= rules, rules
+    assert {"sensitivity_prepare", "profile"} <= rules, rules
     assert rules <= ORT_STAGES, rules - ORT_STAGES
     assert "params have changed since last execution" in out
 
@@ -162,14 +163,18 @@ def test_onnxruntime_upgrade_reruns_only_sensitivity_and_profile(finished_run):
 @pytest.mark.slow
 def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
     """Snakemake tracks a rule's script, not the modules it imports: params carry a hash of the
-    vlsens modules each script imports (transitively). A change to vlsens.compare re-runs only the
-    comparison; one to vlsens.text only the text stages."""
+    vlsens modules each script imports (transitively), and of the tower a job runs. A change to
+    vlsens.compare re-runs only the comparison; one to a tower module only that tower's graphs;
+    one to the variants module every graph's FP16/onnxsim and what follows, nothing upstream."""
     rules, _ = planned(finished_run, "vlsens.compare=edited")
     assert rules == {"sensitivity_compare"}, rules
-    rules, _ = planned(finished_run, "vlsens.text=edited")
-    assert {"text_reference", "export_text", "text_fp16", "text_simplify", "text_calibration"} <= rules, rules
-    assert not {r for r in rules if r.startswith(("vision", "export_vision", "calibration", "sensitivity_", "profile",
-                                                  "dynamic", "export_dynamic"))}
+    for module, graphs in (("vlsens.towers.text", {"text"}), ("vlsens.towers.vision_dynamic", {"vision/dynamic"})):
+        jobs, _ = dry_run(finished_run, f"{module}=edited")
+        assert {g for _, g in jobs} == graphs, jobs
+        assert {"reference", "export", "fp16", "simplify", "sensitivity_prepare", "profile"} <= {r for r, _ in jobs}
+    jobs, _ = dry_run(finished_run, "vlsens.variants=edited")
+    rules = {r for r, _ in jobs}
+    assert {"fp16", "simplify"} <= rules and not rules & {"reference", "export", "calibration", "tiny_checkpoint"}
 
 
 def test_lint_is_clean():

@@ -23,6 +23,7 @@ from vlsens import job
 from vlsens.errors import ArtifactError
 from vlsens.fsutil import file_sha256, publish, write_json
 from vlsens.onnxutil import data_path
+from vlsens.paths import MAIN, RECORD
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +41,19 @@ def file_entries(models: Iterable[str | Path]) -> dict:
     return out
 
 
-def publish_model(staged_model: Path, record: dict, out_model: str | Path, out_parity: str | Path) -> None:
-    """Move a staged, verified model into place: data file, parity record, then ``model.onnx``."""
-    out_model, out_parity = Path(out_model), Path(out_parity)
-    staged_parity = staged_model.with_name("parity.json")
-    record["files"] = file_entries([staged_model])
-    write_json(staged_parity, record)
-    publish(
-        {
-            data_path(out_model): data_path(staged_model),
-            out_parity: staged_parity,
-            out_model: staged_model,
-        },
-        last=out_model,
-    )
-    log.info("published %s", out_model)
+def publish_models(staged: dict[str, Path], record: dict, out_dir: str | Path, main: str = MAIN) -> None:
+    """Move staged, verified graph files into ``out_dir``: data files, the record
+    (``parity.json``, with ``files``), the other graphs, then ``main`` last, so its presence
+    means the folder is complete."""
+    out_dir = Path(out_dir)
+    stage = Path(staged[main]).parent
+    record["files"] = file_entries(staged.values())
+    write_json(stage / RECORD, record)
+    moves = {out_dir / data_path(Path(f)).name: data_path(p) for f, p in staged.items()}
+    moves[out_dir / RECORD] = stage / RECORD
+    moves.update({out_dir / f: Path(p) for f, p in staged.items()})
+    publish(moves, last=out_dir / main)
+    log.info("published %s", out_dir / main)
 
 
 def find_record(model: str | Path) -> tuple[Path, dict] | None:
@@ -72,10 +71,18 @@ def find_record(model: str | Path) -> tuple[Path, dict] | None:
     return None
 
 
-def verify(model: str | Path) -> None:
+#: Files this process verified already, by (path, size, mtime_ns): each is hashed once per job.
+_verified: set[tuple] = set()
+
+
+def verify(model: str | Path) -> Path:
     """Raise :class:`ArtifactError` unless ``model`` and its data file are byte for byte what
-    their record says was published."""
+    their record says was published; returns ``model``. A job calls it on every graph it reads
+    from another rule's folder."""
     model = Path(model)
+    key = _stat_key(model)
+    if key in _verified:
+        return model
     found = find_record(model)
     if found is None:
         raise ArtifactError(
@@ -97,6 +104,15 @@ def verify(model: str | Path) -> None:
                 f"{p}: {found_txt}, but {record_path} records {want['bytes']} bytes, sha256 "
                 f"{want['sha256'][:12]}… from when it was published: the file changed afterwards (truncated, "
                 f"edited or copied over). {fix_hint(model, files.get('rule'))}")
+    _verified.add(key)
+    return model
+
+
+def _stat_key(model: Path) -> tuple:
+    try:
+        return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in (model, data_path(model)))
+    except OSError:
+        return (str(model), None)
 
 
 def fix_hint(model: Path, rule: str | None) -> str:

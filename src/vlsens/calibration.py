@@ -1,13 +1,18 @@
-"""Stage: calibration and evaluation tensors for one image size.
+"""Calibration sets: what the sensitivity engines calibrate on and evaluate with, for any graph.
 
-Images are preprocessed with the checkpoint's own image processor at exactly H x W (see
-:func:`vlsens.vision.preprocess_nchw`) and split into disjoint calibration and evaluation sets
-(by content: the same picture under two names lands in one set only). Written to one folder:
+A tower builds a :class:`CalibrationSet` (:meth:`vlsens.towers.base.Tower.calibration`); this
+module writes it, the same way for every graph, into ``results/<model>/calib/<graph>/``:
 
-``calib.npz`` / ``eval.npz``   ``pixel_values`` (N, 3, H, W) float32 and ``names``
-``calib.tar`` / ``eval.tar``   one ``.npy`` per image, (1, 3, H, W): the layout NPU toolchains
-                               such as AXERA Pulsar2 take as a calibration dataset
-``manifest.json``              per image: source path, sha256, split, index; plus size and counts
+``calib.npz`` / ``eval.npz``   the feeds (:mod:`vlsens.samples`: stacked or one per feed)
+``manifest.json``              ``graph``, ``counts`` per split, one entry per sample (``name``,
+                               ``split``, ``index`` and what the tower knows: source image and its
+                               sha256, prompt, tokens, size ...), plus the tower's facts (size, seed)
+``calib.tar`` / ``eval.tar``   optional (:func:`write_npu_archive`): one ``.npy`` per sample and
+                               input, ``(1, ...)``: the layout NPU toolchains such as AXERA Pulsar2
+                               take as a calibration dataset
+
+The split files are staged and moved into place with ``manifest.json`` last. It also holds the
+image helpers the vision towers share: reading a set of images and a content-disjoint split.
 """
 
 from __future__ import annotations
@@ -16,18 +21,86 @@ import io
 import logging
 import random
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from vlsens import paths
 from vlsens.errors import ImageError
 from vlsens.fsutil import publish, staging_dir, write_json
-from vlsens.images import ImageRef, header, open_rgb
+from vlsens.images import ImageRef, open_rgb
+from vlsens.samples import Samples, load_stacked, save_stacked
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("calib", "eval")
+
+
+@dataclass
+class CalibrationSet:
+    """The calibration and evaluation feeds of one graph, and what the manifest says of them."""
+
+    splits: dict[str, Samples]
+    samples: list[dict]  # manifest entries: name, split, index, ...
+    facts: dict = field(default_factory=dict)  # manifest facts of the whole set (size, seed, ...)
+    stacked: bool = False  # write the stacked layout (graphs with a fixed batch)
+
+
+def write_calibration(cs: CalibrationSet, out_dir: str | Path, graph: str) -> dict:
+    """Write ``calib.npz``, ``eval.npz`` and ``manifest.json`` (staged; the manifest last)."""
+    out_dir = Path(out_dir)
+    manifest = {"graph": graph, **cs.facts, "counts": {k: s.count for k, s in cs.splits.items()},
+                "samples": cs.samples}
+    names = paths.CALIB_FILES
+    with staging_dir(out_dir / names["manifest"]) as tmp:
+        for split in SPLITS:
+            s = cs.splits[split]
+            if cs.stacked:
+                save_stacked(tmp / names[split], {k: np.concatenate([f[k] for f in s.feeds]) for k in s.feeds[0]},
+                             s.names)
+            else:
+                s.save(tmp / names[split])
+        write_json(tmp / names["manifest"], manifest)
+        publish({out_dir / f: tmp / f for f in names.values()}, last=out_dir / names["manifest"])
+    log.info("calibration set of %s: %s", graph, manifest["counts"])
+    return manifest
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def write_npu_archive(split_npz: str | Path, out_tar: str | Path) -> int:
+    """One ``<input>_<index>.npy`` of shape ``(1, ...)`` per sample and input of a stacked split,
+    as a tar (written atomically). Returns the number of samples."""
+    from vlsens.fsutil import atomic_file
+
+    arrays = load_stacked(split_npz)
+    n = 0
+    with atomic_file(out_tar) as tmp, tarfile.open(tmp, "w") as tar:
+        for name, rows in arrays.items():
+            for i, row in enumerate(rows):
+                data = _npy_bytes(row[None].astype(row.dtype))
+                info = tarfile.TarInfo(f"{name}_{i:04d}.npy")
+                info.size = len(data)
+                info.mtime = 0
+                tar.addfile(info, io.BytesIO(data))
+            n = len(rows)
+    return n
+
+
+def read_tar(path: str | Path) -> np.ndarray:
+    with tarfile.open(path) as tar:
+        members = sorted((m for m in tar.getmembers() if m.name.endswith(".npy")), key=lambda m: m.name)
+        return np.concatenate([np.load(io.BytesIO(tar.extractfile(m).read()), allow_pickle=False) for m in members])
+
+
+# ----------------------------------------------------------------------------------------------
+# Image sets (the vision towers)
 
 
 def load_images(refs: Sequence[ImageRef], skip_unreadable: bool = False):
@@ -64,59 +137,6 @@ def split_refs(refs: Sequence[ImageRef], shas: Sequence[str], n_calib: int, n_ev
     return {"calib": sorted(unique[:n_calib]), "eval": sorted(unique[n_calib:n_calib + n_eval])}
 
 
-def _npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr, allow_pickle=False)
-    return buf.getvalue()
-
-
-def write_tar(path: Path, arrays: np.ndarray, prefix: str = "pixel_values") -> None:
-    with tarfile.open(path, "w") as tar:
-        for i, a in enumerate(arrays):
-            data = _npy_bytes(a[None].astype(np.float32))
-            info = tarfile.TarInfo(f"{prefix}_{i:04d}.npy")
-            info.size = len(data)
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-
-
-def read_tar(path: str | Path) -> np.ndarray:
-    with tarfile.open(path) as tar:
-        members = sorted((m for m in tar.getmembers() if m.name.endswith(".npy")), key=lambda m: m.name)
-        return np.concatenate([np.load(io.BytesIO(tar.extractfile(m).read()), allow_pickle=False) for m in members])
-
-
 def load_split(path: str | Path) -> np.ndarray:
-    with np.load(path, allow_pickle=False) as z:
-        return z["pixel_values"]
-
-
-def build_calibration(checkpoint: str | Path, refs: Sequence[ImageRef], height: int, width: int,
-                      out_dir: str | Path, n_calib: int, n_eval: int, seed: int = 0,
-                      skip_unreadable: bool = False) -> dict:
-    """Write the calibration folder (all files staged, then moved into place; manifest last)."""
-    from vlsens.checkpoint import load_image_processor
-    from vlsens.vision import preprocess_nchw
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    refs, images, shas = load_images(refs, skip_unreadable)
-    split = split_refs(refs, shas, n_calib, n_eval, seed)
-    processor = load_image_processor(checkpoint)
-    manifest = {"height": height, "width": width, "seed": seed, "images": [],
-                "counts": {k: len(v) for k, v in split.items()}}
-    with staging_dir(out_dir / "manifest.json") as tmp:
-        for name in SPLITS:
-            idx = split[name]
-            pixels = preprocess_nchw(processor, [images[i] for i in idx], height, width)
-            np.savez(tmp / f"{name}.npz", pixel_values=pixels, names=np.array([refs[i].name for i in idx]))
-            write_tar(tmp / f"{name}.tar", pixels)
-            for j, i in enumerate(idx):
-                manifest["images"].append({"source": str(refs[i].path), "name": refs[i].name,
-                                           "sha256": shas[i], "split": name, "index": j, **header(refs[i])})
-        write_json(tmp / "manifest.json", manifest)
-        files = [f"{n}.{ext}" for n in SPLITS for ext in ("npz", "tar")] + ["manifest.json"]
-        publish({out_dir / f: tmp / f for f in files}, last=out_dir / "manifest.json")
-    log.info("calibration %dx%d: %s", height, width, manifest["counts"])
-    return manifest
-
+    """The ``pixel_values`` of a fixed-size vision split (stacked layout)."""
+    return load_stacked(path)["pixel_values"]

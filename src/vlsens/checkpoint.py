@@ -279,6 +279,19 @@ def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, outlier: dict | No
     return out_dir
 
 
+def check_tiny_outliers(tiny: dict) -> None:
+    """The tiny preset's planted outliers name an existing vision block / text layer."""
+    from vlsens.errors import ConfigError
+
+    outlier, text = tiny.get("outlier"), tiny.get("text_outlier")
+    if outlier and not 0 <= int(outlier["block"]) < TINY_VISION["depth"]:
+        raise ConfigError(f"model.tiny.outlier.block: {outlier['block']} is not a vision block "
+                          f"(0..{TINY_VISION['depth'] - 1}).")
+    if text and not 0 <= int(text["layer"]) < TINY_TEXT["num_hidden_layers"]:
+        raise ConfigError(f"model.tiny.text_outlier.layer: {text['layer']} is not a text layer "
+                          f"(0..{TINY_TEXT['num_hidden_layers'] - 1}).")
+
+
 # --------------------------------------------------------------------------------------------
 # Checking and loading
 # --------------------------------------------------------------------------------------------

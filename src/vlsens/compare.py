@@ -20,7 +20,7 @@ import numpy as np
 
 from vlsens.errors import VlsensError
 from vlsens.fsutil import write_json
-from vlsens.sensitivity import read_csv
+from vlsens.sensitivity.ranking import read_csv
 
 #: engine -> sign that turns its CSV's ``mse`` into "higher = more sensitive"
 SCORE_SIGN = {"ort": 1.0, "inc": -1.0}

@@ -1,4 +1,5 @@
-"""Stage: FP32 ONNX -> FP16 ONNX (I/O kept FP32) with a range-based FP32 fallback.
+"""FP32 ONNX -> FP16 ONNX (I/O kept FP32) with a range-based FP32 fallback (a pure transform;
+:mod:`vlsens.variants` gates and publishes).
 
 Two facts shape this:
 
@@ -20,17 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens import parity
-from vlsens.artifacts import publish_model
-from vlsens.fsutil import copy_file, staging_dir
-from vlsens.onnxutil import (
-    check_model,
-    data_path,
-    make_session,
-    save_with_external_data,
-    untie_identity_initializers,
-)
-from vlsens.vision import Reference
+from vlsens.fsutil import copy_file
+from vlsens.onnxutil import check_model, data_path, make_session, save_with_external_data, untie_identity_initializers
 
 log = logging.getLogger(__name__)
 
@@ -265,24 +257,3 @@ def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, m
         "untied_initializers": untied,
         "observed_max_activation": max(absmax.values()) if absmax else 0.0,
     }
-
-
-def convert_vision_fp16(src_model: str | Path, reference_path: str | Path, out_model: str | Path,
-                        out_parity: str | Path, tolerance: dict, max_activation: float,
-                        max_initializer: float = FP16_MAX, threads: int = 0, device: str = "auto",
-                        variant: str = "fp16") -> dict:
-    """Convert, gate against the transformers reference, publish model + data + parity.json."""
-    out_model = Path(out_model)
-    ref = Reference.load(reference_path)
-    sess = make_session(src_model, threads=threads, device="cpu")
-    inp = sess.get_inputs()[0]
-    batch = inp.shape[0] if isinstance(inp.shape[0], int) else 1
-    del sess
-    feeds = [{inp.name: ref.pixel_values[i:i + batch]} for i in range(0, len(ref.pixel_values) - batch + 1, batch)]
-    with staging_dir(out_model) as tmp:
-        staged = tmp / out_model.name
-        extra = convert_fp16(src_model, feeds, staged, max_activation, max_initializer, threads, device)
-        record = parity.check_vision(staged, ref, tolerance, variant=variant, threads=threads,
-                                     device=device, extra=extra, artifact=out_model)
-        publish_model(staged, record, out_model, out_parity)
-    return record

@@ -1,4 +1,5 @@
-"""Publishing files: nothing partial may look complete, nothing private, nothing left behind.
+"""The I/O layer: every file vlsens writes goes through here. Nothing partial may look complete,
+nothing private, nothing left behind.
 
 Every file vlsens publishes is written under a temporary name first and moved into place with
 ``os.replace`` (atomic on one file system). The temporary name belongs to the output it becomes:
@@ -163,6 +164,39 @@ def savez(path: str | Path, arrays: dict) -> None:
 
     with atomic_file(path, suffix=".npz") as tmp:
         np.savez(tmp, **arrays)
+
+
+def savez_stream(path: str | Path, arrays) -> int:
+    """Write arrays as they come (one in memory at a time) into an ``.npz`` named ``00000``,
+    ``00001``, ... atomically; returns how many were written."""
+    import zipfile
+
+    import numpy as np
+
+    n = 0
+    with atomic_file(path, suffix=".npz") as tmp:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for i, arr in enumerate(arrays):
+                with zf.open(f"{i:05d}.npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.asarray(arr), allow_pickle=False)
+                n += 1
+    return n
+
+
+def write_csv(path: str | Path, rows: list[dict], columns: list[str]) -> None:
+    """A CSV of ``rows`` with exactly ``columns`` (floats with 9 significant digits), atomically."""
+    import pandas as pd
+
+    with atomic_file(path) as tmp:
+        pd.DataFrame(rows, columns=columns).to_csv(tmp, index=False, float_format="%.9g")
+
+
+def write_yaml(path: str | Path, data) -> None:
+    """YAML in the given key order, atomically."""
+    import yaml
+
+    with atomic_file(path) as tmp:
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
 
 
 def copy_file(src: str | Path, dst: str | Path) -> None:

@@ -130,6 +130,8 @@ def image_problems(entries: list[dict], min_side: int, max_aspect_ratio: float) 
     """What is wrong with images (entries with path, width, height), one line each."""
     out = []
     for e in entries:
+        if "error" in e:
+            continue  # unreadable: see vlsens.config.check_images
         w, h = int(e["width"]), int(e["height"])
         if min(w, h) < min_side:
             out.append(f"'{e['path']}' is {w}x{h} pixels, smaller than {min_side} pixels on a side "

@@ -95,13 +95,20 @@ def checkpoint_manifest(directory: str | Path, cache: HashCache) -> dict:
 
 
 def image_manifest(refs: Sequence[ImageRef], cache: HashCache) -> dict:
-    """Each image with its hash and what its header says (size, mode); decodes nothing."""
+    """Each image with its hash and what its header says (size, mode); decodes nothing. An image
+    whose header cannot be read gets ``error`` instead (:func:`vlsens.config.check_images` decides
+    whether that stops the DAG)."""
+    from vlsens.errors import ImageError
     from vlsens.images import header
 
     out = []
     for r in refs:
         size, digest = cache.sha256(r.path)
-        out.append({"path": str(r.path), "name": r.name, "bytes": size, "sha256": digest, **header(r)})
+        try:
+            facts = header(r)
+        except ImageError as e:
+            facts = {"error": str(e)}
+        out.append({"path": str(r.path), "name": r.name, "bytes": size, "sha256": digest, **facts})
     return {"images": out}
 
 

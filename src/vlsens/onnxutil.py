@@ -8,7 +8,6 @@ sizes keeps the DAG uniform). Only path-based ONNX APIs touch models that may ex
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -113,18 +112,36 @@ def available_providers(device: str = "auto") -> list[str]:
 
 
 def make_session(path: str | Path, threads: int = 0, device: str = "auto",
-                 providers: Sequence[str] | None = None, optimize: bool = True):
-    """An InferenceSession; ``threads`` = 0 lets ORT choose."""
+                 providers: Sequence[str] | None = None, basic: bool = False):
+    """An InferenceSession; ``threads`` = 0 lets ORT choose. ``basic``: basic graph optimizations
+    only (Q/DQ stay fake quantization, not fused into integer kernels: the sensitivity engine's
+    arithmetic), else ORT's default level."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if basic:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
     return ort.InferenceSession(str(path), sess_options=so, providers=list(providers or available_providers(device)))
+
+
+def input_batch(model) -> tuple[str, int | None]:
+    """Name and fixed batch size (the static first dimension; None when dynamic) of the first
+    input of a model: a path, a ModelProto or an InferenceSession."""
+    import onnx
+
+    if hasattr(model, "get_inputs"):  # a session
+        inp = model.get_inputs()[0]
+        d0 = inp.shape[0] if inp.shape else None
+        return inp.name, (d0 if isinstance(d0, int) and d0 > 0 else None)
+    m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    inp = m.graph.input[0]
+    dims = inp.type.tensor_type.shape.dim
+    d0 = dims[0] if len(dims) else None
+    return inp.name, (d0.dim_value if d0 is not None and d0.HasField("dim_value") and d0.dim_value > 0 else None)
 
 
 def untie_identity_initializers(model) -> int:

@@ -1,19 +1,28 @@
-"""Parity gates: an ONNX artifact against transformers' PyTorch output on real images.
+"""Parity gates: ONNX graphs against transformers' PyTorch outputs on real inputs.
 
-The record (``parity.json`` next to the model) has these stable keys:
+:func:`check` runs every parity case (:mod:`vlsens.cases`) through the graph file it names, one
+session per file, and compares the output with the reference at the case's valid positions
+(:mod:`vlsens.metrics`). A graph with a fixed batch gets each case in that batch (padded rows
+dropped). The record (``parity.json`` next to the model; schema
+``workflow/schemas/records/parity.schema.yaml``) has these stable keys:
 
-``artifact``      path of the model checked
-``variant``       fp32, fp16, fp32-sim, fp16-sim, ...
+``artifact``      the model folder or file checked
+``variant``       fp32, fp16, fp32-sim, fp16-sim
 ``passed``        bool
-``metrics``       worst case over the inputs: ``max_abs_diff``, ``max_rel_error`` (max abs diff
-                  divided by the reference's max abs value), ``mean_abs_diff``, ``min_cosine``
-``per_input``     the same metrics for each image, with ``image`` and ``sha256``
+``metrics``       worst case over the cases: ``max_abs_diff``, ``max_rel_error`` (max abs diff
+                  divided by the reference's max abs value), ``mean_abs_diff``, ``min_cosine``, and
+                  for logits ``min_top1_agreement``
+``per_input``     the same metrics for each case, with ``case``, ``graph``, ``shape`` (of its first
+                  input) and the case's facts (fixed-size vision: ``image``, ``sha256``)
 ``tolerance``     ``min_cosine`` and ``max_rel_error`` the artifact had to meet
-``reference``     what the ONNX output was compared with
-``inputs``        the images used (name, sha256), ``input_shape``
+``reference``     what the ONNX outputs were compared with
+``inputs``        the cases (``case``, ``graph`` and their facts); ``input_shape``: each case's
+                  first input shape
 ``providers``     ONNX Runtime execution providers used
 ``versions``      library versions
-``extra``         stage-specific facts (e.g. FP16 fallback nodes)
+``extra``         stage facts (exporter and opset; FP16 fallback nodes; onnxsim node counts)
+``files``         bytes and sha256 of every graph file and its data, and the rule that wrote them
+                  (added when the model is published, :mod:`vlsens.artifacts`)
 """
 
 from __future__ import annotations
@@ -24,75 +33,47 @@ from typing import Any
 
 import numpy as np
 
+from vlsens.cases import Cases
 from vlsens.errors import ParityError
+from vlsens.metrics import compare
 from vlsens.onnxutil import make_session
+from vlsens.samples import run_fitted
 from vlsens.versions import RECORD_LIBRARIES, versions
 
 log = logging.getLogger(__name__)
 
 
-def compare(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
-    """Difference metrics between two arrays of the same shape (computed in float64)."""
-    a = np.asarray(actual, dtype=np.float64).ravel()
-    b = np.asarray(expected, dtype=np.float64).ravel()
-    if a.shape != b.shape:
-        raise ValueError(f"shape mismatch: {np.shape(actual)} vs {np.shape(expected)}")
-    diff = np.abs(a - b)
-    scale = float(np.max(np.abs(b))) or 1.0
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    cos = float(a @ b / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
-    finite = bool(np.isfinite(a).all())
-    return {
-        "max_abs_diff": float(diff.max()) if finite else float("inf"),
-        "mean_abs_diff": float(diff.mean()) if finite else float("inf"),
-        "max_rel_error": float(diff.max() / scale) if finite else float("inf"),
-        "cosine": cos if finite else -1.0,
-    }
-
-
-def run_batched(session, input_name: str, data: np.ndarray, batch: int) -> np.ndarray:
-    """Run ``session`` over ``data`` in chunks of the graph's fixed ``batch`` size."""
-    n = len(data)
-    if n % batch:  # pad the last batch by repeating inputs; padded outputs are dropped
-        data = np.concatenate([data, data[np.arange(batch - n % batch) % n]], axis=0)
-    outs = [session.run(None, {input_name: data[i:i + batch]})[0] for i in range(0, len(data), batch)]
-    return np.concatenate(outs, axis=0)[:n]
-
-
-def check_vision(model_path: str | Path, reference, tolerance: dict, variant: str,
-                 threads: int = 0, device: str = "auto", extra: dict[str, Any] | None = None,
-                 artifact: str | Path | None = None) -> dict:
-    """Compare a fixed-size vision graph with the transformers reference.
-
-    Returns the parity record; raises :class:`ParityError` (carrying the record) when any input
-    misses ``tolerance``.
-    """
-    sess = make_session(model_path, threads=threads, device=device)
-    inp = sess.get_inputs()[0]
-    batch = inp.shape[0] if isinstance(inp.shape[0], int) else 1
-    out = run_batched(sess, inp.name, reference.pixel_values, batch)
-    per_input = []
-    for i, (name, sha) in enumerate(zip(reference.names, reference.sha256)):
-        m = compare(out[i], reference.features[i])
-        per_input.append({"image": name, "sha256": sha, **m})
-    record = make_record(
-        artifact or model_path, variant, per_input, tolerance,
-        reference="transformers Qwen2_5_VLModel.get_image_features (PyTorch, float32)",
-        inputs=reference.inputs, input_shape=list(reference.pixel_values.shape),
-        providers=sess.get_providers(), extra=extra,
-    )
+def check(models: dict[str, Path], cases: Cases, tolerance: dict, variant: str, threads: int = 0,
+          device: str = "auto", extra: dict[str, Any] | None = None, artifact: str | Path | None = None) -> dict:
+    """The parity record of ``models`` (``{graph file: path}``) on every case; raises
+    :class:`ParityError` (carrying the record) when any case misses ``tolerance``."""
+    missing = [g for g in cases.graphs if g not in models]
+    if missing:
+        raise ParityError(f"parity cases name graph(s) {missing} that were not given ({sorted(models)})")
+    per_input, providers = [], []
+    for graph in cases.graphs:
+        sess = make_session(models[graph], threads=threads, device=device)
+        providers = sess.get_providers()
+        for c in cases.for_graph(graph):
+            out = run_fitted(sess, c.inputs)
+            per_input.append({"case": c.name, "graph": graph, "shape": list(np.shape(next(iter(c.inputs.values())))),
+                              **c.meta, **compare(out, c.expected, c.valid, c.logits)})
+        del sess
+    record = make_record(artifact or next(iter(models.values())), variant, per_input, tolerance, cases.source,
+                         providers, extra)
     gate(record)
     return record
 
 
-def make_record(artifact, variant, per_input, tolerance, reference, inputs, input_shape,
-                providers, extra=None) -> dict:
+def make_record(artifact, variant, per_input, tolerance, reference, providers, extra=None) -> dict:
     metrics = {
         "max_abs_diff": max(p["max_abs_diff"] for p in per_input),
         "mean_abs_diff": float(np.mean([p["mean_abs_diff"] for p in per_input])),
         "max_rel_error": max(p["max_rel_error"] for p in per_input),
         "min_cosine": min(p["cosine"] for p in per_input),
     }
+    if any("top1_agreement" in p for p in per_input):
+        metrics["min_top1_agreement"] = min(p["top1_agreement"] for p in per_input if "top1_agreement" in p)
     tol = {"min_cosine": float(tolerance["min_cosine"]), "max_rel_error": float(tolerance["max_rel_error"])}
     passed = metrics["min_cosine"] >= tol["min_cosine"] and metrics["max_rel_error"] <= tol["max_rel_error"]
     return {
@@ -103,12 +84,15 @@ def make_record(artifact, variant, per_input, tolerance, reference, inputs, inpu
         "per_input": per_input,
         "tolerance": tol,
         "reference": reference,
-        "inputs": inputs,
-        "input_shape": input_shape,
+        "inputs": [{k: v for k, v in p.items() if k not in _METRIC_KEYS and k != "shape"} for p in per_input],
+        "input_shape": [p["shape"] for p in per_input],
         "providers": list(providers),
         "versions": versions(*RECORD_LIBRARIES),
         "extra": extra or {},
     }
+
+
+_METRIC_KEYS = {"max_abs_diff", "mean_abs_diff", "max_rel_error", "cosine", "top1_agreement", "positions"}
 
 
 def gate(record: dict) -> None:

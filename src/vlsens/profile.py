@@ -22,13 +22,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
-from vlsens.artifacts import file_entries
-from vlsens.fsutil import publish, staging_dir, write_json
-from vlsens.onnxutil import copy_model, data_path, make_session
+from vlsens.artifacts import file_entries, verify
 from vlsens.errors import VlsensError
+from vlsens.fsutil import publish, staging_dir, write_json, write_yaml
+from vlsens.metrics import Metrics
+from vlsens.onnxutil import copy_model, data_path, make_session
+from vlsens.paths import PROFILE_FILES
 from vlsens.quant import quantize, quantized_ops
-from vlsens.sensitivity import read_csv
-from vlsens.sensitivity_stage import Engine
+from vlsens.sensitivity.engine import Engine, is_logits
+from vlsens.sensitivity.ranking import read_csv
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +86,11 @@ def inc_op_name_dict(excluded: Sequence[str], op_types: dict[str, str]) -> dict:
 def deployment_session(model: str | Path, threads: int = 0):
     """A normal session (default optimizations); FP16 Q/DQ graphs that ORT's fusions reject
     (fp16 scales in QLinear* kernels) fall back to basic optimizations. Returns (session, mode)."""
-    from vlsens.quant import engine_session
-
     try:
         return make_session(model, threads=threads), "default"
     except Exception as e:  # noqa: BLE001  (ORT raises its own Fail / InvalidGraph types)
         log.info("default session refused %s (%s); using basic optimizations (recorded in eval.json)", model, str(e)[:160])
-        return engine_session(model, threads=threads), "basic (default optimizations refused the graph)"
+        return make_session(model, threads=threads, basic=True), "basic (default optimizations refused the graph)"
 
 
 def latency_ms(model: str | Path, feed: dict, runs: int = 10, threads: int = 0) -> float:
@@ -107,11 +107,8 @@ def latency_ms(model: str | Path, feed: dict, runs: int = 10, threads: int = 0) 
 def deployed_metrics(model: str | Path, float_session, samples, threads: int = 0) -> tuple[dict, str]:
     """Metrics of ``model`` (a :func:`deployment_session`) against the float model's deployed
     outputs, feed by feed (nothing accumulated but sums). Returns (metrics, session mode)."""
-    from vlsens.samples import StreamMetrics
-    from vlsens.sensitivity import is_logits
-
     sess, mode = deployment_session(model, threads)
-    acc = StreamMetrics(is_logits(sess))
+    acc = Metrics(is_logits(sess))
     for feed, valid in zip(samples.feeds, samples.valid):
         acc.add(sess.run(None, feed)[0], float_session.run(None, feed)[0], valid)
     return acc.result(), mode
@@ -121,9 +118,8 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
                   base_models: dict[str, str | Path], out_dir: str | Path, metric: str, value: float,
                   max_evals: int = 200, variant: str = "fp32", threads: int = 0,
                   fail_if_unreachable: bool = False) -> dict:
-    import yaml
-
     eng_dir = Engine(engine_dir)
+    base_models = {k: verify(p) for k, p in base_models.items()}
     rows = {r["op"]: r for r in read_csv(ranking_csv)}
     ranking = [r["op"] for r in sorted(rows.values(), key=lambda r: -int(r["rank"]))]  # least sensitive first
     evals = eng_dir.samples(eval_npz)
@@ -210,11 +206,11 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
                    f"rank {r['rank']}/{len(rows)} (MSE {float(r['mse']):.3g} alone); INT8 here breaks the target")
             profile["ops"][n] = {"precision": "int8" if n in chosen_set else ("fp16" if variant.startswith("fp16") else "fp32"),
                                  "op_type": r["op_type"], "block": r["block"], "role": r["role"], "why": why}
-        (tmp / "profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False, width=120))
-        write_json(tmp / "nodes_to_exclude.json", {"nodes_to_exclude": excluded})
-        write_json(tmp / "inc_op_name_dict.json", inc_op_name_dict(excluded, {n: rows[n]["op_type"] for n in rows}))
+        f = {k: tmp / v for k, v in PROFILE_FILES.items()}
+        write_yaml(f["profile"], profile)
+        write_json(f["exclude"], {"nodes_to_exclude": excluded})
+        write_json(f["inc"], inc_op_name_dict(excluded, {n: rows[n]["op_type"] for n in rows}))
         eval_record["files"] = file_entries([model])
-        write_json(tmp / "eval.json", eval_record)
-        files = ["profile.yaml", "nodes_to_exclude.json", "inc_op_name_dict.json", "model.onnx.data", "eval.json", "model.onnx"]
-        publish({out_dir / f: tmp / f for f in files}, last=out_dir / "model.onnx")
+        write_json(f["eval"], eval_record)
+        publish({out_dir / v: f[k] for k, v in PROFILE_FILES.items()}, last=out_dir / PROFILE_FILES["model"])
     return eval_record

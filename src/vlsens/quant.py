@@ -159,34 +159,7 @@ def quantized_ops(model_path: str | Path, ops: Sequence[str]) -> set[str]:
     return out
 
 
-def engine_session(path: str | Path, threads: int = 0, providers: Sequence[str] | None = None):
-    """An ORT session with basic optimizations only: Q/DQ stay as they are (fake quantization),
-    so the fast engine and the one-model-per-op reference compute exactly the same thing."""
-    import onnxruntime as ort
+def select_ops(model_path: str | Path, settings: QuantSettings) -> list[Op]:
+    import onnx
 
-    from vlsens.onnxutil import available_providers
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    if threads:
-        so.intra_op_num_threads = int(threads)
-        so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=so, providers=list(providers or available_providers("auto")))
-
-
-def output_metrics(actual: np.ndarray, reference: np.ndarray) -> dict[str, float]:
-    """MSE, cosine and SQNR (dB) of a model output against the float reference."""
-    a = np.asarray(actual, dtype=np.float64).ravel()
-    r = np.asarray(reference, dtype=np.float64).ravel()
-    err = a - r
-    mse = float(np.mean(err * err))
-    noise = float(np.sum(err * err))
-    signal = float(np.sum(r * r))
-    na, nr = np.linalg.norm(a), np.linalg.norm(r)
-    cos = float(a @ r / (na * nr)) if na > 0 and nr > 0 else float(na == nr)
-    sqnr = float("inf") if noise == 0 else (float(10.0 * np.log10(signal / noise)) if signal > 0 else float("-inf"))
-    if not np.isfinite(a).all():
-        return {"mse": float("inf"), "cosine": -1.0, "sqnr_db": float("-inf")}
-    return {"mse": mse, "cosine": cos, "sqnr_db": sqnr}
-
+    return quantizable_ops(onnx.load(str(model_path), load_external_data=False), settings.op_types)

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vlsens.dynamic import graph_inputs
+from vlsens.towers.vision_dynamic import graph_inputs
 
 
 def _session(path, threads: int = 0, device: str = "auto"):

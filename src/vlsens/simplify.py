@@ -1,9 +1,10 @@
-"""Stage: onnxsim on an FP32 or FP16 model, its check fed real images, then our own parity gate.
+"""onnxsim on an FP32 or FP16 model, its own check fed real inputs (a pure transform;
+:mod:`vlsens.variants` gates against transformers and publishes).
 
 onnxsim's own check copies the model and feeds random data unless given ``input_data``; random
 index tensors break dynamic graphs, and above ~2 GB the copy costs several GB of memory (onnxsim
-0.8.1 peaked at 9.3 GiB on the 2.7 GB Qwen2.5-VL-3B vision tower). So: its check runs with the parity images for models up to
-``check_max_bytes``, and the vlsens parity gate against transformers runs always.
+0.8.1 peaked at 9.3 GiB on the 2.7 GB Qwen2.5-VL-3B vision tower). So its check runs with a
+parity input for models up to ``check_max_bytes``, and the vlsens parity gate runs always.
 """
 
 from __future__ import annotations
@@ -11,12 +12,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from vlsens import parity
-from vlsens.artifacts import publish_model
 from vlsens.errors import ParityError
-from vlsens.fsutil import staging_dir
-from vlsens.onnxutil import check_model, data_path, make_session, resave
-from vlsens.vision import Reference
+from vlsens.onnxutil import check_model, data_path, resave
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +43,3 @@ def simplify_model(src_model: str | Path, input_data: dict, staged_model: Path,
         "nodes_after": nodes_after,
         "source": str(src_model),
     }
-
-
-def simplify_vision(src_model: str | Path, reference_path: str | Path, out_model: str | Path,
-                    out_parity: str | Path, tolerance: dict, variant: str,
-                    check_max_bytes: int = 2_000_000_000, threads: int = 0, device: str = "auto") -> dict:
-    out_model = Path(out_model)
-    ref = Reference.load(reference_path)
-    sess = make_session(src_model, threads=threads, device="cpu")
-    inp = sess.get_inputs()[0]
-    batch = inp.shape[0] if isinstance(inp.shape[0], int) else 1
-    del sess
-    with staging_dir(out_model) as tmp:
-        staged = tmp / out_model.name
-        extra = simplify_model(src_model, {inp.name: ref.pixel_values[:batch]}, staged, check_max_bytes)
-        record = parity.check_vision(staged, ref, tolerance, variant=variant, threads=threads,
-                                     device=device, extra=extra, artifact=out_model)
-        publish_model(staged, record, out_model, out_parity)
-    return record

@@ -22,11 +22,12 @@ STAGE_LIBRARIES = {
     "checkpoint": ("transformers", "tokenizers", "safetensors", "numpy"),
     "reference": ("torch", "transformers", "pillow", "numpy"),
     "calibration": ("transformers", "pillow", "numpy"),  # the image processor's PIL path, no torch
-    "text_calibration": ("torch", "transformers", "pillow", "numpy"),
     "export": ("torch", "transformers", "onnx"),
     "fp16": ("onnx", "onnxconverter-common"),
     "simplify": ("onnx", "onnxsim"),
     "sensitivity": ("onnx", "onnxruntime"),
+    "compare": (),
+    "npu_archive": ("numpy",),
 }
 #: Libraries recorded in every parity record (not rerun triggers: a gate re-checks, it does not
 #: change the artifact).
@@ -66,13 +67,16 @@ def stage_versions(*stages: str) -> dict[str, str]:
 
 
 def _module_file(name: str) -> str | None:
-    """The source file of vlsens module ``name`` (None for anything else, e.g. a class name)."""
+    """The source file of vlsens module or package ``name`` (None for anything else, e.g. a class
+    name)."""
     parts = name.split(".")
     if parts[0] != "vlsens":
         return None
-    base = Path(__file__).resolve().parent
-    path = base.joinpath(*parts[1:]).with_suffix(".py") if len(parts) > 1 else base / "__init__.py"
-    return str(path) if path.is_file() else None
+    base = Path(__file__).resolve().parent.joinpath(*parts[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if len(parts) > 1 and path.is_file() or len(parts) == 1 and path.name == "__init__.py":
+            return str(path)
+    return None
 
 
 def _vlsens_imports(path: str) -> set[str]:
@@ -109,25 +113,46 @@ def code_files(*modules: str) -> list[str]:
             continue
         seen[name] = path
         todo.extend(_vlsens_imports(path) - set(seen))
+        todo.extend(name.rsplit(".", i)[0] for i in range(1, name.count(".")))  # enclosing packages
     return [seen[k] for k in sorted(seen)]
+
+
+def _name_of(path: str) -> str:
+    rel = Path(path).resolve().relative_to(Path(__file__).resolve().parent).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(["vlsens", *parts])
 
 
 def code_version(*modules: str) -> str:
     """Short sha256 of the package code a stage runs (``modules`` and their vlsens imports).
-    ``VLSENS_VERSION_OVERRIDES`` may name ``vlsens.<module>`` to preview a code change."""
+    ``VLSENS_VERSION_OVERRIDES`` may name ``vlsens.<module>`` to preview a code change. A module
+    outside vlsens (a tower named in the config) counts by its own file."""
     import hashlib
+    import importlib.util
 
     ov = overrides()
     h = hashlib.sha256()
     for path in code_files(*modules):
-        name = "vlsens." + Path(path).stem if Path(path).stem != "__init__" else "vlsens"
+        name = _name_of(path)
         h.update(name.encode())
         h.update(ov[name].encode() if name in ov else Path(path).read_bytes())
+    for name in sorted(m for m in modules if not m.startswith("vlsens")):
+        spec = importlib.util.find_spec(name)
+        h.update(name.encode())
+        h.update(ov[name].encode() if name in ov else Path(spec.origin).read_bytes() if spec and spec.origin else b"")
     return h.hexdigest()[:16]
 
 
-def script_code_version(script: str | Path) -> str:
+def script_code_version(script: str | Path, *extra: str) -> str:
     """:func:`code_version` of the vlsens modules a workflow script imports (the script itself
-    is tracked by Snakemake)."""
+    is tracked by Snakemake), plus ``extra`` modules it loads by name (its tower's)."""
     mods = sorted(m for m in _vlsens_imports(str(script)) if _module_file(m))
-    return code_version(*mods)
+    return code_version(*mods, *extra)
+
+
+def provenance(stage: str, script: str | Path, *modules: str, libraries: tuple[str, ...] | None = None) -> dict:
+    """The rerun-trigger param of a rule: the versions of the libraries its output depends on
+    (``libraries``, default :data:`STAGE_LIBRARIES` of ``stage``) and the hash of the code it
+    runs (the script's vlsens imports and ``modules``)."""
+    return {"versions": versions(*(libraries or STAGE_LIBRARIES[stage])),
+            "code": script_code_version(script, *modules)}

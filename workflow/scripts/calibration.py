@@ -1,16 +1,16 @@
-"""Calibration and evaluation tensors for one size."""
+"""Calibration and evaluation feeds of one graph (calib.npz, eval.npz, manifest.json)."""
 import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
-from vlsens.calibration import build_calibration
-from vlsens.inputs import checkpoint_dir, image_refs
+from pathlib import Path
+
+from vlsens import stages, towers
+from vlsens.inputs import checkpoint_dir
 from vlsens.scripting import run
-from vlsens.vision import parse_size
 
 
 def main(sm):
-    h, w = parse_size(sm.wildcards.size)
-    refs = image_refs(sm.input.images)
-    build_calibration(checkpoint_dir(sm.input.checkpoint), refs, h, w, sm.output.manifest.rsplit("/", 1)[0],
-                      sm.params.num_calib, sm.params.num_eval, sm.params.seed, sm.params.skip_unreadable)
+    inputs = {k: (v if isinstance(v, str) else list(v)) for k, v in sm.input.items() if k != "checkpoint"}
+    stages.calibration(towers.for_graph(sm.config, sm.wildcards.graph), checkpoint_dir(sm.input.checkpoint), inputs,
+                       Path(sm.output.manifest).parent, sm.params.settings)
 
 
 run(snakemake, main)  # noqa: F821

@@ -29,7 +29,7 @@ if not args.tune and not args.csv:
 
 
 def main(_sm):
-    from vlsens.inc import sensitivity_stage, tune_stage
+    from vlsens.inc.stages import sensitivity_stage, tune_stage
     from vlsens.quant import QuantSettings
 
     settings = QuantSettings.from_config(json.loads(args.settings))

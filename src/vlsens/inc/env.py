@@ -1,11 +1,13 @@
 """The ``inc`` engine's environment, seen from the main one (DAG build, Makefile).
 
-Engine ``inc`` runs in its own interpreter (see :mod:`vlsens.inc` for why). This module finds it,
-checks it when the DAG is built (a missing or wrong environment is a clear error before any job
-starts) and reads its pins from ``envs/inc.yaml`` for the Makefile's ``.venv-inc``::
+Engine ``inc`` runs in its own interpreter (see :mod:`vlsens.inc` for why). This module finds it
+(:func:`resolve`: conda's ``python`` under ``--sw-deployment-method conda``, else
+``sensitivity.inc.python``), checks it and the settings it must honour when the DAG is built (a
+missing or wrong environment is a clear error before any job starts), and reads its pins from
+``envs/inc.yaml`` for the Makefile's ``.venv-inc``::
 
-    python -m vlsens.inc_env requirements envs/inc.yaml   # pip requirement lines
-    python -m vlsens.inc_env enabled config/config.yaml   # exit 0 when a config enables inc
+    python -m vlsens.inc.env requirements envs/inc.yaml   # pip requirement lines
+    python -m vlsens.inc.env enabled config/config.yaml   # exit 0 when a config enables inc
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 from pathlib import Path
 
 from vlsens.errors import ConfigError
-from vlsens.inc import INC_VERSION, SETUP_HINT
+from vlsens.inc.settings import INC_VERSION, SETUP_HINT, check_settings
 from vlsens.versions import overrides
 
 DEFAULT_PYTHON = ".venv-inc/bin/python"
@@ -96,6 +98,32 @@ def requirements(env_yaml: str | Path) -> list[str]:
 
     env = yaml.safe_load(Path(env_yaml).read_text())
     return next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+
+
+def check_config(config: dict, towers) -> None:
+    """What engine ``inc`` can do, for a config that enables it: FP32 graphs of towers that support
+    it, and settings INC's adaptor honours."""
+    from vlsens.quant import QuantSettings
+
+    sens = config["sensitivity"]
+    fp32 = [t.graph for t in towers if "inc" in t.engines and "fp32" in t.analysed_variants()]
+    if not fp32:
+        raise ConfigError(
+            f"sensitivity.engines: 'inc' analyses the fp32 variant only (of fixed-size vision graphs: INC's ONNX "
+            f"Runtime adaptor cannot quantize FP16 graphs), but sensitivity.variants is {sens['variants']}; add fp32 "
+            "or drop 'inc'.")
+    problems = check_settings(QuantSettings.from_config(sens))
+    if problems:
+        raise ConfigError("; ".join(problems) + " (or drop 'inc' from sensitivity.engines).")
+
+
+def resolve(config: dict, basedir: str | Path, conda: bool, env_yaml: str | Path) -> tuple[str, dict]:
+    """Engine ``inc``'s interpreter and the versions its rules record: conda builds ``env_yaml``
+    (its pins are recorded), else ``sensitivity.inc.python`` is probed now."""
+    if conda:
+        return "python", pinned_versions(env_yaml)
+    python = resolve_python(config["sensitivity"]["inc"]["python"], basedir)
+    return python, check_interpreter(python)
 
 
 def enabled(config_yaml: str | Path) -> bool:

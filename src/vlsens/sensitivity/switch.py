@@ -1,52 +1,26 @@
-"""Per-op quantization sensitivity: the ``ort`` engine.
+"""The switch model: one ONNX graph in which every quantizable op can be INT8 or float.
 
-Question asked for every quantizable op k: how far does the model's final output on the
-evaluation set move from the float output when *only k* runs in INT8 (ONNX Runtime QDQ, same
-settings and calibration as a deployment would use)?
-
-The straightforward method (:func:`straightforward_sensitivity`) builds one quantized model and
-one session per op. The engine gets the same numbers at close to the cost of one forward pass per
-op: calibration runs once, ``quantize_static`` runs once with every op selected, and a *switch
-model* is built from that result and the float model. In it every quantizable node k becomes
+Built from the float model and ORT's all-op QDQ model (``quantize_static`` with every op
+selected). In it every quantizable node k becomes
 
     If(mask[k]) then:  Q/DQ(inputs) -> k -> Q/DQ(output)      (copied from ORT's QDQ model)
                 else:  k on the float inputs
 
-with ``mask`` a boolean graph input, so one session evaluates any set of INT8 ops and ONNX Runtime
-executes only the taken branch. Both methods run with basic graph optimizations (Q/DQ not fused
-into integer kernels), which makes them compute exactly the same arithmetic; tests check that
-their outputs are identical on the tiny model.
+and every activation tensor ORT quantized becomes ``If(mask[t]) then DQ(Q(t)) else t``, with
+``mask`` a boolean graph input (:data:`MASK_INPUT`), so one session evaluates any set of INT8 ops
+and ONNX Runtime executes only the taken branch. Every Q/DQ node and quantized initializer is
+ORT's own, so scales, zero points and rounded weights are exactly a deployment's.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from vlsens.quant import (
-    Op,
-    QuantSettings,
-    engine_session,
-    output_metrics,
-    quantizable_ops,
-    quantize,
-)
-
-log = logging.getLogger(__name__)
-
 MASK_INPUT = "vlsens_int8_mask"
-CSV_COLUMNS = ["rank", "op", "op_type", "block", "role", "weight_params", "mse", "cosine", "sqnr_db"]
-#: Extra columns of text (logits) CSVs: KL(float || int8) per position and top-1 agreement.
-LOGIT_COLUMNS = ["kl", "top1"]
 
-
-# --------------------------------------------------------------------------------------------
-# The switch model
-# --------------------------------------------------------------------------------------------
 
 class SwitchMap:
     """Which switches of the mask input belong to which ops.
@@ -249,155 +223,3 @@ def _copy_node(node, rename: dict[str, str], name: str):
     for i, x in enumerate(n.output):
         n.output[i] = rename.get(x, x)
     return n
-
-
-# --------------------------------------------------------------------------------------------
-# Engine
-# --------------------------------------------------------------------------------------------
-
-def as_samples(inputs, model: str | Path | None = None, session=None):
-    """:class:`~vlsens.samples.Samples` from Samples or a stacked vision array (cut into the
-    graph's fixed batch, read from ``session`` or ``model``)."""
-    from vlsens.samples import Samples, graph_input
-
-    if isinstance(inputs, Samples):
-        return inputs
-    if session is not None:
-        real = [i for i in session.get_inputs() if i.name != MASK_INPUT][0]
-        name, batch = real.name, (real.shape[0] if isinstance(real.shape[0], int) else 1)
-    else:
-        name, batch = graph_input(model)
-    return Samples.from_array(name, np.asarray(inputs), batch)
-
-
-def is_logits(session) -> bool:
-    """Text graphs: output ``logits`` (B, S, vocab): KL and top-1 are measured too."""
-    return session.get_outputs()[0].name == "logits"
-
-
-class SwitchEngine:
-    """One session over the switch model; evaluates any set of INT8 ops on fixed inputs."""
-
-    def __init__(self, switch_model: str | Path, switches: SwitchMap, inputs, threads: int = 0):
-        self.switches = switches
-        self.ops = switches.ops
-        self.session = engine_session(switch_model, threads=threads)
-        self.samples = as_samples(inputs, session=self.session)
-        self.logits = is_logits(self.session)
-
-    def outputs(self, int8_ops: Sequence[str] = ()):
-        """Output of every feed, one at a time (a generator: nothing is accumulated)."""
-        mask = self.switches.mask(int8_ops)
-        for feed in self.samples.feeds:
-            yield self.session.run(None, {**feed, MASK_INPUT: mask})[0]
-
-    def run(self, int8_ops: Sequence[str] = ()) -> np.ndarray:
-        """All outputs concatenated (vision-sized outputs; text uses :meth:`evaluate`)."""
-        return np.concatenate(list(self.outputs(int8_ops)), axis=0)
-
-    def evaluate(self, int8_ops: Sequence[str], reference) -> dict[str, float]:
-        """Metrics against ``reference`` (a ReferenceStore or per-feed arrays), streamed."""
-        from vlsens.samples import StreamMetrics
-
-        acc = StreamMetrics(self.logits)
-        if isinstance(reference, np.ndarray):  # stacked vision reference: cut like the feeds
-            sizes = [len(next(iter(f.values()))) for f in self.samples.feeds]
-            reference = np.split(reference[:sum(sizes)], np.cumsum(sizes)[:-1])
-        for i, out in enumerate(self.outputs(int8_ops)):
-            acc.add(out, reference[i], self.samples.valid[i])
-        return acc.result()
-
-
-def float_outputs(model: str | Path, inputs, threads: int = 0) -> tuple[np.ndarray, float]:
-    """Outputs of a float model on stacked vision ``inputs`` and the seconds one pass took."""
-    outs, seconds = float_pass(model, inputs, threads, keep=True)
-    return np.concatenate(outs, axis=0), seconds
-
-
-def float_pass(model: str | Path, inputs, threads: int = 0, keep: bool = False) -> tuple[list, float]:
-    """One timed pass of a float model over ``inputs`` (the floor); outputs kept when ``keep``."""
-    sess = engine_session(model, threads=threads)
-    samples = as_samples(inputs, session=sess)
-    sess.run(None, samples.feeds[0])  # warm-up
-    outs, t0 = [], time.perf_counter()
-    for feed in samples.feeds:
-        out = sess.run(None, feed)[0]
-        if keep:
-            outs.append(out)
-    return outs, time.perf_counter() - t0
-
-
-def engine_sensitivity(engine: SwitchEngine, ops: Sequence[Op], reference) -> tuple[list[dict], float]:
-    """Rows (without rank) for ``ops``, and the mean seconds per op."""
-    engine.evaluate((), reference)  # warm-up: first-run allocations are not the op's cost
-    rows, t0 = [], time.perf_counter()
-    for op in ops:
-        rows.append({**op.as_row(), **engine.evaluate([op.name], reference)})
-    per_op = (time.perf_counter() - t0) / max(len(ops), 1)
-    return rows, per_op
-
-
-def straightforward_sensitivity(float_model: str | Path, ops: Sequence[Op], settings: QuantSettings,
-                                cache: str | Path, inputs: np.ndarray, reference: np.ndarray,
-                                scratch: str | Path, threads: int = 0) -> tuple[list[dict], float, list[np.ndarray]]:
-    """The reference method: one ``quantize_static`` model and one session per op."""
-    import shutil
-
-    scratch = Path(scratch)
-    rows, outs, t0 = [], [], time.perf_counter()
-    for k, op in enumerate(ops):
-        d = scratch / f"op{k}"
-        path = quantize(float_model, d / "model.onnx", [op.name], settings, cache)
-        out, _ = float_outputs(path, inputs, threads)
-        outs.append(out)
-        rows.append({**op.as_row(), **output_metrics(out, reference)})
-        shutil.rmtree(d, ignore_errors=True)
-    return rows, (time.perf_counter() - t0) / max(len(ops), 1), outs
-
-
-def rank_rows(rows: list[dict]) -> list[dict]:
-    """Rank 1 = most sensitive (largest MSE); ties keep graph order."""
-    order = sorted(range(len(rows)), key=lambda i: (-rows[i]["mse"], i))
-    ranked = [dict(rows[i]) for i in order]
-    for r, row in enumerate(ranked, 1):
-        row["rank"] = r
-    return ranked
-
-
-def write_csv(rows: list[dict], path: str | Path) -> None:
-    import pandas as pd
-
-    from vlsens.fsutil import atomic_file
-
-    cols = CSV_COLUMNS if rows and "rank" in rows[0] else [c for c in CSV_COLUMNS if c != "rank"]
-    if rows and all(c in rows[0] for c in LOGIT_COLUMNS):
-        cols = cols + LOGIT_COLUMNS
-    with atomic_file(path) as tmp:
-        pd.DataFrame(rows, columns=cols).to_csv(tmp, index=False, float_format="%.9g")
-
-
-def read_csv(path: str | Path) -> list[dict]:
-    import pandas as pd
-
-    df = pd.read_csv(path, keep_default_na=False, dtype={"block": str})
-    rows = df.to_dict("records")
-    for r in rows:  # plain Python types (YAML/JSON friendly); block "" = not in a block
-        for k, v in r.items():
-            if isinstance(v, np.generic):
-                r[k] = v.item()
-        r["block"] = int(r["block"]) if str(r["block"]).strip() else ""
-    return rows
-
-
-def shard(items: Sequence, index: int, count: int) -> list:
-    """Contiguous shard ``index`` (0-based) of ``count``; shards cover ``items`` exactly once."""
-    if not 0 <= index < count:
-        raise ValueError(f"shard {index} of {count}")
-    bounds = np.linspace(0, len(items), count + 1).round().astype(int)
-    return list(items[bounds[index]:bounds[index + 1]])
-
-
-def select_ops(model_path: str | Path, settings: QuantSettings) -> list[Op]:
-    import onnx
-
-    return quantizable_ops(onnx.load(str(model_path), load_external_data=True), settings.op_types)

@@ -1,4 +1,5 @@
-"""One vision graph for every image size (and several images per call).
+"""Tower ``vision_dynamic``: one vision graph for every image size (and several images per call),
+``vision/dynamic``.
 
 The stock encoder does not export this way: the window index, cu_seqlens and
 rotary positions are computed from ``grid_thw`` in Python, and its eager attention loops over
@@ -31,16 +32,25 @@ norms, qkv/proj, MLP, merger) and changes only attention, which is where the Pyt
   encoder's per-image attention for one image; the mask adds one N x N float tensor.
 
 bench/bench_dynamic.py measures the cost per size (peak memory and time) up to 1344x1344.
+
+Reference: ``vision.dynamic.parity_cases``, each a list of sizes (one image each; two sizes make a
+2-image call), with transformers' ``get_image_features`` on the processor's patches. Calibration:
+every image of every ``vision.sizes`` calibration set becomes one feed with its own index inputs.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 
-from vlsens.samples import CaseStore
+from vlsens import paths
+from vlsens.calibration import CalibrationSet
+from vlsens.cases import Case, Cases
+from vlsens.config import check_sizes, check_variants
+from vlsens.samples import Samples
+from vlsens.sizes import parse_size
+from vlsens.towers.base import Tower
 
 log = logging.getLogger(__name__)
 
@@ -175,22 +185,14 @@ def _attend(q, k, v, mask, scaling):
 
 
 # ----------------------------------------------------------------------------------------------
-# Reference, export, parity, variants
-
-
-class DynamicReference(CaseStore):
-    """Cases (one size, or several images of different sizes) with the graph inputs and
-    transformers' ``get_image_features`` output (``reference.npz``)."""
-
-    def feeds(self, case: str) -> dict[str, np.ndarray]:
-        return {k: self.cases[case][k] for k in INPUTS}
+# The tower
 
 
 def case_name(sizes) -> str:
     return "+".join(f"{h}x{w}" for h, w in sizes)
 
 
-def compute_dynamic_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]) -> DynamicReference:
+def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]) -> Cases:
     """For every case (a list of (H, W), one image each, images taken in order): the processor's
     patches at exactly those sizes, the index inputs, and transformers' features."""
     import torch
@@ -201,135 +203,116 @@ def compute_dynamic_reference(checkpoint, image_refs, cases: list[list[tuple[int
 
     model = load_model(checkpoint, attn_implementation="eager")
     proc = load_image_processor(checkpoint)
-    ref = DynamicReference()
+    out = Cases(source="transformers Qwen2_5_VLModel.get_image_features on the processor's patches "
+                       "(PyTorch, float32)")
     for sizes in cases:
-        parts = [processor_inputs(proc, [open_rgb(image_refs[i % len(image_refs)])], h, w)
-                 for i, (h, w) in enumerate(sizes)]
+        refs = [image_refs[i % len(image_refs)] for i in range(len(sizes))]
+        parts = [processor_inputs(proc, [open_rgb(r)], h, w) for r, (h, w) in zip(refs, sizes)]
         pv = np.concatenate([p["pixel_values"] for p in parts])
         grid = np.concatenate([p["image_grid_thw"] for p in parts])
         with torch.no_grad():
-            out = model.model.get_image_features(pixel_values=torch.from_numpy(pv), image_grid_thw=torch.from_numpy(grid))
-        feats = torch.cat(list(out.pooler_output)).float().numpy()
-        ref.cases[case_name(sizes)] = {**graph_inputs(pv, grid, model.config.vision_config), "features": feats,
-                                       "grid_thw": grid}
-    return ref
+            feats = model.model.get_image_features(pixel_values=torch.from_numpy(pv),
+                                                   image_grid_thw=torch.from_numpy(grid)).pooler_output
+        out.add(Case(case_name(sizes), "model.onnx", graph_inputs(pv, grid, model.config.vision_config),
+                     torch.cat(list(feats)).float().numpy(),
+                     meta={"patches": int(pv.shape[0]), "images": [r.name for r in refs],
+                           "grid_thw": grid.tolist()}))
+    return out
 
 
-def export_dynamic(checkpoint, reference_path, out_model, out_parity, tolerance: dict, opset: int = 19,
-                   threads: int = 0, device: str = "auto") -> dict:
-    """Export :func:`dynamic_module` (TorchScript exporter, every axis dynamic), gate it at every
-    reference case, publish model + data + parity.json."""
-    import torch
+class DynamicVision(Tower):
+    kind = "vision_dynamic"
+    pattern = r"vision/dynamic"
+    calibration_runs_model = False  # index tensors from transformers' helpers; no model runs
 
-    from vlsens.artifacts import publish_model
-    from vlsens.checkpoint import load_model
-    from vlsens.fsutil import staging_dir
-    from vlsens.onnxutil import check_model, resave
+    @classmethod
+    def graphs(cls, config, spec=None) -> list[str]:
+        return ["vision/dynamic"] if config["vision"]["dynamic"]["enabled"] else []
 
-    out_model = Path(out_model)
-    ref = DynamicReference.load(reference_path)
-    model = load_model(checkpoint, attn_implementation="eager")
-    module = dynamic_module(model.model.visual)
-    example = max(ref.cases, key=lambda c: c.count("+"))  # a multi-image case: nothing specialises to one image
-    dyn = {"patches": {0: "patches"}, "position_ids": {0: "patches"}, "window_index": {0: "tokens"},
-           "cu_seqlens": {0: "images_plus_1"}, "cu_window_seqlens": {0: "windows_plus_1"}, OUTPUT: {0: "tokens"}}
-    with staging_dir(out_model) as tmp:
-        raw = tmp / "raw" / "model.onnx"
-        raw.parent.mkdir()
+    @property
+    def section(self) -> dict:
+        return self.config["vision"]["dynamic"]
+
+    def sizes(self) -> list[str]:
+        """The fixed sizes whose calibration images make this graph's calibration set."""
+        return check_sizes(list(self.config["vision"]["sizes"]))
+
+    def check(self, plan) -> None:
+        for i, case in enumerate(self.section["parity_cases"]):
+            for j, size in enumerate(case):
+                parse_size(str(size), key=f"vision.dynamic.parity_cases[{i}][{j}]")
+        check_variants(self.variants(), self.analysed_variants(), "vision.dynamic.variants",
+                       "vision.dynamic.sensitivity_variants")
+
+    def variants(self) -> list[str]:
+        return list(self.section["variants"])
+
+    def analysed_variants(self) -> list[str]:
+        return list(self.section["sensitivity_variants"])
+
+    def reference_settings(self) -> dict:
+        return {"cases": [list(c) for c in self.section["parity_cases"]]}
+
+    def export_settings(self) -> dict:
+        return {"opset": self.config["export"]["opset"]}
+
+    def calibration_settings(self) -> dict:
+        return {"sizes": self.sizes()}
+
+    def calibration_inputs(self, model, manifests) -> dict:
+        return {split: [f"{paths.fill(paths.CALIB, model=model, graph=f'vision/{s}')}/{paths.CALIB_FILES[split]}"
+                        for s in self.sizes()] for split in ("calib", "eval")}
+
+    def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
+        cases = [[parse_size(s, key="vision.dynamic.parity_cases") for s in case] for case in settings["cases"]]
+        return compute_reference(checkpoint, images, cases)
+
+    def export(self, checkpoint, cases, workdir, settings):
+        """:func:`dynamic_module` with the TorchScript exporter, every axis dynamic, traced on a
+        multi-image case (nothing specialises to one image)."""
+        import torch
+
+        from vlsens.checkpoint import load_model
+        from vlsens.onnxutil import resave
+
+        opset = settings["opset"]
+        model = load_model(checkpoint, attn_implementation="eager")
+        module = dynamic_module(model.model.visual)
+        example = max(cases, key=lambda c: c.name.count("+"))
+        dyn = {"patches": {0: "patches"}, "position_ids": {0: "patches"}, "window_index": {0: "tokens"},
+               "cu_seqlens": {0: "images_plus_1"}, "cu_window_seqlens": {0: "windows_plus_1"}, OUTPUT: {0: "tokens"}}
+        raw = workdir / "raw" / "model.onnx"
+        raw.parent.mkdir(parents=True)
         with torch.no_grad():
-            torch.onnx.export(module, tuple(torch.from_numpy(v) for v in ref.feeds(example).values()), str(raw),
+            torch.onnx.export(module, tuple(torch.from_numpy(example.inputs[k]) for k in INPUTS), str(raw),
                               dynamo=False, opset_version=opset, input_names=list(INPUTS), output_names=[OUTPUT],
                               dynamic_axes=dyn, do_constant_folding=True)
         del model, module
-        staged = resave(raw, tmp / out_model.name)
-        check_model(staged)
-        record = check_dynamic(staged, ref, tolerance, "fp32", threads, device, artifact=out_model,
-                               extra={"exporter": "torch.onnx.export(dynamo=False)", "opset": opset,
-                                      "rewrite": "vlsens.dynamic.dynamic_module", "traced_on": example})
-        publish_model(staged, record, out_model, out_parity)
-    return record
+        staged = resave(raw, workdir / "model.onnx")
+        return {"model.onnx": staged}, {"exporter": "torch.onnx.export(dynamo=False)", "opset": opset,
+                                        "rewrite": "vlsens.towers.vision_dynamic.dynamic_module",
+                                        "traced_on": example.name}
 
+    def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
+        """Every image of every size's fixed-size split (NCHW at that size) becomes one feed with
+        its own index inputs."""
+        from transformers import AutoConfig
 
-def check_dynamic(model_path, ref: DynamicReference, tolerance: dict, variant: str, threads: int = 0,
-                  device: str = "auto", extra: dict | None = None, artifact=None) -> dict:
-    """Parity record of the dynamic graph at every reference case (each compared whole)."""
-    from vlsens.onnxutil import make_session
-    from vlsens.parity import compare, gate, make_record
+        from vlsens.vision import Geometry, patchify_np
 
-    sess = make_session(model_path, threads=threads, device=device)
-    per_input = []
-    for case, arrays in ref.cases.items():
-        out = sess.run(None, ref.feeds(case))[0]
-        per_input.append({"image": case, "sha256": "", "patches": int(arrays["patches"].shape[0]),
-                          **compare(out, arrays["features"])})
-    record = make_record(
-        artifact or model_path, variant, per_input, tolerance,
-        reference="transformers Qwen2_5_VLModel.get_image_features on the processor's patches (PyTorch, float32)",
-        inputs=[{"case": p["image"], "patches": p["patches"]} for p in per_input],
-        input_shape=[p["patches"] for p in per_input], providers=sess.get_providers(), extra=extra,
-    )
-    gate(record)
-    return record
-
-
-def dynamic_variant(src_model, reference_path, out_model, out_parity, tolerance: dict, variant: str, make,
-                    threads: int = 0, device: str = "auto") -> dict:
-    """FP16 / simplified variant: ``make(src, feeds, staged) -> extra``, then the same gate."""
-    from vlsens.artifacts import publish_model
-    from vlsens.fsutil import staging_dir
-
-    out_model = Path(out_model)
-    ref = DynamicReference.load(reference_path)
-    with staging_dir(out_model) as tmp:
-        staged = tmp / out_model.name
-        extra = make(src_model, [ref.feeds(c) for c in ref.cases], staged)
-        record = check_dynamic(staged, ref, tolerance, variant, threads, device, extra=extra, artifact=out_model)
-        publish_model(staged, record, out_model, out_parity)
-    return record
-
-
-def dynamic_fp16(src_model, reference_path, out_model, out_parity, tolerance: dict, max_activation: float,
-                 max_initializer: float, threads: int = 0, device: str = "auto") -> dict:
-    from vlsens.fp16 import convert_fp16
-
-    return dynamic_variant(src_model, reference_path, out_model, out_parity, tolerance, "fp16",
-                           lambda src, feeds, staged: convert_fp16(src, feeds, staged, max_activation,
-                                                                   max_initializer, threads, device),
-                           threads, device)
-
-
-def dynamic_simplify(src_model, reference_path, out_model, out_parity, tolerance: dict, variant: str,
-                     check_max_bytes: int, threads: int = 0, device: str = "auto") -> dict:
-    from vlsens.simplify import simplify_model
-
-    return dynamic_variant(src_model, reference_path, out_model, out_parity, tolerance, variant,
-                           lambda src, feeds, staged: simplify_model(src, feeds[0], staged, check_max_bytes),
-                           threads, device)
-
-
-def calibration_stage(checkpoint, sizes: list[str], calib_npzs, eval_npzs, out_calib, out_eval) -> dict:
-    """The ``dynamic_calibration`` rule: both splits from every size's fixed-size sets."""
-    from transformers import AutoConfig
-
-    vc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).vision_config
-    return {split: dynamic_calibration(dict(zip(sizes, npzs)), vc, out)
-            for split, npzs, out in (("calib", calib_npzs, out_calib), ("eval", eval_npzs, out_eval))}
-
-
-def dynamic_calibration(split_npzs: dict[str, str | Path], vision_config, out_npz) -> int:
-    """Per-size calibration for the dynamic graph: every image of every size's split (NCHW at that
-    size, as the fixed-size sets hold them) becomes one feed with its own index inputs."""
-    from vlsens.samples import Samples
-    from vlsens.vision import Geometry, patchify_np
-
-    geom = Geometry.from_config(vision_config)
-    feeds, names = [], []
-    for size, npz in split_npzs.items():
-        with np.load(npz, allow_pickle=False) as z:
-            pix, nm = z["pixel_values"], [str(s) for s in z["names"]]
-        for img, n in zip(pix, nm):
-            patches, grid = patchify_np(img[None], geom)
-            feeds.append(graph_inputs(patches, grid, vision_config))
-            names.append(f"{size}/{n}")
-    Samples(feeds, [None] * len(feeds), names).save_feeds(out_npz)
-    return len(feeds)
+        vc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).vision_config
+        geom = Geometry.from_config(vc)
+        splits, samples = {}, []
+        for split in ("calib", "eval"):
+            feeds, names = [], []
+            for size, npz in zip(settings["sizes"], inputs[split]):
+                with np.load(npz, allow_pickle=False) as z:
+                    pix, nm = z["pixel_values"], [str(s) for s in z["names"]]
+                for img, n in zip(pix, nm):
+                    patches, grid = patchify_np(img[None], geom)
+                    feeds.append(graph_inputs(patches, grid, vc))
+                    names.append(f"{size}/{n}")
+                    samples.append({"name": names[-1], "split": split, "index": len(names) - 1, "size": size,
+                                    "patches": int(len(patches))})
+            splits[split] = Samples(feeds, None, names)
+        return CalibrationSet(splits, samples, {"sizes": list(settings["sizes"])})

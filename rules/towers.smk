@@ -1,0 +1,95 @@
+# Stages that run a tower's own code (vlsens.towers): the reference, the FP32 export, the
+# calibration set. One rule each over the {graph} wildcard; the tower of a graph supplies its
+# settings (params), its calibration inputs, its code hash and its libraries.
+
+
+rule reference:
+    input:
+        checkpoint=checkpoint_dir,
+        images=INPUTS["parity_images"],
+    output:
+        reference=paths.REFERENCE,
+    log:
+        paths.log("reference"),
+    benchmark:
+        paths.benchmark("reference")
+    params:
+        settings=tower_settings("reference"),
+        provenance=tower_provenance("reference", "reference.py"),
+    threads: config["threads"]
+    resources:
+        **cluster("reference"),
+    conda:
+        "../envs/torch.yaml"
+    script:
+        "../workflow/scripts/reference.py"
+
+
+# Writes every graph file of the tower (model.onnx, published last; the text tower's embeds.onnx)
+# and parity.json, which lists them all with their hashes.
+rule export:
+    input:
+        checkpoint=checkpoint_dir,
+        reference=rules.reference.output.reference,
+    output:
+        model=paths.in_variant("fp32"),
+        data=paths.data(paths.in_variant("fp32")),
+        parity=record("fp32"),
+    log:
+        paths.log("export"),
+    benchmark:
+        paths.benchmark("export")
+    params:
+        settings=tower_settings("export"),
+        tolerance=tolerance("fp32"),
+        provenance=tower_provenance("export", "export.py"),
+    threads: config["threads"]
+    resources:
+        **cluster("export"),
+    conda:
+        "../envs/torch.yaml"
+    script:
+        "../workflow/scripts/export.py"
+
+
+rule calibration:
+    input:
+        unpack(calibration_inputs),
+    output:
+        **paths.files(paths.CALIB, paths.CALIB_FILES),
+    log:
+        paths.log("calibration"),
+    benchmark:
+        paths.benchmark("calibration")
+    params:
+        settings=tower_settings("calibration"),
+        provenance=tower_provenance("calibration", "calibration.py"),
+    threads: lambda wildcards: config["threads"] if tower(wildcards).calibration_runs_model else 1
+    resources:
+        **cluster("calibration", gpu=lambda wildcards: int(tower(wildcards).calibration_runs_model)),
+    conda:
+        "../envs/torch.yaml"
+    script:
+        "../workflow/scripts/calibration.py"
+
+
+# The calibration set in the layout NPU toolchains (AXERA Pulsar2) take: one .npy per sample.
+rule calibration_tar:
+    input:
+        calib=f"{paths.CALIB}/{paths.CALIB_FILES['calib']}",
+        eval=f"{paths.CALIB}/{paths.CALIB_FILES['eval']}",
+    output:
+        **paths.files(paths.CALIB, paths.NPU_FILES),
+    log:
+        paths.log("calibration_tar"),
+    benchmark:
+        paths.benchmark("calibration_tar")
+    params:
+        provenance=provenance("npu_archive", "calibration_tar.py"),
+    threads: 1
+    resources:
+        **cluster("calibration_tar", gpu=False),
+    conda:
+        "../envs/onnx.yaml"
+    script:
+        "../workflow/scripts/calibration_tar.py"

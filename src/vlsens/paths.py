@@ -1,0 +1,94 @@
+"""The one path layout of the results: every pattern is written here once, and the rules
+(``rules/*.smk``), the default target and the package all read it.
+
+Patterns hold Snakemake wildcards (``{model}``, ``{graph}``, ``{variant}``, ...); :func:`fill`
+substitutes some or all of them. A *graph* names one kind of ONNX graph built from the checkpoint
+(a tower, :mod:`vlsens.towers`): ``vision/224x224``, ``vision/dynamic``, ``text``::
+
+    results/<model>/checkpoint/                        the tiny preset (a complete HF checkpoint)
+    results/<model>/inputs/<kind>.json                 content manifests of inputs from outside results/
+    results/<model>/<graph>/reference.npz              parity cases: inputs and transformers' outputs
+    results/<model>/<graph>/<variant>/                 model.onnx (+ .data), the tower's other graphs, parity.json
+    results/<model>/calib/<graph>/                     calib.npz, eval.npz, manifest.json (+ calib.tar, eval.tar)
+    results/<model>/sensitivity/<graph>/<variant>/     ort.csv, ort.json, engine/, shards/ (+ inc.csv, inc.json,
+                                                       compare.json, inc-tune/)
+    results/<model>/profile/<graph>/<variant>/         profile.yaml, nodes_to_exclude.json, inc_op_name_dict.json,
+                                                       model.onnx (+ .data), eval.json
+    results/<model>/logs/<graph>/<rule>[-<variant>].log and benchmarks/<graph>/<rule>[-<variant>].tsv
+"""
+
+from __future__ import annotations
+
+import re
+
+RESULTS = "results"
+MODEL = RESULTS + "/{model}"
+CHECKPOINT = MODEL + "/checkpoint"
+INPUTS = MODEL + "/inputs"
+
+#: The file every variant folder is known by: its main graph, published last (its presence means
+#: the folder is complete); the tower's other graph files and ``parity.json`` sit beside it.
+MAIN = "model.onnx"
+RECORD = "parity.json"
+
+REFERENCE = MODEL + "/{graph}/reference.npz"
+VARIANT = MODEL + "/{graph}/{variant}"
+CALIB = MODEL + "/calib/{graph}"
+SENSITIVITY = MODEL + "/sensitivity/{graph}/{variant}"
+ENGINE = SENSITIVITY + "/engine"
+SHARD = SENSITIVITY + "/shards/ort.{i}-of-{n}"
+INC_TUNE = SENSITIVITY + "/inc-tune"
+PROFILE = MODEL + "/profile/{graph}/{variant}"
+LOGS = MODEL + "/logs/{graph}"
+BENCHMARKS = MODEL + "/benchmarks/{graph}"
+
+#: Files of a calibration folder (``calib.tar`` / ``eval.tar``: the NPU layout, one .npy per sample).
+CALIB_FILES = {"calib": "calib.npz", "eval": "eval.npz", "manifest": "manifest.json"}
+NPU_FILES = {"calib_tar": "calib.tar", "eval_tar": "eval.tar"}
+#: Files of a sensitivity engine folder (:mod:`vlsens.sensitivity.stages`).
+ENGINE_FILES = {"float_model": "float.onnx", "float_data": "float.onnx.data", "switch": "switch.onnx",
+                "switch_data": "switch.onnx.data", "cache": "calibration.json", "reference": "float_outputs.npz",
+                "meta": "engine.json"}
+#: Files of a profile folder (:mod:`vlsens.profile`), ``model.onnx`` published last.
+PROFILE_FILES = {"profile": "profile.yaml", "exclude": "nodes_to_exclude.json", "inc": "inc_op_name_dict.json",
+                 "data": "model.onnx.data", "eval": "eval.json", "model": "model.onnx"}
+
+_WILDCARD = re.compile(r"\{(\w+)\}")
+
+
+def fill(pattern: str, **wildcards) -> str:
+    """``pattern`` with the given wildcards substituted; the others stay wildcards."""
+    return _WILDCARD.sub(lambda m: str(wildcards[m.group(1)]) if m.group(1) in wildcards else m.group(0), pattern)
+
+
+def in_variant(variant: str = "{variant}", name: str = MAIN) -> str:
+    """A file of a variant folder (default: its main graph)."""
+    return f"{fill(VARIANT, variant=variant)}/{name}"
+
+
+def files(folder: str, names: dict[str, str]) -> dict[str, str]:
+    """``{key: folder/name}`` for a folder pattern and a file table (rule inputs and outputs)."""
+    return {k: f"{folder}/{v}" for k, v in names.items()}
+
+
+def data(model: str) -> str:
+    """The external data file of an ONNX model (always beside it)."""
+    return model + ".data"
+
+
+def log(rule: str, *parts: str) -> str:
+    """``results/<model>/logs/<graph>/<rule>[-<part>...].log``."""
+    return f"{LOGS}/{'-'.join((rule, *parts))}.log"
+
+
+def benchmark(rule: str, *parts: str) -> str:
+    return f"{BENCHMARKS}/{'-'.join((rule, *parts))}.tsv"
+
+
+def model_log(rule: str) -> str:
+    """The log of a job that belongs to no graph (the tiny preset)."""
+    return f"{MODEL}/logs/{rule}.log"
+
+
+def model_benchmark(rule: str) -> str:
+    return f"{MODEL}/benchmarks/{rule}.tsv"

@@ -1,0 +1,128 @@
+"""The engine session: one ONNX Runtime session over the switch model evaluates any set of INT8
+ops on the evaluation feeds, and :class:`Engine` is a prepared engine folder.
+
+Outputs are compared feed by feed against float references kept on disk
+(:class:`~vlsens.samples.ReferenceStore`) with :class:`~vlsens.metrics.Metrics`; graphs whose
+output is ``logits`` are also measured by KL and top-1, over their valid (real-token) positions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from vlsens.metrics import Metrics
+from vlsens.onnxutil import input_batch, make_session
+from vlsens.paths import ENGINE_FILES
+from vlsens.quant import Op, QuantSettings
+from vlsens.samples import ReferenceStore, Samples
+from vlsens.sensitivity.switch import MASK_INPUT, SwitchMap
+
+LOGITS = "logits"
+
+
+def as_samples(inputs, session) -> Samples:
+    """:class:`~vlsens.samples.Samples` as given, or from one stacked array for the session's
+    first input (cut into its fixed batch)."""
+    if isinstance(inputs, Samples):
+        return inputs
+    name, batch = input_batch(session)
+    return Samples.from_arrays({name: np.asarray(inputs)}, batch)
+
+
+def is_logits(session) -> bool:
+    """A graph whose first output is ``logits`` (B, S, vocab): KL and top-1 are measured too."""
+    return session.get_outputs()[0].name == LOGITS
+
+
+class SwitchEngine:
+    """One session over the switch model; evaluates any set of INT8 ops on fixed inputs."""
+
+    def __init__(self, switch_model: str | Path, switches: SwitchMap, inputs, threads: int = 0):
+        self.switches = switches
+        self.ops = switches.ops
+        self.session = make_session(switch_model, threads=threads, basic=True)
+        self.samples = as_samples(inputs, self.session)
+        self.logits = is_logits(self.session)
+
+    def outputs(self, int8_ops: Sequence[str] = ()):
+        """Output of every feed, one at a time (a generator: nothing is accumulated)."""
+        mask = self.switches.mask(int8_ops)
+        for feed in self.samples.feeds:
+            yield self.session.run(None, {**feed, MASK_INPUT: mask})[0]
+
+    def evaluate(self, int8_ops: Sequence[str], reference) -> dict[str, float]:
+        """Metrics against ``reference`` (a ReferenceStore or per-feed arrays), streamed."""
+        acc = Metrics(self.logits)
+        for i, out in enumerate(self.outputs(int8_ops)):
+            acc.add(out, reference[i], self.samples.valid[i])
+        return acc.result()
+
+
+def float_pass(model: str | Path, inputs, threads: int = 0, keep: bool = False) -> tuple[list, float]:
+    """One timed pass of a float model over ``inputs`` (the floor); outputs kept when ``keep``."""
+    sess = make_session(model, threads=threads, basic=True)
+    samples = as_samples(inputs, sess)
+    sess.run(None, samples.feeds[0])  # warm-up
+    outs, t0 = [], time.perf_counter()
+    for feed in samples.feeds:
+        out = sess.run(None, feed)[0]
+        if keep:
+            outs.append(out)
+    return outs, time.perf_counter() - t0
+
+
+def engine_sensitivity(engine: SwitchEngine, ops: Sequence[Op], reference) -> tuple[list[dict], float]:
+    """Rows (without rank) for ``ops``, and the mean seconds per op."""
+    engine.evaluate((), reference)  # warm-up: first-run allocations are not the op's cost
+    rows, t0 = [], time.perf_counter()
+    for op in ops:
+        rows.append({**op.as_row(), **engine.evaluate([op.name], reference)})
+    per_op = (time.perf_counter() - t0) / max(len(ops), 1)
+    return rows, per_op
+
+
+class Engine:
+    """A prepared engine folder (:func:`vlsens.sensitivity.stages.prepare`): its files and
+    ``engine.json`` (ops, switch map, settings, floor timing)."""
+
+    def __init__(self, folder: str | Path):
+        self.dir = Path(folder)
+        self.meta = json.loads(self.path("meta").read_text())
+        self.ops = [Op(**o) for o in self.meta["ops"]]
+        self.switches = SwitchMap.from_json(self.meta["switches"])
+        self.settings = QuantSettings.from_config(self.meta["settings"])
+
+    def path(self, key: str) -> Path:
+        return self.dir / ENGINE_FILES[key]
+
+    @property
+    def float_model(self) -> Path:
+        return self.path("float_model")
+
+    @property
+    def switch_model(self) -> Path:
+        return self.path("switch")
+
+    @property
+    def cache(self) -> Path:
+        return self.path("cache")
+
+    def reference(self) -> ReferenceStore:
+        return ReferenceStore(self.path("reference"))
+
+    def float_outputs(self) -> np.ndarray:
+        """The reference, concatenated (vision; text logits stay per feed: :meth:`reference`)."""
+        return self.reference().concatenated()
+
+    def samples(self, split_npz: str | Path) -> Samples:
+        return Samples.load(split_npz, self.float_model)
+
+    def session(self, eval_inputs, threads: int = 0) -> SwitchEngine:
+        if isinstance(eval_inputs, (str, Path)):
+            eval_inputs = self.samples(eval_inputs)
+        return SwitchEngine(self.switch_model, self.switches, eval_inputs, threads)

@@ -1,0 +1,121 @@
+"""The ``ort`` engine's stages, as the workflow runs them (any graph, any tower).
+
+``prepare``  float model (untied) -> calibration (once, ORT cache) -> all-op QDQ model ->
+             switch model; also the float outputs on the evaluation set and the floor timing.
+``shard``    rows for one contiguous slice of the op list (a cluster spreads shards over jobs).
+``gather``   shards -> ranked ``ort.csv`` + ``ort.json`` (all-INT8 metrics, timing, settings).
+
+Engine folder (``engine/``, file names in :data:`vlsens.paths.ENGINE_FILES`): ``float.onnx``,
+``switch.onnx`` (+ data), ``calibration.json`` (ORT's calibration cache), ``engine.json`` (ops,
+switch map, settings, floor timing) and ``float_outputs.npz`` (the reference on the evaluation
+set, one array per feed, read lazily).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+from vlsens.artifacts import file_entries, verify
+from vlsens.fsutil import file_sha256, savez_stream, staging_dir, write_json
+from vlsens.paths import ENGINE_FILES
+from vlsens.quant import QuantSettings, prepare_float_model, quantize, select_ops
+from vlsens.samples import FeedReader, Samples
+from vlsens.sensitivity.engine import Engine, SwitchEngine, engine_sensitivity, float_pass
+from vlsens.sensitivity.ranking import rank_rows, read_csv, shard, write_csv
+from vlsens.sensitivity.switch import build_switch_model
+
+log = logging.getLogger(__name__)
+
+
+def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path, engine_dir: str | Path,
+            settings: QuantSettings, threads: int = 0) -> dict:
+    """Build the engine folder (staged, ``engine.json`` written last)."""
+    engine_dir = Path(engine_dir)
+    engine_dir.mkdir(parents=True, exist_ok=True)
+    f = {k: engine_dir / v for k, v in ENGINE_FILES.items()}
+    t0 = time.perf_counter()
+    fl = prepare_float_model(verify(base_model), f["float_model"])
+    calib, evals = Samples.load(calib_npz, fl), Samples.load(eval_npz, fl)
+    ops = select_ops(fl, settings)
+    if not ops:
+        raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
+    if f["cache"].exists():
+        f["cache"].unlink()
+    t_cal = time.perf_counter()
+    with staging_dir(f["switch"]) as scratch:
+        quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, f["cache"], FeedReader(calib))
+        t_q = time.perf_counter()
+        switches = build_switch_model(fl, scratch / "model.onnx", f["switch"], [o.name for o in ops])
+    t_sw = time.perf_counter()
+    # The reference is the switch model with every switch off (identical to the float model in
+    # FP32; in FP16 it keeps the engine's own float path, see README).
+    eng = SwitchEngine(f["switch"], switches, evals, threads)
+    savez_stream(f["reference"], eng.outputs(()))
+    _, floor = float_pass(fl, evals, threads)
+    meta = {
+        "base_model": str(base_model),
+        "ops": [o.__dict__ for o in ops],
+        "switches": switches.to_json(),
+        "settings": settings.as_dict(),
+        "eval_images": evals.count,
+        "calib_images": calib.count,
+        "seconds": {"calibrate_and_quantize": t_q - t_cal, "switch_model": t_sw - t_q,
+                    "total": time.perf_counter() - t0},
+        "floor_seconds": floor,
+        "files": file_entries([fl, f["switch"]]),
+    }
+    write_json(f["meta"], meta)
+    return meta
+
+
+def run_shard(engine_dir: str | Path, eval_npz: str | Path, index: int, count: int, out_csv: str | Path,
+              threads: int = 0) -> dict:
+    """Sensitivity rows of shard ``index`` of ``count`` (unranked) + a timing sidecar JSON."""
+    eng = Engine(engine_dir)
+    ops = shard(eng.ops, index, count)
+    rows, per_op = engine_sensitivity(eng.session(eval_npz, threads), ops, eng.reference())
+    write_csv(rows, out_csv)
+    info = {"shard": index, "of": count, "ops": len(ops), "seconds_per_op": per_op}
+    write_json(Path(out_csv).with_suffix(".json"), info)
+    return info
+
+
+def gather(engine_dir: str | Path, eval_npz: str | Path, shard_csvs: Sequence[str | Path],
+           out_csv: str | Path, out_json: str | Path, threads: int = 0) -> dict:
+    """Join shards into the ranked CSV; measure the all-INT8 model; write the sidecar JSON."""
+    eng = Engine(engine_dir)
+    rows = [r for p in shard_csvs for r in read_csv(p)]
+    names = [r["op"] for r in rows]
+    expected = [o.name for o in eng.ops]
+    if sorted(names) != sorted(expected):
+        missing = sorted(set(expected) - set(names))
+        raise ValueError(f"shards do not cover the op list exactly (missing: {missing[:5]})")
+    order = {n: i for i, n in enumerate(expected)}
+    rows.sort(key=lambda r: order[r["op"]])
+    ranked = rank_rows(rows)
+    write_csv(ranked, out_csv)
+    all_int8 = eng.session(eval_npz, threads).evaluate(expected, eng.reference())
+    timings = [json.loads(Path(p).with_suffix(".json").read_text()) for p in shard_csvs]
+    n = sum(t["ops"] for t in timings)
+    per_op = sum(t["seconds_per_op"] * t["ops"] for t in timings) / max(n, 1)
+    floor = eng.meta["floor_seconds"]
+    summary = {
+        "engine": "ort",
+        "ops": len(ranked),
+        "all_int8": all_int8,
+        "settings": eng.meta["settings"],
+        "eval_images": eng.meta["eval_images"],
+        "eval_sha256": file_sha256(eval_npz),
+        "calib_images": eng.meta["calib_images"],
+        "seconds_per_op": per_op,
+        "floor_seconds": floor,
+        "per_op_over_floor": per_op / floor if floor else None,
+        "shards": len(shard_csvs),
+        "most_sensitive": [r["op"] for r in ranked[:5]],
+    }
+    write_json(out_json, summary)
+    return summary

@@ -1,0 +1,53 @@
+"""The default target: what ``snakemake`` (rule ``all``) builds for a plan, graph by graph.
+
+For every graph: each variant's ``model.onnx`` and ``parity.json``; where the tower analyses
+variants, its calibration set (and NPU archive), each engine's ranking for each analysed variant
+(``inc``: FP32 graphs of towers that support it), ``compare.json`` where both engines ran,
+INC's own fallback run when asked for, and the profile.
+"""
+
+from __future__ import annotations
+
+from vlsens import paths
+from vlsens.config import Plan
+
+ENGINES = ("ort", "inc")
+
+
+def engine_variants(tower, engine: str) -> list[str]:
+    """Variants an engine analyses: ``inc`` takes FP32 graphs only (INC's ONNX adaptor fails on
+    FP16 ones), and only towers that declare it."""
+    if engine not in tower.engines:
+        return []
+    vs = tower.analysed_variants()
+    return [v for v in vs if v == "fp32"] if engine == "inc" else vs
+
+
+def graph_targets(plan: Plan, tower) -> list[str]:
+    g = {"model": plan.model, "graph": tower.graph}
+    out = []
+    for v in tower.variants():
+        folder = paths.fill(paths.VARIANT, variant=v, **g)
+        out += [f"{folder}/{paths.MAIN}", f"{folder}/{paths.RECORD}"]
+    analysed = tower.analysed_variants()
+    calib = paths.fill(paths.CALIB, **g)
+    if analysed or tower.npu_archive:
+        out.append(f"{calib}/{paths.CALIB_FILES['manifest']}")
+    if tower.npu_archive:
+        out += [f"{calib}/{f}" for f in paths.NPU_FILES.values()]
+    engines = [e for e in ENGINES if e in plan.engines]
+    for v in analysed:
+        sens = paths.fill(paths.SENSITIVITY, variant=v, **g)
+        ran = [e for e in engines if v in engine_variants(tower, e)]
+        out += [f"{sens}/{e}.{ext}" for e in ran for ext in ("csv", "json")]
+        if len(ran) == 2:
+            out.append(f"{sens}/compare.json")
+        if "inc" in ran and plan.inc_tune:
+            out.append(f"{paths.fill(paths.INC_TUNE, variant=v, **g)}/eval.json")
+        prof = paths.fill(paths.PROFILE, variant=v, **g)
+        out += [f"{prof}/{paths.PROFILE_FILES[k]}" for k in ("eval", "profile", "model")]
+    return out
+
+
+def all_targets(plan: Plan, towers) -> list[str]:
+    return [t for tower in towers for t in graph_targets(plan, tower)]

@@ -1,0 +1,91 @@
+"""Towers: one class per kind of graph (:mod:`vlsens.towers.base` says what a tower does).
+
+The builtin kinds are listed in :data:`BUILTIN` by import path and imported only when used, so
+the code hash of a stage (a rerun trigger, :mod:`vlsens.versions`) covers the tower it runs and
+no other. More kinds come from the config::
+
+    towers:
+      - class: my_towers:MergerTower      # module:Class on the Python path
+        variants: [fp32, fp16]
+        sensitivity_variants: [fp32]
+        settings: {...}                   # the tower's own settings (rule params)
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import TYPE_CHECKING
+
+from vlsens.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vlsens.config import Plan
+    from vlsens.towers.base import Tower
+
+#: kind -> "module:Class", in the order their graphs are listed.
+BUILTIN = {
+    "vision_fixed": "vlsens.towers.vision_fixed:FixedVision",
+    "vision_dynamic": "vlsens.towers.vision_dynamic:DynamicVision",
+    "text": "vlsens.towers.text:Text",
+}
+
+
+def load_class(path: str, key: str = "towers") -> type:
+    module, _, name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{key}: cannot import tower class '{path}' (module:Class on the Python path): {e}") from e
+    from vlsens.towers.base import Tower
+
+    if not (isinstance(cls, type) and issubclass(cls, Tower)):
+        raise ConfigError(f"{key}: '{path}' is not a subclass of vlsens.towers.base.Tower")
+    return cls
+
+
+def kinds(config: dict) -> list[tuple[str, dict | None]]:
+    """``(class path, plugin spec)`` of every tower kind: the builtin ones, then the config's."""
+    return [(p, None) for p in BUILTIN.values()] + [(s["class"], s) for s in config.get("towers") or []]
+
+
+def active(config: dict) -> dict[str, "Tower"]:
+    """Every graph the config asks for -> its tower, in a stable order."""
+    out: dict[str, Tower] = {}
+    for i, (path, spec) in enumerate(kinds(config)):
+        key = f"towers[{i - len(BUILTIN)}].class" if spec else "towers"
+        cls = load_class(path, key)
+        for graph in cls.graphs(config, spec):
+            if not re.fullmatch(cls.pattern, graph):
+                raise ConfigError(f"{key}: {cls.__name__} names graph '{graph}', which its pattern "
+                                  f"'{cls.pattern}' does not match")
+            if graph in out:
+                raise ConfigError(f"{key}: graph '{graph}' is claimed by {type(out[graph]).__name__} and "
+                                  f"{cls.__name__}")
+            out[graph] = cls(graph, config, spec)
+    return out
+
+
+def configure(config: dict, workdir=".") -> tuple["Plan", dict[str, "Tower"]]:
+    """Everything the DAG is built from, checked: the plan (:func:`vlsens.config.make_plan`) and
+    every configured graph's tower, each having checked its own keys."""
+    from vlsens.config import make_plan, with_defaults
+
+    config = with_defaults(config)
+    plan = make_plan(config, workdir)
+    towers = active(config)
+    for t in towers.values():
+        t.check(plan)
+    return plan, towers
+
+
+def for_graph(config: dict, graph: str) -> "Tower":
+    """The tower of one graph (what a job script needs)."""
+    towers = active(config)
+    if graph not in towers:
+        raise ConfigError(f"graph '{graph}' is not configured (configured: {', '.join(towers)})")
+    return towers[graph]
+
+
+def class_path(tower: "Tower") -> str:
+    return f"{type(tower).__module__}:{type(tower).__qualname__}"

@@ -1,0 +1,118 @@
+"""The tower: the unit of extension. One class per kind of graph built from a checkpoint.
+
+A tower knows what only it can know, and nothing else:
+
+* which graphs of its kind a config asks for (``vision/224x224`` ... ) and their variants;
+* its **reference**: the graph's inputs built from the checkpoint and real images, and transformers'
+  output for them, as :class:`~vlsens.cases.Cases` (each case also says how to compare: the valid
+  output positions, whether the output is logits);
+* its **export**: PyTorch -> the ONNX graph file(s) of its variant folder (``model.onnx`` first;
+  the text tower also writes ``embeds.onnx``);
+* its **calibration set**: calibration and evaluation feeds for the graph it analyses.
+
+Everything after the export is generic and never asks which tower it serves: the parity gate
+reads the cases, FP16 / simplify transform every graph file the cases name, and calibration
+sets, the sensitivity engines and the profile work on any ONNX graph with its feeds.
+
+What the DAG needs (graphs, variants, settings that become rule params) is read from the config
+when the DAG is built, without torch; the job methods (:meth:`reference`, :meth:`export`,
+:meth:`calibration`) receive exactly those settings, so a setting that changes an output is
+always a rule param (and re-runs it).
+
+Registering a tower: the builtin ones are listed in :mod:`vlsens.towers`; others are named in the
+config (``towers: [{class: "module:Class", ...}]``) and imported from the Python path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from vlsens import paths
+from vlsens.cases import Cases
+
+
+class Tower:
+    #: Short name of the kind (used in messages and for plugin towers' config entries).
+    kind: ClassVar[str] = ""
+    #: Regular expression every graph name of this kind matches (``vision/[0-9]+x[0-9]+``).
+    pattern: ClassVar[str] = ""
+    #: ONNX graph files of a variant folder, the main one (``model.onnx``, published last) first.
+    files: ClassVar[tuple[str, ...]] = (paths.MAIN,)
+    #: The file the sensitivity engines and the profile take.
+    analysed: ClassVar[str] = paths.MAIN
+    #: Sensitivity engines that can analyse this graph (``inc``: single stacked input, fixed batch).
+    engines: ClassVar[tuple[str, ...]] = ("ort",)
+    #: Write the calibration set also as ``calib.tar`` / ``eval.tar`` (one .npy per sample).
+    npu_archive: ClassVar[bool] = False
+    #: Does its calibration run a model (torch)? Then it asks for a GPU and the configured threads.
+    calibration_runs_model: ClassVar[bool] = True
+    #: Libraries each of its stages depends on, where they differ from vlsens.versions.STAGE_LIBRARIES.
+    libraries: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def __init__(self, graph: str, config: dict, spec: dict | None = None):
+        self.graph = graph
+        self.config = config
+        self.spec = spec or {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.graph!r})"
+
+    # ------------------------------------------------------------------------------------------
+    # The DAG (config side, no torch)
+
+    @classmethod
+    def graphs(cls, config: dict, spec: dict | None = None) -> list[str]:
+        """The graphs of this kind the config asks for (empty: the tower is off)."""
+        raise NotImplementedError
+
+    def check(self, plan) -> None:
+        """Raise :class:`~vlsens.errors.ConfigError` for settings of this tower that cannot work."""
+        from vlsens.config import check_variants
+
+        check_variants(self.variants(), self.analysed_variants(), "towers[].variants", "towers[].sensitivity_variants")
+
+    # A tower named in the config reads its entry (``towers[i]``); the builtin ones read their own
+    # sections of the config.
+
+    def variants(self) -> list[str]:
+        """Variants built (``fp32`` always comes from the export)."""
+        return list(self.spec["variants"])
+
+    def analysed_variants(self) -> list[str]:
+        """Variants analysed by the sensitivity engines and profiled."""
+        return list(self.spec["sensitivity_variants"])
+
+    def reference_settings(self) -> dict[str, Any]:
+        return dict(self.spec["settings"])
+
+    def export_settings(self) -> dict[str, Any]:
+        return dict(self.spec["settings"])
+
+    def calibration_settings(self) -> dict[str, Any]:
+        return dict(self.spec["settings"])
+
+    def calibration_inputs(self, model: str, manifests: dict[str, str]) -> dict[str, Any]:
+        """Inputs of the calibration rule besides the checkpoint (paths; lists allowed)."""
+        return {}
+
+    def profile_settings(self) -> dict[str, Any]:
+        """``metric``, ``target``, ``max_evals``, ``fail_if_unreachable`` of its profile."""
+        return dict(self.config["profile"])
+
+    # ------------------------------------------------------------------------------------------
+    # Jobs
+
+    def reference(self, checkpoint: Path, images: list, settings: dict, device: str = "cpu") -> Cases:
+        """Parity cases: inputs from the checkpoint's processor and real ``images``, and
+        transformers' outputs (cases for every file in :attr:`files`)."""
+        raise NotImplementedError
+
+    def export(self, checkpoint: Path, cases: Cases, workdir: Path, settings: dict) -> tuple[dict[str, Path], dict]:
+        """Write the FP32 graph files into ``workdir`` (one external data file each, see
+        :mod:`vlsens.onnxutil`); return ``{file: path}`` and facts for the parity record."""
+        raise NotImplementedError
+
+    def calibration(self, checkpoint: Path, inputs: dict[str, Any], settings: dict):
+        """A :class:`~vlsens.calibration.CalibrationSet` for the :attr:`analysed` graph."""
+        raise NotImplementedError

@@ -1,0 +1,385 @@
+"""Tower ``text``: the language model (``language_model`` + ``lm_head``), graph ``text``.
+
+Two graphs per variant folder ``results/<model>/text/<variant>/``, both with dynamic batch and
+sequence axes and ``logits`` (B, S, vocab) as output:
+
+``model.onnx``   ``input_ids`` (B, S) int64, ``attention_mask`` (B, S) int64
+``embeds.onnx``  ``inputs_embeds`` (B, S, hidden) float32, ``attention_mask`` (B, S) int64,
+                 ``position_ids`` (3, B, S) int64 -- vision features are merged outside (the
+                 checkpoint's own placeholder tokens replaced by the vision graph's output),
+                 with the matching 3-D mRoPE positions (``get_rope_index``).
+
+Robust to the known export failure: public reports of "blocked upstream" text export trace it to
+transformers' mask creation (``_Map_base::at`` / ``unordered_map::at`` in the TorchScript exporter,
+"is not tracked with proxy" in dynamo). The wrappers here build the 4-D additive causal+padding
+mask themselves (transformers uses a 4-D mask as is) and pass explicit 3-D position ids, so
+``masking_utils`` never runs inside the trace. ``model.onnx`` computes text positions from the
+mask (cumsum - 1, as ``get_rope_index`` does for text), so left padding gives the same logits at
+real tokens as no padding.
+
+Parity: against transformers' full ``Qwen2_5_VLForConditionalGeneration`` forward (its own mask
+creation, eager attention) at two sequence lengths with left padding, padded positions excluded;
+and the embeds graph on image+prompt inputs whose reference is the model's own multimodal forward
+(processor output in, transformers merges and positions itself).
+
+Calibration (``embeds.onnx``, which the sensitivity engine and the profile take): one sequence
+per prompt sample (:mod:`vlsens.prompts`) through the checkpoint's processor and chat template;
+image+prompt samples carry the real vision features in the image-token slots and their 3-D
+positions. Only real tokens count in every comparison.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from vlsens.calibration import CalibrationSet
+from vlsens.cases import Case, Cases
+from vlsens.config import check_variants
+from vlsens.errors import ConfigError, ImageError, VlsensError
+from vlsens.prompts import BUILTIN_PROMPTS, PromptSample, load_prompt_samples
+from vlsens.samples import Samples
+from vlsens.sizes import parse_size
+from vlsens.towers.base import Tower
+
+log = logging.getLogger(__name__)
+
+GRAPHS = {"model.onnx": ("input_ids", "attention_mask"),
+          "embeds.onnx": ("inputs_embeds", "attention_mask", "position_ids")}
+SOURCE = "transformers Qwen2_5_VLForConditionalGeneration logits (PyTorch, float32, eager), real tokens only"
+
+
+# ----------------------------------------------------------------------------------------------
+# Mask and positions (the pieces that keep transformers' mask creation out of the trace)
+
+
+def causal_padding_mask(attention_mask, dtype):
+    """(B, S) 0/1 -> (B, 1, S, S) additive mask: 0 where query i may attend key j (j <= i and j
+    is a real token), -65504 elsewhere. That is float16's lowest finite value: the same graph
+    converts to FP16 without the constant turning into -inf (a fully padded query row would then
+    be NaN, and 0 x NaN spreads it to every position), and exp(-65504 + score) is exactly 0 in
+    float32 too, so real positions match transformers' own mask (float32's min) exactly."""
+    import torch
+
+    s = attention_mask.shape[-1]
+    idx = torch.arange(s, device=attention_mask.device)
+    causal = idx[None, :] <= idx[:, None]  # (S, S) key <= query
+    allowed = causal[None, None, :, :] & (attention_mask[:, None, None, :] > 0)
+    zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
+    low = torch.full((), torch.finfo(torch.float16).min, dtype=dtype, device=attention_mask.device)
+    return torch.where(allowed, zero, low)
+
+
+def text_position_ids(attention_mask):
+    """(B, S) -> (3, B, S): text positions counted over real tokens (padding gets 1), as
+    ``get_rope_index`` does for text-only rows."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    pos = pos.masked_fill(attention_mask == 0, 1)
+    return pos.unsqueeze(0).expand(3, -1, -1)
+
+
+def text_position_ids_np(attention_mask: np.ndarray) -> np.ndarray:
+    pos = np.cumsum(attention_mask.astype(np.int64), axis=-1) - 1
+    pos[attention_mask == 0] = 1
+    return np.broadcast_to(pos[None], (3, *pos.shape)).copy()
+
+
+def _wrappers(model):
+    import torch
+
+    lm, head = model.model.language_model, model.lm_head
+
+    def logits(embeds, attention_mask, position_ids):
+        mask = causal_padding_mask(attention_mask, embeds.dtype)
+        out = lm(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        return head(out.last_hidden_state)
+
+    # Attribute names give the exported nodes transformers-like names
+    # (/language_model/layers.0/mlp/down_proj/MatMul, /lm_head/MatMul).
+    class Ids(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.language_model, self.lm_head = lm, head
+
+        def forward(self, input_ids, attention_mask):
+            return logits(lm.embed_tokens(input_ids), attention_mask, text_position_ids(attention_mask))
+
+    class Embeds(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.language_model, self.lm_head = lm, head
+
+        def forward(self, inputs_embeds, attention_mask, position_ids):
+            return logits(inputs_embeds, attention_mask, position_ids)
+
+    return {"model.onnx": Ids().eval(), "embeds.onnx": Embeds().eval()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference
+
+
+def chat_prompt(processor, prompt: str, with_image: bool) -> str:
+    content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": prompt}]
+    return processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def text_batch(processor, prompts: Sequence[str], repeat: int = 1) -> dict[str, np.ndarray]:
+    """Left-padded chat-formatted prompts (``repeat`` lengthens each prompt's text)."""
+    tok = processor.tokenizer
+    tok.padding_side = "left"
+    texts = [chat_prompt(processor, " ".join([p] * repeat), with_image=False) for p in prompts]
+    enc = tok(texts, return_tensors="np", padding=True)
+    return {"input_ids": enc["input_ids"].astype(np.int64), "attention_mask": enc["attention_mask"].astype(np.int64)}
+
+
+def multimodal_inputs(processor, images, prompts: Sequence[str], height: int, width: int) -> dict:
+    """Processor output for image+prompt pairs at ``height`` x ``width`` (left padded)."""
+    from vlsens.images import resize_exact
+
+    processor.tokenizer.padding_side = "left"
+    texts = [chat_prompt(processor, p, with_image=True) for p in prompts]
+    resample = getattr(processor.image_processor, "resample", None)
+    pil = [resize_exact(im, height, width, resample) for im in images]
+    return processor(text=texts, images=pil, return_tensors="pt", padding=True, do_resize=False)
+
+
+def merged_embeds(model, inputs) -> tuple[np.ndarray, np.ndarray]:
+    """``inputs_embeds`` with the vision features in the image-token slots and the 3-D mRoPE
+    position ids, computed with transformers' own functions (the pieces the embeds graph leaves
+    outside)."""
+    import torch
+
+    m = model.model
+    with torch.no_grad():
+        embeds = m.get_input_embeddings()(inputs["input_ids"])
+        feats = m.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
+        image_embeds = torch.cat(feats.pooler_output, dim=0).to(embeds.dtype)
+        mask, _ = m.get_placeholder_mask(inputs["input_ids"], inputs_embeds=embeds, image_features=image_embeds)
+        embeds = embeds.masked_scatter(mask, image_embeds)
+        pos, _ = m.get_rope_index(inputs["input_ids"], image_grid_thw=inputs["image_grid_thw"],
+                                  attention_mask=inputs["attention_mask"],
+                                  mm_token_type_ids=inputs["mm_token_type_ids"])
+    return embeds.numpy().astype(np.float32), pos.numpy().astype(np.int64)
+
+
+def compute_text_reference(checkpoint: str | Path, image_refs, prompts: Sequence[str], lengths: Sequence[int],
+                           height: int = 224, width: int = 224) -> Cases:
+    """transformers' logits for: text-only batches at each of ``lengths`` (prompt repeats, left
+    padded, two prompts of different lengths per batch; ``model.onnx``) and an image+prompt batch
+    (two images; ``embeds.onnx``). Only real tokens count."""
+    import torch
+
+    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.images import open_rgb
+
+    model = load_model(checkpoint, attn_implementation="eager")
+    processor = load_processor(checkpoint)
+    cases = Cases(source=SOURCE)
+    for n in lengths:
+        batch = text_batch(processor, prompts[:2], repeat=n)
+        ids, mask = (torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask"))
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=text_position_ids(mask),
+                           use_cache=False).logits
+        cases.add(Case(f"text-x{n}", "model.onnx", batch, logits.numpy(), batch["attention_mask"].astype(bool),
+                       logits=True))
+    if image_refs:
+        images = [open_rgb(r) for r in image_refs[:2]]
+        inputs = multimodal_inputs(processor, images, prompts[:len(images)], height, width)
+        with torch.no_grad():  # the model's own multimodal forward: it merges and positions itself
+            logits = model(**inputs, use_cache=False).logits
+        embeds, pos = merged_embeds(model, inputs)
+        mask = inputs["attention_mask"].numpy().astype(np.int64)
+        cases.add(Case("image+prompt", "embeds.onnx",
+                       {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": pos},
+                       logits.numpy(), mask.astype(bool), logits=True,
+                       meta={"images": [r.name for r in image_refs[:2]], "image_size": [height, width]}))
+    return cases
+
+
+# ----------------------------------------------------------------------------------------------
+# Export
+
+
+def _export_one(module, example: tuple, names: Sequence[str], path: Path, exporter: str, opset: int) -> None:
+    import torch
+
+    dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+           "inputs_embeds": {0: "batch", 1: "sequence"}, "position_ids": {1: "batch", 2: "sequence"},
+           "logits": {0: "batch", 1: "sequence"}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        if exporter == "legacy":
+            torch.onnx.export(module, example, str(path), dynamo=False, opset_version=opset,
+                              input_names=list(names), output_names=["logits"],
+                              dynamic_axes={k: dyn[k] for k in (*names, "logits")}, do_constant_folding=True)
+        elif exporter == "dynamo":
+            batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
+            shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq},
+                      "inputs_embeds": {0: batch, 1: seq}, "position_ids": {1: batch, 2: seq}}
+            prog = torch.onnx.export(module, example, dynamo=True, opset_version=opset, input_names=list(names),
+                                     output_names=["logits"], dynamic_shapes={k: shapes[k] for k in names},
+                                     external_data=True)
+            prog.save(str(path), external_data=True)
+        else:
+            raise VlsensError(f"text.exporter: '{exporter}' unknown (legacy, dynamo)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Calibration
+
+
+def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], height: int, width: int,
+                     n_calib: int, n_eval: int, seed: int = 0) -> CalibrationSet:
+    """Feeds for ``embeds.onnx``, one sequence per sample: merged ``inputs_embeds`` (real vision
+    features for image+prompt samples), ``attention_mask``, 3-D ``position_ids``; real tokens
+    count. Manifest entries: prompt, image (+ sha256), tokens."""
+    import torch
+
+    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.images import header, open_rgb
+
+    if len(samples) < n_calib + n_eval:
+        raise ImageError(f"text calibration: {n_calib} + {n_eval} samples requested but only {len(samples)} given; "
+                         "lower text.calibration.num_calib / num_eval or add prompts.")
+    order = list(range(len(samples)))
+    random.Random(seed).shuffle(order)
+    split = {"calib": sorted(order[:n_calib]), "eval": sorted(order[n_calib:n_calib + n_eval])}
+    model = load_model(checkpoint, attn_implementation="eager")
+    processor = load_processor(checkpoint)
+    lm = model.model.language_model
+    splits, entries = {}, []
+    for name, idx in split.items():
+        feeds, names = [], []
+        for j, i in enumerate(idx):
+            s = samples[i]
+            if s.image is not None:
+                inputs = multimodal_inputs(processor, [open_rgb(s.image)], [s.prompt], height, width)
+                embeds, pos = merged_embeds(model, inputs)
+                mask = inputs["attention_mask"].numpy().astype(np.int64)
+            else:
+                batch = text_batch(processor, [s.prompt])
+                mask = batch["attention_mask"]
+                with torch.no_grad():
+                    embeds = lm.embed_tokens(torch.from_numpy(batch["input_ids"])).numpy().astype(np.float32)
+                pos = text_position_ids_np(mask)
+            feeds.append({"inputs_embeds": embeds, "attention_mask": mask, "position_ids": pos})
+            names.append(s.name)
+            entries.append({
+                "name": s.name, "prompt": s.prompt, "split": name, "index": j, "tokens": int(mask.sum()),
+                "image": None if s.image is None else {"source": str(s.image.path), "sha256": s.image.sha256(),
+                                                      **header(s.image)},
+            })
+        splits[name] = Samples(feeds, [f["attention_mask"].astype(bool) for f in feeds], names)
+    if not any(e["image"] for e in entries):
+        log.warning("text calibration has no image+prompt sample: the text tower sees text activations only")
+    return CalibrationSet(splits, entries, {"image_size": [height, width], "seed": seed})
+
+
+# ----------------------------------------------------------------------------------------------
+# The tower
+
+
+class Text(Tower):
+    kind = "text"
+    pattern = r"text"
+    files = ("model.onnx", "embeds.onnx")
+    analysed = "embeds.onnx"
+    libraries = {"calibration": ("torch", "transformers", "pillow", "numpy")}  # runs the model
+
+    @classmethod
+    def graphs(cls, config, spec=None) -> list[str]:
+        return ["text"] if config["text"]["enabled"] else []
+
+    @property
+    def section(self) -> dict:
+        return self.config["text"]
+
+    def check(self, plan) -> None:
+        for sub in ("parity", "calibration"):
+            parse_size(str(self.section[sub]["image_size"]), key=f"text.{sub}.image_size")
+        check_variants(self.variants(), self.analysed_variants(), "text.variants", "text.sensitivity.variants")
+        cal = self.section["calibration"]
+        samples = load_prompt_samples(str(cal["prompts"]), plan.calib_images, key="text.calibration.prompts")
+        need = int(cal["num_calib"]) + int(cal["num_eval"])
+        if len(samples) < need:
+            raise ConfigError(f"text.calibration.num_calib + num_eval = {need}, but text.calibration.prompts yields "
+                              f"only {len(samples)} sample(s); lower them or add prompts.")
+
+    def variants(self) -> list[str]:
+        return list(self.section["variants"])
+
+    def analysed_variants(self) -> list[str]:
+        return list(self.section["sensitivity"]["variants"])
+
+    def profile_settings(self) -> dict:
+        return dict(self.section["profile"])
+
+    def reference_settings(self) -> dict:
+        p = self.section["parity"]
+        return {"repeats": list(p["repeats"]), "image_size": p["image_size"]}
+
+    def export_settings(self) -> dict:
+        return {"exporter": self.section["exporter"], "fallback": self.section["fallback"],
+                "opset": self.config["export"]["opset"]}
+
+    def calibration_settings(self) -> dict:
+        c = self.section["calibration"]
+        return {k: c[k] for k in ("prompts", "image_size", "num_calib", "num_eval", "seed")}
+
+    def calibration_inputs(self, model, manifests) -> dict:
+        out = {"images": manifests["calibration_images"]}
+        if "text_prompts" in manifests:  # a JSONL and the images it names
+            out["prompts"] = manifests["text_prompts"]
+        return out
+
+    def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
+        h, w = parse_size(settings["image_size"], key="text.parity.image_size")
+        return compute_text_reference(checkpoint, images, BUILTIN_PROMPTS, settings["repeats"], h, w)
+
+    def export(self, checkpoint, cases, workdir, settings):
+        """Both graphs with ``exporter``; the other exporter is tried when it fails (``fallback``)
+        and the record says which one ran and why the other failed."""
+        import torch
+
+        from vlsens.checkpoint import load_model
+        from vlsens.onnxutil import resave
+
+        exporter, opset = settings["exporter"], settings["opset"]
+        model = load_model(checkpoint, attn_implementation="eager")
+        wrappers = _wrappers(model)
+        examples = {}
+        for c in cases:
+            examples.setdefault(c.graph, tuple(torch.from_numpy(c.inputs[k]) for k in GRAPHS[c.graph]))
+        order = [exporter] + ([e for e in ("legacy", "dynamo") if e != exporter] if settings["fallback"] else [])
+        staged, used = {}, {}
+        for graph, module in wrappers.items():
+            errors = []
+            for exp in order:
+                raw = workdir / f"raw-{exp}" / graph
+                try:
+                    _export_one(module, examples[graph], GRAPHS[graph], raw, exp, opset)
+                    staged[graph] = resave(raw, workdir / graph)
+                    used[graph] = {"exporter": exp, "failed": errors}
+                    break
+                except Exception as e:  # noqa: BLE001  (exporters raise many types)
+                    log.warning("text export of %s with %s failed: %s", graph, exp, str(e)[:300])
+                    errors.append({"exporter": exp, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            else:
+                raise VlsensError(f"text export of {graph} failed with every exporter: {errors}")
+        return staged, {"exporters": used, "opset": opset, "attn_implementation": "eager",
+                        "mask": "4-D additive causal+padding mask built in the wrapper; explicit 3-D position ids"}
+
+    def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
+        from vlsens.inputs import image_refs
+
+        samples = load_prompt_samples(str(settings["prompts"]), image_refs(inputs["images"]))
+        h, w = parse_size(settings["image_size"], key="text.calibration.image_size")
+        return text_calibration(checkpoint, samples, h, w, settings["num_calib"], settings["num_eval"],
+                                settings["seed"])

@@ -1,0 +1,169 @@
+"""Tower ``vision_fixed``: the vision tower at one image size, ``vision/<H>x<W>``.
+
+The graph takes ``pixel_values``, a float32 ``(batch, 3, H, W)`` batch normalized by the
+checkpoint's image processor (``vision.batch_size`` images per call), and returns
+``vision_features`` ``(batch, H*W/784, out_hidden_size)``: the merged tokens the language model
+reads. Patchify, ``grid_thw``, window index, ``cu_seqlens`` and rotary tables are inside the graph,
+baked for that size by tracing the stock encoder (the TorchScript exporter; the dynamo exporter
+trips on the data-dependent window index).
+
+Reference: one case per parity image, transformers' own path end to end (processor patches ->
+``Qwen2_5_VLModel.get_image_features``); the graph gets the same pixels as an NCHW image, so the
+gate also checks the in-graph patchify. Calibration: images through the processor at exactly
+H x W, split by content into disjoint calibration and evaluation sets (stacked layout, plus the
+NPU archive).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+from vlsens.calibration import CalibrationSet, load_images, split_refs
+from vlsens.cases import Case, Cases
+from vlsens.config import check_sizes, check_variants
+from vlsens.images import ImageRef, header, open_rgb
+from vlsens.samples import Samples, fit_batch
+from vlsens.sizes import parse_size
+from vlsens.towers.base import Tower
+from vlsens.vision import Geometry, patchify, preprocess_nchw, processor_inputs, unpatchify
+
+log = logging.getLogger(__name__)
+
+INPUT, OUTPUT = "pixel_values", "vision_features"
+
+
+def fixed_size_module(visual, height: int, width: int, batch: int):
+    """An ``nn.Module``: (batch, 3, H, W) normalized images -> (batch, tokens, out_hidden) features.
+
+    Patchify and ``grid_thw`` live inside; tracing bakes the window index, cu_seqlens and rotary
+    tables for this size.
+    """
+    import torch
+
+    geom = Geometry.from_config(visual.config)
+    gh, gw = height // geom.patch_size, width // geom.patch_size
+
+    class FixedSizeVision(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.visual = visual
+            self.register_buffer(
+                "grid_thw", torch.tensor([[1, gh, gw]] * batch, dtype=torch.int64), persistent=False
+            )
+
+        def forward(self, pixel_values):
+            patches = patchify(pixel_values, geom)
+            merged = self.visual(patches, grid_thw=self.grid_thw).pooler_output
+            return merged.reshape(batch, geom.tokens(height, width), merged.shape[-1])
+
+    return FixedSizeVision().eval()
+
+
+def compute_reference(checkpoint: str | Path, refs: Sequence[ImageRef], height: int, width: int,
+                      device: str = "cpu") -> Cases:
+    """transformers' own path: processor patches -> ``model.model.get_image_features``; one case
+    per image (its NCHW pixels in, its merged tokens out)."""
+    import torch
+
+    from vlsens.checkpoint import load_image_processor, load_model
+
+    processor = load_image_processor(checkpoint)
+    model = load_model(checkpoint, device=device)
+    geom = Geometry.from_config(model.config.vision_config)
+    inp = processor_inputs(processor, [open_rgb(r) for r in refs], height, width)
+    with torch.no_grad():
+        out = model.model.get_image_features(
+            pixel_values=torch.from_numpy(inp["pixel_values"]).to(device),
+            image_grid_thw=torch.from_numpy(inp["image_grid_thw"]).to(device),
+        )
+    feats = [f.float().cpu().numpy()[None] for f in out.pooler_output]
+    pixels = unpatchify(inp["pixel_values"], inp["image_grid_thw"], geom)
+    cases = Cases(source="transformers Qwen2_5_VLModel.get_image_features (PyTorch, float32)")
+    for r, x, f in zip(refs, pixels, feats):
+        cases.add(Case(r.name, "model.onnx", {INPUT: x[None]}, f, meta={"image": r.name, "sha256": r.sha256()}))
+    return cases
+
+
+class FixedVision(Tower):
+    kind = "vision_fixed"
+    pattern = r"vision/[0-9]+x[0-9]+"
+    engines = ("ort", "inc")
+    npu_archive = True
+    calibration_runs_model = False  # the image processor's PIL path only
+
+    @classmethod
+    def graphs(cls, config, spec=None) -> list[str]:
+        return [f"vision/{s}" for s in check_sizes(list(config["vision"]["sizes"]))]
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return parse_size(self.graph.split("/", 1)[1])
+
+    def check(self, plan) -> None:
+        check_variants(self.variants(), self.analysed_variants(), "vision.variants", "sensitivity.variants")
+
+    def variants(self) -> list[str]:
+        return list(self.config["vision"]["variants"])
+
+    def analysed_variants(self) -> list[str]:
+        return list(self.config["sensitivity"]["variants"])
+
+    def reference_settings(self) -> dict:
+        return {}
+
+    def export_settings(self) -> dict:
+        e = self.config["export"]
+        return {"batch_size": self.config["vision"]["batch_size"], "opset": e["opset"],
+                "attn_implementation": e["attn_implementation"]}
+
+    def calibration_settings(self) -> dict:
+        c = self.config["calibration"]
+        return {k: c[k] for k in ("num_calib", "num_eval", "seed", "skip_unreadable")}
+
+    def calibration_inputs(self, model, manifests) -> dict:
+        return {"images": manifests["calibration_images"]}
+
+    def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
+        return compute_reference(checkpoint, images, *self.size, device=device)
+
+    def export(self, checkpoint, cases, workdir, settings):
+        import torch
+
+        from vlsens.checkpoint import load_model
+        from vlsens.onnxutil import resave
+
+        h, w = self.size
+        batch, opset, attn = settings["batch_size"], settings["opset"], settings["attn_implementation"]
+        model = load_model(checkpoint, attn_implementation=attn)
+        module = fixed_size_module(model.model.visual, h, w, batch)
+        example = torch.from_numpy(fit_batch(cases.feeds("model.onnx"), batch)[0][INPUT].copy())
+        raw = workdir / "raw" / "model.onnx"
+        raw.parent.mkdir(parents=True)
+        with torch.no_grad():
+            torch.onnx.export(module, (example,), str(raw), dynamo=False, opset_version=opset,
+                              input_names=[INPUT], output_names=[OUTPUT], do_constant_folding=True)
+        del model, module
+        # Above 2 GB the legacy exporter writes one file per tensor: re-saved with one data file.
+        staged = resave(raw, workdir / "model.onnx")
+        return {"model.onnx": staged}, {"exporter": "torch.onnx.export(dynamo=False)", "opset": opset,
+                                        "batch": batch, "attn_implementation": attn, "height": h, "width": w}
+
+    def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
+        from vlsens.checkpoint import load_image_processor
+        from vlsens.inputs import image_refs
+
+        h, w = self.size
+        refs, images, shas = load_images(image_refs(inputs["images"]), settings["skip_unreadable"])
+        split = split_refs(refs, shas, settings["num_calib"], settings["num_eval"], settings["seed"])
+        processor = load_image_processor(checkpoint)
+        splits, samples = {}, []
+        for name, idx in split.items():
+            pixels = preprocess_nchw(processor, [images[i] for i in idx], h, w)
+            splits[name] = Samples.from_arrays({INPUT: pixels}, 1, [refs[i].name for i in idx])
+            for j, i in enumerate(idx):
+                samples.append({"name": refs[i].name, "split": name, "index": j, "source": str(refs[i].path),
+                                "sha256": shas[i], **header(refs[i])})
+        return CalibrationSet(splits, samples, {"height": h, "width": w, "seed": settings["seed"]}, stacked=True)
+

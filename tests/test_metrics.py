@@ -1,0 +1,49 @@
+"""One implementation of every comparison: its two views, streaming, valid positions, logits."""
+
+import numpy as np
+import pytest
+
+from vlsens.metrics import Metrics, compare, output_metrics
+
+
+def test_parity_view():
+    a = np.array([1.0, 2.0, 3.0])
+    m = compare(a, a)
+    assert m["max_abs_diff"] == 0 and m["cosine"] == pytest.approx(1.0)
+    m = compare(a + [0, 0, 0.3], a)
+    assert m["max_abs_diff"] == pytest.approx(0.3) and m["max_rel_error"] == pytest.approx(0.1)
+    assert m["mean_abs_diff"] == pytest.approx(0.1)
+    m = compare(np.array([np.nan, 1, 1]), a)
+    assert m["cosine"] == -1.0 and m["max_abs_diff"] == float("inf")
+    with pytest.raises(ValueError, match="shape mismatch"):
+        compare(a[:2], a)
+
+
+def test_streamed_equals_whole_array():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(3, 5, 11)).astype(np.float32)
+    act = ref + rng.normal(scale=0.1, size=ref.shape).astype(np.float32)
+    acc = Metrics(logits=True)
+    for i in range(3):
+        acc.add(act[i:i + 1], ref[i:i + 1])
+    a, r = act.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    e = a - r
+    assert acc.result()["mse"] == pytest.approx(np.mean(e * e), rel=1e-12)
+    assert acc.result()["sqnr_db"] == pytest.approx(10 * np.log10((r @ r) / (e @ e)), rel=1e-12)
+    assert acc.result()["cosine"] == pytest.approx(a @ r / np.linalg.norm(a) / np.linalg.norm(r), rel=1e-12)
+    assert acc.parity()["max_abs_diff"] == pytest.approx(np.abs(e).max())
+    assert output_metrics(act, ref) == pytest.approx({k: v for k, v in acc.result().items() if k in ("mse", "cosine", "sqnr_db")})
+    same = Metrics(logits=True).add(ref, ref)
+    assert same.result()["kl"] == pytest.approx(0.0, abs=1e-9) and same.result()["top1"] == 1.0
+
+
+def test_valid_positions_only():
+    """Padded positions (mask False) count nowhere: not in errors, not in top-1, not in KL."""
+    ref = np.zeros((1, 4, 3), np.float32)
+    ref[..., 0] = 1.0
+    act = ref.copy()
+    act[0, :2] = [0.0, 9.0, 0.0]  # garbage at two padded positions
+    valid = np.array([[False, False, True, True]])
+    m = Metrics(logits=True).add(act, ref, valid)
+    assert m.result()["mse"] == 0.0 and m.result()["top1"] == 1.0 and m.parity()["positions"] == 2
+    assert Metrics(logits=True).add(act, ref).result()["top1"] == 0.5

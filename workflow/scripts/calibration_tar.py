@@ -1,0 +1,7 @@
+"""A calibration set as NPU toolchains take it: one .npy per sample in calib.tar / eval.tar."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+from vlsens import stages
+from vlsens.scripting import run
+
+run(snakemake, lambda sm: stages.npu_archive(  # noqa: F821
+    sm.input.calib, sm.input.eval, sm.output.calib_tar, sm.output.eval_tar))

@@ -1,0 +1,12 @@
+"""The tower's FP32 graph file(s) of one graph, parity-gated against its reference."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+from pathlib import Path
+
+from vlsens import stages, towers
+from vlsens.inputs import checkpoint_dir
+from vlsens.scripting import run
+
+run(snakemake, lambda sm: stages.export(  # noqa: F821
+    towers.for_graph(sm.config, sm.wildcards.graph), checkpoint_dir(sm.input.checkpoint), sm.input.reference,
+    Path(sm.output.model).parent, sm.params.tolerance, sm.params.settings, threads=sm.threads,
+    device=sm.config["device"]))
