@@ -87,6 +87,13 @@ def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model
     for n in qm.graph.node:
         if n.op_type == "QuantizeLinear" and n.input[0] not in q_inits:
             tensor_q.setdefault(n.input[0], n)
+    # A quantized graph output keeps its name on the DequantizeLinear; ORT renames the tensor its
+    # producer writes (e.g. lm_head -> logits). The float graph's output is what that Q reads.
+    for out in qm.graph.output:
+        dq = q_producer.get(out.name)
+        q = q_producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is not None and q.op_type == "QuantizeLinear" and q.input[0] not in q_inits:
+            tensor_q[out.name] = q
     adjacency: dict[str, list[str]] = {}
     for node in fm.graph.node:
         if node.name in ops:
@@ -116,7 +123,7 @@ def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model
             needed[x] = q_inits[x]
         qo, do = f"{tag}_q", f"{tag}_dq"
         then_g = helper.make_graph(
-            [_copy_node(q, {t: raw, q.output[0]: qo}, f"{tag}_Quantize"),
+            [_copy_node(q, {q.input[0]: raw, q.output[0]: qo}, f"{tag}_Quantize"),
              _copy_node(dq, {q.output[0]: qo, dq.output[0]: do}, f"{tag}_Dequantize")],
             f"{tag}_int8", [], [vinfo(do, t)])
         else_g = helper.make_graph([helper.make_node("Identity", [raw], [f"{tag}_id"], name=f"{tag}_Identity")],
