@@ -229,13 +229,16 @@ def test_bounded_inc_run_extrapolates_and_says_so(planted, inc_python, tmp_path)
 def test_inc_fallback_run_meets_the_target_and_is_remeasured(planted, inc_python, tmp_path):
     r = subprocess.run([str(inc_python), str(SCRIPT), "--tune", "--model", str(planted / "fp32" / "model.onnx"),
                         "--calib", str(planted / "calib" / "calib.npz"), "--eval", str(planted / "calib" / "eval.npz"),
-                        "--summary", str(tmp_path / "tune" / "eval.json"), "--log", str(tmp_path / "log"),
+                        "--summary", str(tmp_path / "inc-tune" / "eval.json"), "--log", str(tmp_path / "log"),
                         "--settings", SETTINGS, "--metric", "cosine", "--target", "0.999", "--max-trials", "30"],
                        capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    ev = json.loads((tmp_path / "tune" / "eval.json").read_text())
+    ev = json.loads((tmp_path / "inc-tune" / "eval.json").read_text())
     assert ev["status"] == "met" and ev["measured"]["cosine"] >= 0.999
-    assert (tmp_path / "tune" / "model.onnx").is_file() and (tmp_path / "tune" / "model.onnx.data").is_file()
+    from vlsens import records
+
+    assert records.errors(tmp_path / "inc-tune" / "eval.json") == []
+    assert (tmp_path / "inc-tune" / "model.onnx").is_file() and (tmp_path / "inc-tune" / "model.onnx.data").is_file()
     # INC's fallback keeps the planted op in float and most ops INT8
     assert any(f"blocks.{PLANT['block']}/attn/qkv" in op for op in ev["fp32_ops"]), ev["fp32_ops"]
     assert len(ev["int8_ops"]) >= 0.8 * ev["ops_total"]
@@ -248,7 +251,7 @@ def test_inc_fallback_run_meets_the_target_and_is_remeasured(planted, inc_python
 
     evals = load_split(planted / "calib" / "eval.npz")
     ref = ort.InferenceSession(str(planted / "fp32" / "model.onnx"), providers=["CPUExecutionProvider"])
-    q = ort.InferenceSession(str(tmp_path / "tune" / "model.onnx"), providers=["CPUExecutionProvider"])
+    q = ort.InferenceSession(str(tmp_path / "inc-tune" / "model.onnx"), providers=["CPUExecutionProvider"])
     name = ref.get_inputs()[0].name
     a = np.concatenate([q.run(None, {name: x[None]})[0] for x in evals])
     b = np.concatenate([ref.run(None, {name: x[None]})[0] for x in evals])

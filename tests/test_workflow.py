@@ -112,6 +112,25 @@ def test_whole_dag_builds_verified_models(finished_run):
 
 
 @pytest.mark.slow
+def test_every_record_matches_its_schema(finished_run):
+    """Every JSON record the run wrote is valid against its documented schema (workflow/schemas/
+    records/), and the check is real: a record missing a key or with a wrong type fails."""
+    from collections import Counter
+
+    from vlsens import records
+
+    found = records.records_under(finished_run / "results")
+    kinds = Counter(records.schema_name(p) for p in found)
+    assert kinds == {"parity": 16, "manifest": 4, "engine": 7, "ort": 7, "eval": 7, "inc": 2, "compare": 2}, kinds
+    assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
+    for p in (found[0], next(p for p in found if p.name == "ort.json")):
+        rec = json.loads(p.read_text())
+        broken = {k: v for k, v in rec.items() if k != sorted(rec)[0]}
+        assert records.errors(p, broken), p
+        assert records.errors(p, {**rec, "ops" if "ops" in rec else "passed": "many"}), p
+
+
+@pytest.mark.slow
 def test_rerun_has_nothing_to_do(finished_run):
     r = smk(finished_run, "-n", "--cores", "2")
     assert r.returncode == 0

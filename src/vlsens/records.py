@@ -1,0 +1,85 @@
+"""The JSON records the workflow writes, each documented once by a JSON Schema
+(``workflow/schemas/records/<name>.schema.yaml``) and checked against it in the tests:
+
+=====================  ====================================================  ===================
+record                 where                                                 schema
+=====================  ====================================================  ===================
+``parity.json``        every model folder ``<graph>/<variant>/``             ``parity``
+``manifest.json``      every calibration folder ``calib/<graph>/``          ``manifest``
+``engine.json``        ``sensitivity/<graph>/<variant>/engine/``             ``engine``
+``ort.json``           beside ``ort.csv``                                    ``ort``
+``inc.json``           beside ``inc.csv``                                    ``inc``
+``compare.json``       beside both CSVs                                      ``compare``
+``eval.json``          ``profile/<graph>/<variant>/``                        ``eval``
+``eval.json``          ``sensitivity/<graph>/<variant>/inc-tune/``           ``inc_tune``
+=====================  ====================================================  ===================
+
+    python -m vlsens.records results/tiny     # check every record under a folder
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "records"
+BY_NAME = {"parity.json": "parity", "manifest.json": "manifest", "engine.json": "engine", "ort.json": "ort",
+           "inc.json": "inc", "compare.json": "compare", "eval.json": "eval"}
+
+
+def schema_name(path: str | Path) -> str | None:
+    """The schema of a record file (None: not a record)."""
+    path = Path(path)
+    if path.name == "eval.json" and path.parent.name == "inc-tune":
+        return "inc_tune"
+    if path.name == "manifest.json" and "calib" not in path.parts:
+        return None
+    return BY_NAME.get(path.name)
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(name: str):
+    import jsonschema
+    import yaml
+    from referencing import Registry, Resource
+
+    resources = []
+    for f in sorted(SCHEMAS.glob("*.schema.yaml")):
+        contents = yaml.safe_load(f.read_text())
+        contents["$id"] = f.resolve().as_uri()
+        resources.append((contents["$id"], Resource.from_contents(contents)))
+    registry = Registry().with_resources(resources)
+    schema = registry.contents((SCHEMAS / f"{name}.schema.yaml").resolve().as_uri())
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def errors(path: str | Path, data: dict | None = None) -> list[str]:
+    """Schema violations of a record (``data``: its content, default read from ``path``)."""
+    name = schema_name(path)
+    if name is None:
+        raise ValueError(f"{path}: not a vlsens record ({', '.join(sorted(BY_NAME))})")
+    data = json.loads(Path(path).read_text()) if data is None else data
+    out = []
+    for e in sorted(_validator(name).iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        out.append(f"{'.'.join(map(str, e.absolute_path)) or '<record>'}: {e.message}")
+    return out
+
+
+def records_under(folder: str | Path) -> list[Path]:
+    return sorted(p for p in Path(folder).rglob("*.json") if schema_name(p) is not None)
+
+
+def _main(argv: list[str]) -> int:
+    bad = 0
+    for folder in argv or ["results"]:
+        for p in records_under(folder):
+            for line in errors(p):
+                print(f"{p}: {line}")
+                bad += 1
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
