@@ -62,7 +62,7 @@ def ckpts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, ckpts):
-    """The small DAG: first attempt SIGKILLed while vision_fp16 publishes, then re-run."""
+    """The small DAG: first attempt SIGKILLed while fp16 publishes, then re-run."""
     wd = tmp_path_factory.mktemp("reliability")
     ckpt = wd / "ckpt"
     shutil.copytree(ckpts[0], ckpt)
@@ -257,6 +257,26 @@ def test_4_tiny_and_elongated_images_are_refused_or_warned(tmp_path, ckpts):
                                                       "image_checks.on_problem": "warn"}))
     r = smk(tmp_path, "-n")
     assert r.returncode == 0 and "aspect ratio 200:1" in r.out and "on_problem: warn" in r.out
+
+
+def test_4_unreadable_calibration_image_is_named_or_skipped(tmp_path, ckpts):
+    from vlsens.images import resolve_images
+
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    for r in resolve_images("builtin"):
+        shutil.copy(r.path, imgs / r.name)
+    (imgs / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nthis is not an image")
+    write_config(tmp_path, small_config(ckpts[0], **{"calibration.images": str(imgs)}))
+    r = smk(tmp_path, "-n")
+    assert r.returncode != 0 and "broken.png" in r.out and "calibration.skip_unreadable: true" in r.out, r.out[-2000:]
+    write_config(tmp_path, small_config(ckpts[0], **{"calibration.images": str(imgs),
+                                                      "calibration.skip_unreadable": True}))
+    target = f"results/{ckpts[0].name}/calib/vision/{SIZE}/manifest.json"
+    r = smk(tmp_path, target)
+    assert r.returncode == 0 and "broken.png" in r.out and "skipped" in r.out, r.out[-3000:]
+    names = {e["name"] for e in json.loads((tmp_path / target).read_text())["samples"]}
+    assert "broken.png" not in names and len(names) == 9
 
 
 def test_4_sixteen_bit_grayscale_is_scaled_not_clipped(tmp_path):

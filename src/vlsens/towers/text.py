@@ -331,7 +331,8 @@ class Text(Tower):
 
     def calibration_settings(self) -> dict:
         c = self.section["calibration"]
-        return {k: c[k] for k in ("prompts", "image_size", "num_calib", "num_eval", "seed")}
+        return {**{k: c[k] for k in ("prompts", "image_size", "num_calib", "num_eval", "seed")},
+                "skip_unreadable": self.config["calibration"]["skip_unreadable"]}
 
     def calibration_inputs(self, model, manifests) -> dict:
         out = {"images": manifests["calibration_images"]}
@@ -377,9 +378,11 @@ class Text(Tower):
                         "mask": "4-D additive causal+padding mask built in the wrapper; explicit 3-D position ids"}
 
     def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
+        from vlsens.calibration import load_images
         from vlsens.inputs import image_refs
 
-        samples = load_prompt_samples(str(settings["prompts"]), image_refs(inputs["images"]))
+        images = load_images(image_refs(inputs["images"]), settings["skip_unreadable"])[0]
+        samples = load_prompt_samples(str(settings["prompts"]), images)
         h, w = parse_size(settings["image_size"], key="text.calibration.image_size")
         return text_calibration(checkpoint, samples, h, w, settings["num_calib"], settings["num_eval"],
                                 settings["seed"])
