@@ -5,7 +5,7 @@ Every ``.onnx`` file the workflow publishes is listed, with its external data fi
 models, ``engine.json`` for a sensitivity engine, ``eval.json`` for a profile):
 
     "files": {"model.onnx": {"bytes": 123, "sha256": "..."},
-              "model.onnx.data": {"bytes": 456, "sha256": "..."}, "rule": "export_vision"}
+              "model.onnx.data": {"bytes": 456, "sha256": "..."}, "rule": "export"}
 
 A job that reads an ONNX artifact checks it against that record first (:func:`verify`), so a file
 truncated, edited or copied over after it was published fails the consumer with the path and the

@@ -8,7 +8,9 @@
 - CPU threads are bounded to the rule's ``threads:``;
 - leftovers of an earlier, killed run of the same job (temporary files and staging folders named
   after its outputs) are removed before it starts;
-- every ONNX input is checked against the record it was published with (size and SHA-256);
+- every declared ONNX input is checked against the record it was published with (size and
+  SHA-256); graph files a stage reads beside a declared one (the text tower's ``embeds.onnx``)
+  are checked by the stage when it opens them (:func:`vlsens.artifacts.verify`);
 - every output ends with the mode of an ordinary file under the umask, whichever library wrote it;
 - a :class:`VlsensError` becomes one clear line and a non-zero exit, so Snakemake fails the job
   and removes its outputs.
