@@ -17,7 +17,7 @@ from vlsens import towers as towers_registry
 from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
 from vlsens.errors import ConfigError
 from vlsens.inputs import write_manifests
-from vlsens.targets import all_targets, engine_variants
+from vlsens.targets import all_targets
 from vlsens.versions import provenance as _provenance
 from snakemake.settings.types import DeploymentMethod
 

@@ -74,6 +74,22 @@ def test_failed_gate_leaves_nothing(built, tmp_path):
     assert not out.exists() or list(out.iterdir()) == []
 
 
+def test_a_changed_graph_file_fails_its_reader_with_the_fix(built, tmp_path):
+    """Every graph file of a folder is checked against parity.json when a job reads it; the fix
+    names the folder's main graph (what Snakemake knows the folder by)."""
+    from vlsens.artifacts import verify
+    from vlsens.errors import ArtifactError
+
+    for f in built.tower.files:
+        copy = tmp_path / f.replace(".", "_")
+        shutil.copytree(built.folder("fp32"), copy)
+        assert verify(copy / f) == copy / f
+        data = copy / f"{f}.data"
+        data.write_bytes(data.read_bytes()[:-8])
+        with pytest.raises(ArtifactError, match=rf"{f}\.data: .*bytes.*--forcerun {copy}/model\.onnx"):
+            verify(copy / f)
+
+
 @pytest.fixture(scope="module")
 def built_variants(built):
     """fp16, fp32-sim and fp16-sim of the graph (once per tower)."""

@@ -116,8 +116,10 @@ def _stat_key(model: Path) -> tuple:
 
 
 def fix_hint(model: Path, rule: str | None) -> str:
+    # A model folder is known to Snakemake by its main graph (the others are listed in its record).
+    target = model.with_name(MAIN) if (model.parent / RECORD).is_file() else model
     by = f" (rule {rule})" if rule else ""
-    return (f"Re-create it{by}: snakemake --forcerun {model} (or delete {model.parent}/ and run again).")
+    return f"Re-create it{by}: snakemake --forcerun {target} (or delete {model.parent}/ and run again)."
 
 
 def verify_inputs(paths: Iterable[str | Path]) -> int:
