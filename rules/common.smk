@@ -53,7 +53,8 @@ try:
             Path(workflow.basedir) / "envs" / "inc.yaml")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
-INC_SCRIPT = str(Path(workflow.basedir) / "workflow" / "scripts" / "sensitivity_inc.py")
+SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
+INC_SCRIPT = str(SCRIPTS / "sensitivity_inc.py")
 
 
 wildcard_constraints:
@@ -131,13 +132,12 @@ def tower_settings(stage):
 
 def provenance(stage, script):
     """Rerun trigger: library versions and the hash of the vlsens code the script runs."""
-    return _provenance(stage, Path(workflow.basedir) / "workflow" / "scripts" / script)
+    return _provenance(stage, SCRIPTS / script)
 
 
 def inc_provenance():
     """Engine inc records its own environment's versions (``INC_VERSIONS``) and its code."""
-    code = _provenance("sensitivity", Path(workflow.basedir) / "workflow" / "scripts" / "sensitivity_inc.py")["code"]
-    return {"versions": INC_VERSIONS, "code": code}
+    return {"versions": INC_VERSIONS, "code": provenance("sensitivity", "sensitivity_inc.py")["code"]}
 
 
 _TOWER_PROVENANCE = {}
@@ -150,9 +150,8 @@ def tower_provenance(stage, script):
         t = tower(wc)
         key = (stage, script, wc.graph)
         if key not in _TOWER_PROVENANCE:
-            _TOWER_PROVENANCE[key] = _provenance(
-                stage, Path(workflow.basedir) / "workflow" / "scripts" / script, type(t).__module__,
-                libraries=t.libraries.get(stage))
+            _TOWER_PROVENANCE[key] = _provenance(stage, SCRIPTS / script, type(t).__module__,
+                                                 libraries=t.libraries.get(stage))
         return _TOWER_PROVENANCE[key]
 
     return get
