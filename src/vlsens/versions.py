@@ -57,15 +57,6 @@ def versions(*names: str) -> dict[str, str]:
     return {n: version(n) for n in names}
 
 
-def stage_versions(*stages: str) -> dict[str, str]:
-    names: list[str] = []
-    for s in stages:
-        for n in STAGE_LIBRARIES[s]:
-            if n not in names:
-                names.append(n)
-    return versions(*names)
-
-
 def _module_file(name: str) -> str | None:
     """The source file of vlsens module or package ``name`` (None for anything else, e.g. a class
     name)."""

@@ -85,7 +85,3 @@ def for_graph(config: dict, graph: str) -> "Tower":
     if graph not in towers:
         raise ConfigError(f"graph '{graph}' is not configured (configured: {', '.join(towers)})")
     return towers[graph]
-
-
-def class_path(tower: "Tower") -> str:
-    return f"{type(tower).__module__}:{type(tower).__qualname__}"
