@@ -33,12 +33,13 @@ class QuantSettings:
 
     @classmethod
     def from_config(cls, cfg: dict) -> "QuantSettings":
+        """From ``sensitivity.*`` (schema defaults filled) or a record's ``settings``."""
         return cls(
-            op_types=tuple(cfg.get("op_types", DEFAULT_OP_TYPES)),
-            activation_type=cfg.get("activation_type", "uint8"),
-            weight_type=cfg.get("weight_type", "int8"),
-            per_channel=bool(cfg.get("per_channel", True)),
-            calibrate_method=cfg.get("calibrate_method", "minmax"),
+            op_types=tuple(cfg["op_types"]),
+            activation_type=cfg["activation_type"],
+            weight_type=cfg["weight_type"],
+            per_channel=bool(cfg["per_channel"]),
+            calibrate_method=cfg["calibrate_method"],
         )
 
     def as_dict(self) -> dict:
