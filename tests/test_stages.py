@@ -182,6 +182,30 @@ def test_engine_equals_one_model_per_op(built, engine, tmp_path):
     assert len(csv) == len(eng.ops) > 10
 
 
+def test_estimate_of_an_op_set_equals_the_built_model(built, engine, tmp_path):
+    """What the profile search sees for a *set* of INT8 ops (the switch model) is what
+    quantize_static builds for that set, output for output, in the same fake-quant (basic
+    optimizations) session: random sets, every tower."""
+    import random
+
+    from vlsens.onnxutil import make_session
+    from vlsens.quant import quantize
+    from vlsens.sensitivity.engine import Engine
+
+    eng = Engine(engine / "engine")
+    evals = eng.samples(built.calib / "eval.npz")
+    session = eng.session(evals)
+    names = [o.name for o in eng.ops]
+    rng = random.Random(0)
+    for trial in range(3):
+        chosen = rng.sample(names, rng.randint(2, len(names)))
+        built_model = quantize(eng.float_model, tmp_path / f"set{trial}" / "model.onnx", chosen, eng.settings,
+                               eng.cache)
+        fake_quant = make_session(built_model, basic=True)
+        for est, feed in zip(session.outputs(chosen), evals.feeds):
+            np.testing.assert_array_equal(est, fake_quant.run(None, feed)[0], err_msg=f"{len(chosen)} ops")
+
+
 def test_sharded_equals_unsharded(built, engine, tmp_path):
     from vlsens.sensitivity.stages import gather, run_shard
 
