@@ -148,7 +148,7 @@ def tower_provenance(stage, script):
 
     def get(wc):
         t = tower(wc)
-        key = (stage, script, wc.graph)
+        key = (stage, script, type(t))  # one hash per kind of tower, not per graph
         if key not in _TOWER_PROVENANCE:
             _TOWER_PROVENANCE[key] = _provenance(stage, SCRIPTS / script, type(t).__module__,
                                                  libraries=t.libraries.get(stage))

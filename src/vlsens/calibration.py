@@ -29,7 +29,7 @@ import numpy as np
 
 from vlsens import paths
 from vlsens.errors import ImageError
-from vlsens.fsutil import publish, staging_dir, write_json
+from vlsens.fsutil import atomic_file, publish, staging_dir, write_json
 from vlsens.images import ImageRef, open_rgb
 from vlsens.samples import Samples, load_stacked, save_stacked
 
@@ -77,14 +77,12 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
 def write_npu_archive(split_npz: str | Path, out_tar: str | Path) -> int:
     """One ``<input>_<index>.npy`` of shape ``(1, ...)`` per sample and input of a stacked split,
     as a tar (written atomically). Returns the number of samples."""
-    from vlsens.fsutil import atomic_file
-
     arrays = load_stacked(split_npz)
     n = 0
     with atomic_file(out_tar) as tmp, tarfile.open(tmp, "w") as tar:
         for name, rows in arrays.items():
             for i, row in enumerate(rows):
-                data = _npy_bytes(row[None].astype(row.dtype))
+                data = _npy_bytes(row[None])
                 info = tarfile.TarInfo(f"{name}_{i:04d}.npy")
                 info.size = len(data)
                 info.mtime = 0

@@ -111,28 +111,24 @@ class MseOrderCapture:
 
             return f
 
-        def wrap_inference(orig):
-            def f(self, model, tune_cfg, dataloader, output_op_name, iterations):
-                out = orig(self, model, tune_cfg, Loader(cap.evals, cap.batch), output_op_name,
-                           len(cap.evals) // cap.batch)
-                cap.inference_end.append(time.perf_counter())
-                return out
-
-            return f
-
         with _patched(adaptor_cls, "_get_mse_order", wrap_mse_order), \
                 _patched(adaptor_cls, "_calculate_mse", wrap_calc), \
-                _patched(adaptor_cls, "_inference_model_on_batches", wrap_inference):
+                redirected_inference(adaptor_cls, cap.evals, cap.batch,
+                                     after=lambda: cap.inference_end.append(time.perf_counter())):
             yield self
 
 
 @contextmanager
-def redirected_inference(adaptor_cls, evals: np.ndarray, batch: int) -> Iterator[None]:
-    """Only ``_inference_model_on_batches`` redirected to the evaluation set (INC's tuning run)."""
+def redirected_inference(adaptor_cls, evals: np.ndarray, batch: int, after=None) -> Iterator[None]:
+    """``_inference_model_on_batches`` redirected to the evaluation set; ``after()`` is called when
+    each inference pass ends."""
 
     def wrap(orig):
         def f(self, model, tune_cfg, dataloader, output_op_name, iterations):
-            return orig(self, model, tune_cfg, Loader(evals, batch), output_op_name, len(evals) // batch)
+            out = orig(self, model, tune_cfg, Loader(evals, batch), output_op_name, len(evals) // batch)
+            if after is not None:
+                after()
+            return out
 
         return f
 
