@@ -1,5 +1,5 @@
 # The checkpoint. A local directory is read in place (its content manifest is the rules' input);
-# the tiny preset is built here, a complete Hugging Face checkpoint.
+# a preset (tiny, 3b) is built here, a complete Hugging Face checkpoint.
 
 
 rule tiny_checkpoint:
@@ -23,3 +23,25 @@ rule tiny_checkpoint:
         "../envs/torch.yaml"
     script:
         "../workflow/scripts/build_tiny_checkpoint.py"
+
+
+rule checkpoint_3b:
+    output:
+        checkpoint=directory(paths.CHECKPOINT),
+    log:
+        paths.model_log("checkpoint_3b"),
+    benchmark:
+        paths.model_benchmark("checkpoint_3b")
+    wildcard_constraints:
+        model="3b",
+    params:
+        seed=config["model"]["3b"]["seed"],
+        text_layers=config["model"]["3b"]["text_layers"],
+        provenance=provenance("checkpoint", "build_3b_checkpoint.py"),
+    threads: 1
+    resources:
+        **cluster("checkpoint_3b", gpu=False),
+    conda:
+        "../envs/torch.yaml"
+    script:
+        "../workflow/scripts/build_3b_checkpoint.py"

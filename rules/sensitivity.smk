@@ -20,6 +20,7 @@ rule sensitivity_prepare:
     params:
         model=analysed_model,
         settings=quant_settings(),
+        suffix_cuts=config["sensitivity"]["suffix_cuts"],
         provenance=provenance("sensitivity", "sensitivity_prepare.py"),
     threads: config["threads"]
     resources:
@@ -35,6 +36,7 @@ rule sensitivity_shard:
         meta=ENGINE["meta"],
         switch=ENGINE["switch"],
         switch_data=ENGINE["switch_data"],
+        probe=ENGINE["probe"],
         reference=ENGINE["reference"],
         eval=CALIB["eval"],
     output:

@@ -102,3 +102,36 @@ def test_unexpected_tensor_and_bad_index_are_named(tiny_ckpt, tmp_path):
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00002.safetensors"}}))
     with pytest.raises(CheckpointError, match="model-00002.safetensors"):
         check_checkpoint_dir(d)
+
+
+def test_3b_preset_is_the_published_architecture():
+    """The 3b preset's config gives Qwen2.5-VL-3B's parameter counts (built on torch's meta
+    device: no memory): vision tower 668.7 M, 3.75 B in all with 36 text layers, tied embeddings."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from vlsens.checkpoint import build_tiny_tokenizer, real_3b_config
+
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(real_3b_config(build_tiny_tokenizer(), 36))
+    vision = sum(p.numel() for p in model.model.visual.parameters())
+    total = sum(p.numel() for p in model.parameters())  # tied: lm_head is the embedding
+    assert round(vision / 1e6, 1) == 668.7
+    assert round(total / 1e9, 2) == 3.75
+    assert model.lm_head.weight is model.model.language_model.embed_tokens.weight
+    assert model.config.text_config.vocab_size == 151936
+
+
+def test_vision_only_loading_equals_the_full_model(tiny_ckpt):
+    import torch
+
+    from vlsens.checkpoint import load_model
+
+    full = load_model(tiny_ckpt)
+    vision = load_model(tiny_ckpt, part="vision")
+    assert next(vision.model.language_model.parameters()).device.type == "meta"  # never loaded
+    pv, grid = torch.randn(256, 1176), torch.tensor([[1, 16, 16]])
+    with torch.no_grad():
+        a = full.model.get_image_features(pixel_values=pv, image_grid_thw=grid).pooler_output[0]
+        b = vision.model.get_image_features(pixel_values=pv, image_grid_thw=grid).pooler_output[0]
+    assert torch.equal(a, b)

@@ -326,3 +326,36 @@ def test_9_configfile_extends_the_default_from_any_directory(tmp_path):
     assert r.returncode == 0, r.out[-2000:]
     assert "is extended by additional config" in r.out
     assert "graph=vision/224x224" in r.out and "graph=text" not in r.out and "graph=vision/224x336" not in r.out
+
+
+def test_7_job_killed_mid_write_of_a_large_model_breaks_no_other_rule(tmp_path):
+    """A model of real widths (Qwen2.5-VL-3B's vision blocks, two of them: 300 MB of FP32
+    weights): the FP16 job is SIGKILLed with half of its data file written, as the OOM killer
+    would. The other jobs of that run still finish; the re-run removes the leftover, completes,
+    and leaves no link into a published data file."""
+    from vlsens.checkpoint import REAL_3B_VISION, build_tiny_checkpoint
+
+    vision = dict(REAL_3B_VISION, depth=2, fullatt_block_indexes=[1], initializer_range=0.02)
+    ckpt = build_tiny_checkpoint(tmp_path / "wide", seed=0, vision=vision)
+    write_config(tmp_path, small_config(ckpt, **{"sensitivity.variants": [], "vision.variants": ["fp32", "fp16"]}))
+    killed = smk(tmp_path, "--keep-going", env={"VLSENS_FAULT": "fp16:write"})
+    res = tmp_path / "results" / "wide"
+    fp16 = res / "vision" / SIZE / "fp16"
+    assert killed.returncode != 0 and "rule fp16" in killed.out, killed.out[-3000:]
+    errors = [line for line in killed.out.splitlines() if line.startswith("Error in rule")]
+    assert errors == ["Error in rule fp16:"], errors  # nothing else failed
+    staged = [p for p in fp16.glob(".model.onnx.staging-*/model.onnx.data")]
+    assert staged and not (staged[0].parent / "model.onnx").exists(), staged
+    half = staged[0].stat().st_size
+    assert (res / "calib" / "vision" / SIZE / "manifest.json").is_file()  # the other jobs finished
+    assert not (fp16 / "model.onnx").exists()
+    again = smk(tmp_path)
+    assert again.returncode == 0, again.out[-4000:]
+    assert "removed" in (res / "logs" / "vision" / SIZE / "fp16.log").read_text()
+    assert not [p for p in res.rglob("*") if ".staging-" in p.name or ".tmp-" in p.name]
+    for p in res.rglob("*.data"):
+        assert p.stat().st_nlink == 1, p
+    assert json.loads((fp16 / "parity.json").read_text())["passed"]
+    full = (fp16 / "model.onnx.data").stat().st_size
+    assert full > 100e6 and 0.45 < half / full < 0.75, (half, full)  # it was killed mid-write
+    assert "Nothing to be done" in smk(tmp_path, "-n").out

@@ -182,6 +182,39 @@ def test_engine_equals_one_model_per_op(built, engine, tmp_path):
     assert len(csv) == len(eng.ops) > 10
 
 
+def test_suffix_engine_equals_the_full_graph_on_every_op(built, engine, tmp_path):
+    """Starting each op at its cut, from the cached float state, gives the full-graph switch
+    model's outputs, bit for bit, for every op (and for op sets, and for no op at all); and the
+    prepared engine really has several cuts that skip a prefix."""
+    import random
+
+    from vlsens.sensitivity.engine import Engine
+
+    eng = Engine(engine / "engine")
+    sp = eng.suffix_plan
+    assert sp is not None and len(sp.cuts) > 1 and sp.skips[-1] > 0, sp
+    evals = eng.samples(built.calib / "eval.npz")
+    full = eng.session(evals)
+    suffix = eng.session(evals, cache_dir=tmp_path / "cache")
+    assert suffix.suffix is not None and full.suffix is None
+    names = [o.name for o in eng.ops]
+    rng = random.Random(1)
+    sets = [[n] for n in names] + [[], rng.sample(names, 3), names[len(names) // 2:]]
+    skipped = 0
+    for ops in sets:
+        skipped += sp.skips[sp.group_of(ops)] > 0
+        for a, b in zip(full.outputs(ops), suffix.outputs(ops), strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=str(ops[:3]))
+    assert skipped > len(names) // 2  # most ops really start past a skipped prefix
+    # The CSV (written by shards that ran the suffix engine) holds the full graph's numbers.
+    csv = {r["op"]: r for r in read_csv(engine / "ort.csv")}
+    ref = eng.reference()
+    for n in names[:: max(1, len(names) // 5)]:
+        assert csv[n]["mse"] == pytest.approx(full.evaluate([n], ref)["mse"], rel=1e-6), n
+    timing = json.loads((engine / "ort.0-of-3.json").read_text())
+    assert timing["suffix"] is True
+
+
 def test_estimate_of_an_op_set_equals_the_built_model(built, engine, tmp_path):
     """What the profile search sees for a *set* of INT8 ops (the switch model) is what
     quantize_static builds for that set, output for output, in the same fake-quant (basic

@@ -1,8 +1,15 @@
-"""Checkpoints: the built-in ``tiny`` preset and safe loading of local Qwen2.5-VL directories.
+"""Checkpoints: the built-in presets and safe loading of local Qwen2.5-VL directories.
 
-The tiny preset is a real, complete Hugging Face checkpoint (config, safetensors weights,
-tokenizer, chat template, image-processor config) with random weights from a fixed seed, so the
-loading code below serves presets and user checkpoints alike.
+The presets are real, complete Hugging Face checkpoints (config, safetensors weights, tokenizer,
+chat template, image-processor config) with random weights from a fixed seed, so the loading code
+below serves presets and user checkpoints alike:
+
+``tiny``  the real layout at toy widths (0.3 M parameters), float32: the default and CI's model;
+``3b``    the published Qwen2.5-VL-3B architecture (vision tower 669 M parameters, text LM of
+          hidden 2048 / vocab 151936 with tied embeddings, 36 layers unless
+          ``model.3b.text_layers`` says fewer), saved in bfloat16 like the published checkpoint:
+          real size without a download. Its tokenizer is the tiny one (a 512-token BPE with the
+          Qwen special tokens); the embedding table keeps the real 151936 rows.
 
 Security: weights are loaded from safetensors only (``use_safetensors=True``), never with
 ``trust_remote_code``; a directory that holds only pickle weights is refused.
@@ -21,7 +28,7 @@ from vlsens.fsutil import atomic_dir
 log = logging.getLogger(__name__)
 
 MODEL_TYPE = "qwen2_5_vl"
-PRESETS = ("tiny",)
+PRESETS = ("tiny", "3b")
 
 #: Qwen2.5-VL special tokens, in the order the real tokenizer lists them.
 SPECIAL_TOKENS = (
@@ -259,24 +266,129 @@ def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | N
 def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, outlier: dict | None = None,
                           vision: dict | None = None, text_outlier: dict | None = None) -> Path:
     """Write the tiny preset as a complete HF checkpoint into ``out_dir`` (atomically)."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
     out_dir = Path(out_dir)
     model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier)
-    image_processor = Qwen2VLImageProcessorPil()
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        image_processor.save_pretrained(tmp)
-        # The real checkpoints name their processor class here, so AutoProcessor resolves it.
-        pp = tmp / "preprocessor_config.json"
-        data = json.loads(pp.read_text())
-        data["processor_class"] = "Qwen2_5_VLProcessor"
-        pp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        _save_processor(tmp, tokenizer)
         (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": "tiny", "seed": seed, "outlier": outlier,
                                                                 "text_outlier": text_outlier}) + "\n")
     log.info("tiny checkpoint written to %s (%d parameters)", out_dir, model.num_parameters())
     return out_dir
+
+
+#: Qwen2.5-VL-3B-Instruct's published config.json, vision and text parts.
+REAL_3B_VISION = dict(
+    depth=32,
+    hidden_size=1280,
+    intermediate_size=3420,
+    num_heads=16,
+    out_hidden_size=2048,
+    window_size=112,
+    fullatt_block_indexes=[7, 15, 23, 31],
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    in_channels=3,
+    tokens_per_second=2,
+    hidden_act="silu",
+)
+REAL_3B_TEXT = dict(
+    hidden_size=2048,
+    intermediate_size=11008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=128000,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1000000.0},
+)
+
+
+def real_3b_config(tokenizer, text_layers: int = 36) -> Any:
+    """Qwen2.5-VL-3B's Qwen2_5_VLConfig (``text_layers`` decoder layers), token ids of ``tokenizer``."""
+    from transformers import Qwen2_5_VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = dict(REAL_3B_TEXT, num_hidden_layers=int(text_layers), bos_token_id=ids["<|endoftext|>"],
+                eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True)
+    return Qwen2_5_VLConfig(
+        vision_config=dict(REAL_3B_VISION),
+        text_config=text,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+        dtype="bfloat16",
+    )
+
+
+def fill_random_(model, seed: int) -> None:
+    """Weights from numpy's seeded generator, parameter by parameter (one float32 copy of the
+    largest matrix at a time): matrices normal with the tower's ``initializer_range``, 1-D
+    parameters as transformers initialises them (biases 0, norm weights 1)."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    std_vision = float(model.config.vision_config.initializer_range)
+    std_text = float(model.config.text_config.initializer_range)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                std = std_vision if name.startswith("model.visual.") else std_text
+                x = rng.standard_normal(size=tuple(p.shape), dtype=np.float32)
+                x *= std
+                p.copy_(torch.from_numpy(x))
+                del x
+            else:
+                p.fill_(0.0 if name.endswith(".bias") else 1.0)
+
+
+def build_3b_checkpoint(out_dir: str | Path, seed: int = 0, text_layers: int = 36) -> Path:
+    """Write the ``3b`` preset (see the module docstring) into ``out_dir`` (atomically).
+
+    Peak memory ≈ the bfloat16 model (2 bytes a parameter: 7.5 GB at 36 text layers, 2.3 GB at 2)
+    plus one float32 copy of the largest matrix (the 1.2 GB embedding table)."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    from transformers.initialization import no_init_weights
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.model_max_length = REAL_3B_TEXT["max_position_embeddings"]
+    config = real_3b_config(tokenizer, text_layers)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with no_init_weights():  # every parameter is drawn below; torch's init would double the time
+            model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    finally:
+        torch.set_default_dtype(old)
+    fill_random_(model, seed)
+    model.tie_weights()
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        _save_processor(tmp, tokenizer)
+        (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": "3b", "seed": seed,
+                                                                "text_layers": text_layers}) + "\n")
+    log.info("3b checkpoint written to %s (%d parameters, bfloat16)", out_dir, model.num_parameters())
+    return out_dir
+
+
+def _save_processor(tmp: Path, tokenizer) -> None:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer.save_pretrained(tmp)
+    Qwen2VLImageProcessorPil().save_pretrained(tmp)
+    # The real checkpoints name their processor class here, so AutoProcessor resolves it.
+    pp = tmp / "preprocessor_config.json"
+    data = json.loads(pp.read_text())
+    data["processor_class"] = "Qwen2_5_VLProcessor"
+    pp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def check_tiny_outliers(tiny: dict) -> None:
@@ -373,12 +485,21 @@ def safetensors_header(path: Path, key: str = "model.checkpoint") -> dict:
     return header
 
 
-def load_model(path: str | Path, attn_implementation: str | None = None, device: str = "cpu"):
-    """Load Qwen2_5_VLForConditionalGeneration in float32 from safetensors, eval mode."""
+def load_model(path: str | Path, attn_implementation: str | None = None, device: str = "cpu",
+               part: str | None = None):
+    """Load Qwen2_5_VLForConditionalGeneration in float32 from safetensors, eval mode.
+
+    ``part="vision"`` materialises the vision tower only (``model.model.visual``, with
+    ``model.model.get_image_features`` working as usual); the rest of the model stays on torch's
+    ``meta`` device and takes no memory. The vision stages need 4 bytes per vision parameter
+    (2.7 GB for Qwen2.5-VL-3B/7B/72B's 669 M) instead of the whole checkpoint in float32
+    (15 GB for 3B)."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     p = check_checkpoint_dir(path)
+    if part == "vision":
+        return _load_vision_only(p, attn_implementation, device)
     kwargs = dict(
         dtype=torch.float32,
         use_safetensors=True,
@@ -400,6 +521,63 @@ def load_model(path: str | Path, attn_implementation: str | None = None, device:
             f"model.checkpoint: '{p}' does not match its config.json: {what}. transformers would fill missing "
             "tensors with random values and every result would be wrong; fix or re-download the checkpoint.")
     return model.to(device).eval()
+
+
+def _load_vision_only(p: Path, attn_implementation: str | None, device: str):
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.initialization import no_init_weights
+
+    config = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
+    if attn_implementation:
+        config._attn_implementation = attn_implementation
+        config.vision_config._attn_implementation = attn_implementation
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with no_init_weights():  # every parameter is loaded below; buffers are computed as usual
+            visual = type(model.model.visual)._from_config(config.vision_config, dtype=torch.float32)
+    finally:
+        torch.set_default_dtype(old)
+    prefix = "model.visual."
+    expected = set(visual.state_dict())
+    found = set()
+    state = visual.state_dict()
+    try:
+        for f in sorted(p.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as sf:
+                for key in sf.keys():
+                    name = key[len(prefix):] if key.startswith(prefix) else (
+                        key[len("visual."):] if key.startswith("visual.") else None)
+                    if name is None:
+                        continue
+                    if name not in expected:
+                        raise CheckpointError(f"model.checkpoint: '{f}' has vision tensor '{key}' that the config's "
+                                              "vision tower does not have; fix or re-download the checkpoint.")
+                    t = sf.get_tensor(key)
+                    if tuple(t.shape) != tuple(state[name].shape):
+                        raise CheckpointError(f"model.checkpoint: '{f}' tensor '{key}' has shape {tuple(t.shape)}, "
+                                              f"the config says {tuple(state[name].shape)}.")
+                    with torch.no_grad():
+                        state[name].copy_(t.to(torch.float32))
+                    found.add(name)
+                    del t
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"model.checkpoint: '{p}' cannot be loaded: {type(e).__name__}: {e}") from e
+    missing = sorted(expected - found)
+    if missing:
+        raise CheckpointError(
+            f"model.checkpoint: '{p}' does not match its config.json: missing keys ({len(missing)}): "
+            + ", ".join(prefix + m for m in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            + ". transformers would fill missing tensors with random values and every result would be wrong; "
+            "fix or re-download the checkpoint.")
+    model.model.visual = visual.to(device).eval()
+    return model.eval()
 
 
 def load_image_processor(path: str | Path):

@@ -3,7 +3,8 @@
 ``VLSENS_FAULT=<rule>:<point>`` in a job's environment makes :func:`point` send SIGKILL to the
 job's own process when the job of ``<rule>`` reaches ``<point>``. Unset (always, outside the
 tests), :func:`point` does nothing. Points: ``publish`` (the first file of a job's outputs has
-been moved into place, the others not yet).
+been moved into place, the others not yet); ``write`` (half of an ONNX model's external data is
+on disk, its graph file not yet: a job killed during a large write).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from vlsens.onnxutil import input_batch, make_session
 from vlsens.paths import ENGINE_FILES
 from vlsens.quant import Op, QuantSettings
 from vlsens.samples import ReferenceStore, Samples
+from vlsens.sensitivity.suffix import SKIP_INPUT, SuffixCache, SuffixPlan
 from vlsens.sensitivity.switch import MASK_INPUT, SwitchMap
 
 LOGITS = "logits"
@@ -40,20 +41,30 @@ def is_logits(session) -> bool:
 
 
 class SwitchEngine:
-    """One session over the switch model; evaluates any set of INT8 ops on fixed inputs."""
+    """One session over the switch model; evaluates any set of INT8 ops on fixed inputs.
 
-    def __init__(self, switch_model: str | Path, switches: SwitchMap, inputs, threads: int = 0):
+    With a :class:`~vlsens.sensitivity.suffix.SuffixCache` a set of ops is evaluated from the cut
+    of its earliest op on (:mod:`vlsens.sensitivity.suffix`); without one, on the whole graph."""
+
+    def __init__(self, switch_model: str | Path, switches: SwitchMap, inputs, threads: int = 0,
+                 suffix: "SuffixCache | None" = None):
         self.switches = switches
         self.ops = switches.ops
         self.session = make_session(switch_model, threads=threads, basic=True)
         self.samples = as_samples(inputs, self.session)
         self.logits = is_logits(self.session)
+        self.output = self.session.get_outputs()[0].name
+        self.suffix = suffix
+        skip = next((i for i in self.session.get_inputs() if i.name == SKIP_INPUT), None)
+        self._no_skip = {SKIP_INPUT: np.zeros(skip.shape[0], dtype=bool)} if skip is not None else {}
 
     def outputs(self, int8_ops: Sequence[str] = ()):
         """Output of every feed, one at a time (a generator: nothing is accumulated)."""
         mask = self.switches.mask(int8_ops)
-        for feed in self.samples.feeds:
-            yield self.session.run(None, {**feed, MASK_INPUT: mask})[0]
+        group = self.suffix.plan.group_of(int8_ops) if self.suffix is not None else None
+        for i, feed in enumerate(self.samples.feeds):
+            start = self.suffix.feed(group, i) if group is not None else self._no_skip
+            yield self.session.run([self.output], {**feed, MASK_INPUT: mask, **start})[0]
 
     def evaluate(self, int8_ops: Sequence[str], reference) -> dict[str, float]:
         """Metrics against ``reference`` (a ReferenceStore or per-feed arrays), streamed."""
@@ -96,6 +107,7 @@ class Engine:
         self.ops = [Op(**o) for o in self.meta["ops"]]
         self.switches = SwitchMap.from_json(self.meta["switches"])
         self.settings = QuantSettings.from_config(self.meta["settings"])
+        self.suffix_plan = SuffixPlan.from_json(self.meta["suffix"]) if self.meta.get("suffix") else None
 
     def path(self, key: str) -> Path:
         return self.dir / ENGINE_FILES[key]
@@ -122,7 +134,16 @@ class Engine:
     def samples(self, split_npz: str | Path) -> Samples:
         return Samples.load(split_npz, self.float_model)
 
-    def session(self, eval_inputs, threads: int = 0) -> SwitchEngine:
+    def session(self, eval_inputs, threads: int = 0, cache_dir: str | Path | None = None) -> SwitchEngine:
+        """An engine session on ``eval_inputs``; with ``cache_dir`` (a private scratch folder) and a
+        segmented switch model, the suffix engine (its cache filled there by one float pass)."""
         if isinstance(eval_inputs, (str, Path)):
             eval_inputs = self.samples(eval_inputs)
-        return SwitchEngine(self.switch_model, self.switches, eval_inputs, threads)
+        suffix = None
+        if cache_dir is not None and self.suffix_plan is not None and self.suffix_plan.segments:
+            samples = eval_inputs if isinstance(eval_inputs, Samples) else None
+            if samples is None:
+                raise ValueError("the suffix engine needs its inputs as Samples")
+            suffix = SuffixCache.fill(self.path("probe"), self.suffix_plan, samples.feeds, cache_dir,
+                                      MASK_INPUT, self.switches.size, threads)
+        return SwitchEngine(self.switch_model, self.switches, eval_inputs, threads, suffix)

@@ -26,14 +26,17 @@ from vlsens.quant import QuantSettings, prepare_float_model, quantize, select_op
 from vlsens.samples import FeedReader, Samples
 from vlsens.sensitivity.engine import Engine, SwitchEngine, engine_sensitivity, float_pass
 from vlsens.sensitivity.ranking import rank_rows, read_csv, shard, write_csv
+from vlsens.sensitivity.suffix import build as build_suffix
 from vlsens.sensitivity.switch import build_switch_model
 
 log = logging.getLogger(__name__)
 
 
 def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path, engine_dir: str | Path,
-            settings: QuantSettings, threads: int = 0) -> dict:
-    """Build the engine folder (staged, ``engine.json`` written last)."""
+            settings: QuantSettings, threads: int = 0, suffix_cuts: int = 32) -> dict:
+    """Build the engine folder (staged, ``engine.json`` written last); ``suffix_cuts`` > 0 makes the
+    switch model segmented for the suffix engine (:mod:`vlsens.sensitivity.suffix`), 0 leaves it
+    whole (every op evaluated on the full graph)."""
     engine_dir = Path(engine_dir)
     engine_dir.mkdir(parents=True, exist_ok=True)
     f = {k: engine_dir / v for k, v in ENGINE_FILES.items()}
@@ -50,6 +53,9 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, f["cache"], FeedReader(calib))
         t_q = time.perf_counter()
         switches = build_switch_model(fl, scratch / "model.onnx", f["switch"], [o.name for o in ops])
+    suffix = build_suffix(f["switch"], f["probe"], switches, suffix_cuts) if suffix_cuts > 0 else None
+    if suffix is None:
+        f["probe"].write_bytes(b"")  # a declared output: empty when the engine has no suffixes
     t_sw = time.perf_counter()
     # The reference is the switch model with every switch off (identical to the float model in
     # FP32; in FP16 it keeps the engine's own float path, see README).
@@ -60,6 +66,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         "base_model": str(base_model),
         "ops": [o.__dict__ for o in ops],
         "switches": switches.to_json(),
+        "suffix": suffix.to_json() if suffix is not None else None,
         "settings": settings.as_dict(),
         "eval_images": evals.count,
         "calib_images": calib.count,
@@ -77,9 +84,16 @@ def run_shard(engine_dir: str | Path, eval_npz: str | Path, index: int, count: i
     """Sensitivity rows of shard ``index`` of ``count`` (unranked) + a timing sidecar JSON."""
     eng = Engine(engine_dir)
     ops = shard(eng.ops, index, count)
-    rows, per_op = engine_sensitivity(eng.session(eval_npz, threads), ops, eng.reference())
+    with staging_dir(out_csv) as scratch:  # the suffix cache: private to this job, removed after
+        t0 = time.perf_counter()
+        session = eng.session(eval_npz, threads, cache_dir=scratch)
+        t_cache = time.perf_counter() - t0
+        rows, per_op = engine_sensitivity(session, ops, eng.reference())
+        del session
     write_csv(rows, out_csv)
-    info = {"shard": index, "of": count, "ops": len(ops), "seconds_per_op": per_op}
+    info = {"shard": index, "of": count, "ops": len(ops), "seconds_per_op": per_op,
+            "suffix": eng.suffix_plan is not None and bool(eng.suffix_plan.segments),
+            "setup_seconds": t_cache}
     write_json(Path(out_csv).with_suffix(".json"), info)
     return info
 

@@ -201,7 +201,7 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
     from vlsens.images import open_rgb
     from vlsens.vision import processor_inputs
 
-    model = load_model(checkpoint, attn_implementation="eager")
+    model = load_model(checkpoint, attn_implementation="eager", part="vision")
     proc = load_image_processor(checkpoint)
     out = Cases(source="transformers Qwen2_5_VLModel.get_image_features on the processor's patches "
                        "(PyTorch, float32)")
@@ -276,7 +276,7 @@ class DynamicVision(Tower):
         from vlsens.onnxutil import resave
 
         opset = settings["opset"]
-        model = load_model(checkpoint, attn_implementation="eager")
+        model = load_model(checkpoint, attn_implementation="eager", part="vision")
         module = dynamic_module(model.model.visual)
         example = max(cases, key=lambda c: c.name.count("+"))
         dyn = {"patches": {0: "patches"}, "position_ids": {0: "patches"}, "window_index": {0: "tokens"},

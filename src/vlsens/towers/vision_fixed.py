@@ -70,7 +70,7 @@ def compute_reference(checkpoint: str | Path, refs: Sequence[ImageRef], height: 
     from vlsens.checkpoint import load_image_processor, load_model
 
     processor = load_image_processor(checkpoint)
-    model = load_model(checkpoint, device=device)
+    model = load_model(checkpoint, device=device, part="vision")
     geom = Geometry.from_config(model.config.vision_config)
     inp = processor_inputs(processor, [open_rgb(r) for r in refs], height, width)
     with torch.no_grad():
@@ -136,7 +136,7 @@ class FixedVision(Tower):
 
         h, w = self.size
         batch, opset, attn = settings["batch_size"], settings["opset"], settings["attn_implementation"]
-        model = load_model(checkpoint, attn_implementation=attn)
+        model = load_model(checkpoint, attn_implementation=attn, part="vision")
         module = fixed_size_module(model.model.visual, h, w, batch)
         example = torch.from_numpy(fit_batch(cases.feeds("model.onnx"), batch)[0][INPUT].copy())
         raw = workdir / "raw" / "model.onnx"
