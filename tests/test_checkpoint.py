@@ -135,3 +135,10 @@ def test_vision_only_loading_equals_the_full_model(tiny_ckpt):
         a = full.model.get_image_features(pixel_values=pv, image_grid_thw=grid).pooler_output[0]
         b = vision.model.get_image_features(pixel_values=pv, image_grid_thw=grid).pooler_output[0]
     assert torch.equal(a, b)
+    text = load_model(tiny_ckpt, part="text")
+    assert next(text.model.visual.parameters()).device.type == "meta"
+    ids = torch.tensor([[3, 5, 7, 11]])
+    with torch.no_grad():
+        x = full.lm_head(full.model.language_model(input_ids=ids).last_hidden_state)
+        y = text.lm_head(text.model.language_model(input_ids=ids).last_hidden_state)
+    assert torch.equal(x, y)

@@ -82,3 +82,26 @@ def test_choose_fp32_nodes_reasons():
     keep = choose_fp32_nodes(helper.make_model(g), {"x": 1.0, "y": 3.0, "z": 900.0, "out": 900.0}, max_activation=512)
     assert "initializer 'W'" in keep["mm_big"]
     assert "activation 'z'" in keep["mm_small"] and "relu" in keep
+
+
+def test_own_float32_islands_stay_fp32(fp32_224, reference_224, tmp_path):
+    """What transformers upcasts on purpose (RMSNorm statistics, rotary angles) stays FP32; the
+    matrix multiplications between an island's downcast and the next upcast do not."""
+    from vlsens.fp16 import own_fp32_islands
+
+    model = onnx.load(str(fp32_224), load_external_data=False)
+    kept = own_fp32_islands(model)
+    ops = {n.name: n.op_type for n in model.graph.node}
+    assert any(n.endswith("/norm1/Pow") for n in kept) and any(n.endswith("/norm1/ReduceMean") for n in kept)
+    assert any("/attn/" in n and ops[n] == "Neg" for n in kept)  # rotate_half of the rotary embedding
+    assert not [n for n in kept if ops[n] in ("MatMul", "Gemm", "Conv", "Cast")]
+    out = tmp_path / "fp16" / "model.onnx"
+    rec = variants.fp16(fp32_224.parent, reference_224, out.parent, TOL_FP16, max_activation=512, max_initializer=65504)
+    facts = rec["extra"]["graphs"]["model.onnx"]["fp32_islands"]
+    assert facts["nodes"] == len(kept) and any(s.endswith("/norm1") for s in facts["scopes"])
+    conv = {n.name: n for n in onnx.load(str(out), load_external_data=False).graph.node}
+    pow_node = next(conv[n] for n in kept if n.endswith("blocks.0/norm1/Pow"))
+    # Its input is cast to FP32 right before it (the converter or the boundary repair did it).
+    producer = {o: n for n in conv.values() for o in n.output}
+    cast = producer[pow_node.input[0]]
+    assert cast.op_type == "Cast" and next(a.i for a in cast.attribute if a.name == "to") == TensorProto.FLOAT

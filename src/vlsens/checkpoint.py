@@ -490,16 +490,19 @@ def load_model(path: str | Path, attn_implementation: str | None = None, device:
     """Load Qwen2_5_VLForConditionalGeneration in float32 from safetensors, eval mode.
 
     ``part="vision"`` materialises the vision tower only (``model.model.visual``, with
-    ``model.model.get_image_features`` working as usual); the rest of the model stays on torch's
-    ``meta`` device and takes no memory. The vision stages need 4 bytes per vision parameter
-    (2.7 GB for Qwen2.5-VL-3B/7B/72B's 669 M) instead of the whole checkpoint in float32
-    (15 GB for 3B)."""
+    ``model.model.get_image_features`` working as usual); ``part="text"`` the language model and
+    ``lm_head`` only. The rest of the model stays on torch's ``meta`` device and takes no memory:
+    the vision stages need 4 bytes per vision parameter (2.7 GB for Qwen2.5-VL-3B/7B/72B's
+    669 M) instead of the whole checkpoint in float32 (15 GB for 3B), the text export 4 bytes per
+    text parameter (12.4 GB for 3B)."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     p = check_checkpoint_dir(path)
-    if part == "vision":
-        return _load_vision_only(p, attn_implementation, device)
+    if part in ("vision", "text"):
+        return _load_part(p, part, attn_implementation, device)
+    if part is not None:
+        raise ValueError(f"part: {part!r} (vision, text or None)")
     kwargs = dict(
         dtype=torch.float32,
         use_safetensors=True,
@@ -523,7 +526,28 @@ def load_model(path: str | Path, attn_implementation: str | None = None, device:
     return model.to(device).eval()
 
 
-def _load_vision_only(p: Path, attn_implementation: str | None, device: str):
+def _part_key(key: str, part: str) -> str | None:
+    """The checkpoint key ``key`` as a name in the ``part`` it belongs to (None: another part).
+    Both layouts are read: transformers 5's (``model.visual.*``, ``model.language_model.*``,
+    ``lm_head.*``) and the published checkpoints' (``visual.*``, ``model.*``, ``lm_head.*``)."""
+    if part == "vision":
+        for prefix in ("model.visual.", "visual."):
+            if key.startswith(prefix):
+                return "visual." + key[len(prefix):]
+        return None
+    if key.startswith("lm_head."):
+        return key
+    if key.startswith("model.language_model."):
+        return "language_model." + key[len("model.language_model."):]
+    if key.startswith("model.") and not key.startswith("model.visual."):
+        return "language_model." + key[len("model."):]
+    return None
+
+
+def _load_part(p: Path, part: str, attn_implementation: str | None, device: str):
+    """The model with only ``part`` (vision: ``model.model.visual``; text: the language model and
+    ``lm_head``) materialised in float32 from safetensors, tensor by tensor; the rest stays on
+    torch's meta device."""
     import torch
     from safetensors import safe_open
     from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
@@ -532,31 +556,37 @@ def _load_vision_only(p: Path, attn_implementation: str | None, device: str):
     config = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
     if attn_implementation:
         config._attn_implementation = attn_implementation
-        config.vision_config._attn_implementation = attn_implementation
+        for sub in (config.vision_config, config.text_config):
+            sub._attn_implementation = attn_implementation
     with torch.device("meta"):
         model = Qwen2_5_VLForConditionalGeneration(config)
+    tied = bool(getattr(config, "tie_word_embeddings", False) or getattr(config.text_config, "tie_word_embeddings", False))
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)
     try:
         with no_init_weights():  # every parameter is loaded below; buffers are computed as usual
-            visual = type(model.model.visual)._from_config(config.vision_config, dtype=torch.float32)
+            if part == "vision":
+                modules = {"visual": type(model.model.visual)._from_config(config.vision_config, dtype=torch.float32)}
+            else:
+                lm = type(model.model.language_model)._from_config(config.text_config, dtype=torch.float32)
+                head = torch.nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
+                modules = {"language_model": lm, "lm_head": head}
     finally:
         torch.set_default_dtype(old)
-    prefix = "model.visual."
-    expected = set(visual.state_dict())
+    state = {f"{name}.{k}": v for name, m in modules.items() for k, v in m.state_dict().items()}
+    if part == "text" and tied:
+        del state["lm_head.weight"]
     found = set()
-    state = visual.state_dict()
     try:
         for f in sorted(p.glob("*.safetensors")):
             with safe_open(str(f), framework="pt") as sf:
                 for key in sf.keys():
-                    name = key[len(prefix):] if key.startswith(prefix) else (
-                        key[len("visual."):] if key.startswith("visual.") else None)
-                    if name is None:
+                    name = _part_key(key, part)
+                    if name is None or (tied and name == "lm_head.weight"):
                         continue
-                    if name not in expected:
-                        raise CheckpointError(f"model.checkpoint: '{f}' has vision tensor '{key}' that the config's "
-                                              "vision tower does not have; fix or re-download the checkpoint.")
+                    if name not in state:
+                        raise CheckpointError(f"model.checkpoint: '{f}' has tensor '{key}' that the config's model "
+                                              "does not have; fix or re-download the checkpoint.")
                     t = sf.get_tensor(key)
                     if tuple(t.shape) != tuple(state[name].shape):
                         raise CheckpointError(f"model.checkpoint: '{f}' tensor '{key}' has shape {tuple(t.shape)}, "
@@ -569,14 +599,20 @@ def _load_vision_only(p: Path, attn_implementation: str | None, device: str):
         raise
     except Exception as e:
         raise CheckpointError(f"model.checkpoint: '{p}' cannot be loaded: {type(e).__name__}: {e}") from e
-    missing = sorted(expected - found)
+    missing = sorted(set(state) - found)
     if missing:
         raise CheckpointError(
             f"model.checkpoint: '{p}' does not match its config.json: missing keys ({len(missing)}): "
-            + ", ".join(prefix + m for m in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
             + ". transformers would fill missing tensors with random values and every result would be wrong; "
             "fix or re-download the checkpoint.")
-    model.model.visual = visual.to(device).eval()
+    if part == "vision":
+        model.model.visual = modules["visual"].to(device).eval()
+    else:
+        model.model.language_model = modules["language_model"].to(device).eval()
+        model.lm_head = modules["lm_head"].to(device).eval()
+        if tied:
+            model.lm_head.weight = model.model.language_model.embed_tokens.weight
     return model.eval()
 
 

@@ -64,11 +64,68 @@ def save_with_external_data(model, dst: str | Path) -> Path:
 
 
 def resave(src: str | Path, dst: str | Path) -> Path:
-    """Load ``src`` with whatever external data it references and re-save it in vlsens' layout."""
-    import onnx
+    """Re-save ``src`` (whatever external data layout it has: the legacy exporter writes one file
+    per tensor above 2 GB) in vlsens' layout, one tensor in memory at a time: external tensors
+    are copied from their files in 64 MB chunks, inline ones of :data:`INLINE_MAX_BYTES` or more
+    are moved out. Peak memory: the graph without weights plus one chunk."""
+    import sys
 
-    model = onnx.load(str(src), load_external_data=True)
-    return save_with_external_data(model, dst)
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_initializer_tensors, set_external_data, \
+        uses_external_data
+
+    src, dst = Path(src), Path(dst)
+    model = onnx.load(str(src), load_external_data=False)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    data = data_path(dst)
+    written = 0
+    chunk = 64 << 20
+    with open(data, "wb") as out:
+        for t in _get_initializer_tensors(model):
+            if uses_external_data(t):
+                info = ExternalDataInfo(t)
+                path = src.parent / info.location
+                length = info.length if info.length is not None else path.stat().st_size - (info.offset or 0)
+                if sys.getsizeof(b"") + length < INLINE_MAX_BYTES:  # small: inline, as save_with_external_data
+                    with open(path, "rb") as f:
+                        f.seek(info.offset or 0)
+                        raw = f.read(length)
+                    del t.external_data[:]
+                    t.data_location = onnx.TensorProto.DEFAULT
+                    t.raw_data = raw
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(info.offset or 0)
+                    left = length
+                    while left:
+                        buf = f.read(min(chunk, left))
+                        if not buf:
+                            raise ValueError(f"{path}: ends before tensor {t.name}'s {length} bytes")
+                        out.write(buf)
+                        left -= len(buf)
+                del t.external_data[:]
+                t.ClearField("raw_data")
+                set_external_data_(t, data.name, written, length)
+                written += length
+            elif t.HasField("raw_data") and sys.getsizeof(t.raw_data) >= INLINE_MAX_BYTES:
+                n = len(t.raw_data)
+                out.write(t.raw_data)
+                set_external_data(t, data.name, written, n)
+                t.ClearField("raw_data")
+                written += n
+    onnx.save_model(model, str(dst))
+    return dst
+
+
+def set_external_data_(tensor, location: str, offset: int, length: int) -> None:
+    """Point ``tensor`` (which holds no bytes) at ``location`` [offset, offset + length)."""
+    from onnx import TensorProto
+
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        e = tensor.external_data.add()
+        e.key, e.value = k, v
 
 
 def copy_model(src: str | Path, dst: str | Path) -> Path:

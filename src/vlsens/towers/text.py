@@ -353,7 +353,7 @@ class Text(Tower):
         from vlsens.onnxutil import resave
 
         exporter, opset = settings["exporter"], settings["opset"]
-        model = load_model(checkpoint, attn_implementation="eager")
+        model = load_model(checkpoint, attn_implementation="eager", part="text")
         wrappers = _wrappers(model)
         examples = {}
         for c in cases:

@@ -1,0 +1,47 @@
+"""ONNX file layout: vlsens' one-data-file layout from any exporter's layout, tensor by tensor."""
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from vlsens.onnxutil import INLINE_MAX_BYTES, data_path, resave, save_with_external_data
+
+
+def _model(rng):
+    w1 = rng.standard_normal((64, 32)).astype(np.float32)
+    w2 = rng.standard_normal((32, 8)).astype(np.float32)
+    small = np.arange(4, dtype=np.int64)  # below the threshold: stays inline
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+                           numpy_helper.from_array(small, "small")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)]), {"w1": w1, "w2": w2, "small": small}
+
+
+def test_resave_joins_one_file_per_tensor_into_one_data_file(tmp_path):
+    model, arrays = _model(np.random.default_rng(0))
+    src = tmp_path / "raw" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save_model(model, str(src), save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0)
+    assert len(list(src.parent.iterdir())) > 2  # the legacy exporter's layout above 2 GB
+    dst = resave(src, tmp_path / "out" / "model.onnx")
+    assert sorted(p.name for p in dst.parent.iterdir()) == ["model.onnx", "model.onnx.data"]
+    loaded = onnx.load(str(dst))
+    got = {t.name: numpy_helper.to_array(t) for t in loaded.graph.initializer}
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(got[k], v)
+    inline = {t.name for t in onnx.load(str(dst), load_external_data=False).graph.initializer
+              if t.data_location != TensorProto.EXTERNAL}
+    assert inline == {"small"}
+    assert data_path(dst).stat().st_size == arrays["w1"].nbytes + arrays["w2"].nbytes
+
+
+def test_save_with_external_data_round_trips(tmp_path):
+    model, arrays = _model(np.random.default_rng(1))
+    dst = save_with_external_data(model, tmp_path / "model.onnx")
+    got = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(dst)).graph.initializer}
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(got[k], v)
+    assert data_path(dst).stat().st_size >= INLINE_MAX_BYTES
+    onnx.checker.check_model(str(dst))
