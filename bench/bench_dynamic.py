@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Memory and time of the dynamic vision graph per image size, up to 1344x1344, for the tiny
-preset and a tower with Qwen2.5-VL-3B's vision widths (hidden 1280, 16 heads, MLP 3420; fewer
-blocks, the last one full-attention). Prints a table.
+preset, a tower with Qwen2.5-VL-3B's vision widths (hidden 1280, 16 heads, MLP 3420; fewer
+blocks, the last one full-attention) and the whole 3B tower (``--towers 3b``: 32 blocks, 669 M
+parameters). Prints a table.
 
 Each size runs in a fresh process that imports only numpy and ONNX Runtime (CPU, one image,
 random pixels; the index inputs are computed beforehand): "RSS before run" is after session
@@ -12,6 +13,7 @@ windows x heads x 64 x 64 (window blocks: linear in N, no N x N tensor).
 
     python bench/bench_dynamic.py                      # tiny + real widths, 224..1344
     python bench/bench_dynamic.py --towers tiny --sizes 224 1344
+    python bench/bench_dynamic.py --towers 3b --sizes 448 1344
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ print(json.dumps({"tokens": int(out.shape[0]), "session_s": t1 - t0, "run_s": t2
 """
 
 
+def vision_3b() -> dict:
+    """The whole Qwen2.5-VL-3B vision tower: 32 blocks, full attention in 7, 15, 23, 31."""
+    from vlsens.checkpoint import REAL_3B_VISION
+
+    return dict(REAL_3B_VISION, initializer_range=0.02)
+
+
 def real_vision(depth: int) -> dict:
     return dict(depth=depth, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
                 fullatt_block_indexes=[depth - 1], initializer_range=0.02)
@@ -79,7 +88,7 @@ def export(tower: str, vision: dict | None, work: Path) -> tuple[Path, Path]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--towers", nargs="+", default=["tiny", "real"], choices=["tiny", "real"])
+    ap.add_argument("--towers", nargs="+", default=["tiny", "real"], choices=["tiny", "real", "3b"])
     ap.add_argument("--sizes", nargs="+", type=int, default=[224, 448, 672, 896, 1120, 1344])
     ap.add_argument("--real-depth", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
@@ -88,7 +97,7 @@ def main() -> None:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="vlsens-bench-dyn-"))
     rows = []
     for tower in a.towers:
-        vision = None if tower == "tiny" else real_vision(a.real_depth)
+        vision = {"tiny": None, "real": real_vision(a.real_depth), "3b": vision_3b()}[tower]
         model, ckpt = export(tower, vision, work)
         from transformers import AutoConfig
 

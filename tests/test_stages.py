@@ -125,7 +125,9 @@ def test_simplified_variants_shrink_and_stay_general(built_variants):
         assert [p["case"] for p in rec["per_input"]] == cases
         for f in b.tower.files:
             g = rec["extra"]["graphs"][f]
-            assert g["nodes_after"] < g["nodes_before"] and g["onnxsim_check"] == "passed"
+            assert g["nodes_after"] < g["nodes_before"]
+            # onnxsim's own check runs on FP32 sources; FP16 ones are judged by the gate alone
+            assert g["onnxsim_check"] == ("passed" if v == "fp32-sim" else "skipped: FP16 source (the gate judges)")
             assert (b.folder(v) / f"{f}.data").is_file()
 
 

@@ -132,9 +132,32 @@ def prepare_float_model(src: str | Path, dst: str | Path) -> Path:
     return save_with_external_data(model, dst)
 
 
+def calibrate(float_model: str | Path, cache: str | Path, settings: QuantSettings, reader, scratch: str | Path) -> Path:
+    """ORT's calibration cache for ``float_model``, written by ORT's own calibrator (what
+    ``quantize_static`` runs on a cache miss, with the same options), alone: the calibrator's
+    model copy and session only. Inside ``quantize_static`` the quantizer's model copy is held
+    as well (11.3 GB instead of about 6 for the 2.7 GB Qwen2.5-VL-3B vision tower)."""
+    import tempfile
+
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+
+    kw = settings.kwargs()
+    with tempfile.TemporaryDirectory(prefix="ort.quant.", dir=scratch) as d:
+        calibrator = create_calibrator(Path(float_model), list(kw["op_types_to_quantize"]),
+                                       augmented_model_path=str(Path(d) / "augmented_model.onnx"),
+                                       calibrate_method=kw["calibrate_method"], use_external_data_format=True,
+                                       extra_options={})
+        calibrator.collect_data(reader)
+        ranges = calibrator.compute_data()
+        del calibrator
+    save_tensors_data(ranges, cache, smooth_quant=False)
+    return Path(cache)
+
+
 def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str],
              settings: QuantSettings, cache: str | Path, reader=None) -> Path:
-    """QDQ-quantize exactly ``nodes``; the calibration cache is created on first use and reused."""
+    """QDQ-quantize exactly ``nodes``; the calibration cache is created on first use (better:
+    by :func:`calibrate`, beforehand) and reused."""
     from onnxruntime.quantization import quantize_static
 
     out_model = Path(out_model)

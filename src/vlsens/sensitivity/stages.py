@@ -22,7 +22,7 @@ from typing import Sequence
 from vlsens.artifacts import file_entries, verify
 from vlsens.fsutil import file_sha256, savez_stream, staging_dir, write_json
 from vlsens.paths import ENGINE_FILES
-from vlsens.quant import QuantSettings, prepare_float_model, quantize, select_ops
+from vlsens.quant import QuantSettings, calibrate, prepare_float_model, quantize, select_ops
 from vlsens.samples import FeedReader, Samples
 from vlsens.sensitivity.engine import Engine, SwitchEngine, engine_sensitivity, float_pass
 from vlsens.sensitivity.ranking import rank_rows, read_csv, shard, write_csv
@@ -50,7 +50,8 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         f["cache"].unlink()
     t_cal = time.perf_counter()
     with staging_dir(f["switch"]) as scratch:
-        quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, f["cache"], FeedReader(calib))
+        calibrate(fl, f["cache"], settings, FeedReader(calib), scratch)
+        quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, f["cache"])
         t_q = time.perf_counter()
         switches = build_switch_model(fl, scratch / "model.onnx", f["switch"], [o.name for o in ops])
     suffix = build_suffix(f["switch"], f["probe"], switches, suffix_cuts) if suffix_cuts > 0 else None
@@ -61,6 +62,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     # FP32; in FP16 it keeps the engine's own float path, see README).
     eng = SwitchEngine(f["switch"], switches, evals, threads)
     savez_stream(f["reference"], eng.outputs(()))
+    del eng  # one session at a time
     _, floor = float_pass(fl, evals, threads)
     meta = {
         "base_model": str(base_model),

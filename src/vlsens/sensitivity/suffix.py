@@ -217,6 +217,28 @@ def segment_model(model, sp: SuffixPlan, elem_types: dict[str, int]):
                 return elem_types[key]
         raise ValueError(f"no element type known for tensor {t}")
 
+    # Initializers read by one segment only move into its subgraph: ONNX Runtime folds and
+    # prepacks constants of a node's own or parent graph, not of a grandparent one, so a switch
+    # nested in a segment would otherwise run on unpacked weights (other rounding than the whole
+    # switch model and quantize_static's model).
+    inits = {i.name: i for i in g.initializer}
+    users: dict[str, set] = {}
+    for s_idx, (a, b) in enumerate(spans):
+        for node in nodes[a:b]:
+            for x in node_reads(node):
+                if x in inits:
+                    users.setdefault(x, set()).add(s_idx)
+    for node in nodes[bounds[-1]:] if spans else nodes:
+        for x in node_reads(node):
+            if x in inits:
+                users.setdefault(x, set()).add(-1)
+    for o in g.output:
+        if o.name in inits:
+            users.setdefault(o.name, set()).add(-1)
+    own = {i: [n for n, u in users.items() if u == {i}] for i in range(len(spans))}
+    moved = {n for names in own.values() for n in names}
+    kept_inits = [i for i in g.initializer if i.name not in moved]
+
     new_nodes = []
     for s, (a, b) in enumerate(spans):
         seg = nodes[a:b]
@@ -240,7 +262,8 @@ def segment_model(model, sp: SuffixPlan, elem_types: dict[str, int]):
             g.initializer.append(helper.make_tensor(ci, elem_of(t), dims, []))
         then_g = helper.make_graph(then_nodes, f"{tag}_cached", [],
                                    [typed(f"{t}__{tag}_cached", elem_of(t)) for t in exported])
-        else_g = helper.make_graph(else_nodes, f"{tag}_compute", [], [typed(rename[t], elem_of(t)) for t in exported])
+        else_g = helper.make_graph(else_nodes, f"{tag}_compute", [], [typed(rename[t], elem_of(t)) for t in exported],
+                                   initializer=[inits[n] for n in own[s]])
         idx = f"{tag}_index"
         g.initializer.append(helper.make_tensor(idx, TensorProto.INT64, [], [s]))
         new_nodes.append(helper.make_node("Gather", [SKIP_INPUT, idx], [f"{tag}_cond"], name=f"{tag}_Gather", axis=0))
@@ -249,6 +272,10 @@ def segment_model(model, sp: SuffixPlan, elem_types: dict[str, int]):
     new_nodes.extend(nodes[bounds[-1]:] if spans else nodes)
     del g.node[:]
     g.node.extend(new_nodes)
+    if moved:
+        keep_new = [i for i in g.initializer if i.name not in inits]  # added above (indices, cache defaults)
+        del g.initializer[:]
+        g.initializer.extend(kept_inits + keep_new)
     # Always present (one element when nothing can be skipped), so every engine feeds it alike.
     g.input.append(helper.make_tensor_value_info(SKIP_INPUT, TensorProto.BOOL, [max(sp.segments, 1)]))
     return cache_inputs

@@ -66,13 +66,20 @@ def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model
 
     Every Q/DQ node and quantized initializer is copied from ``qdq_model``, so scales, zero
     points and rounded weights are ORT's own.
+
+    The float weights are not copied: ``out_model`` must sit in the float model's folder, and its
+    float initializers keep pointing into the float model's data file; only what comes from the
+    QDQ model (quantized weights, scales, zero points) goes to ``out_model``'s own data file.
+    Memory: the QDQ model's weights (a quarter of the float ones) and two graphs.
     """
     import onnx
     from onnx import TensorProto, helper
 
     from vlsens.onnxutil import save_with_external_data
 
-    fm = onnx.load(str(float_model), load_external_data=True)
+    if Path(out_model).resolve().parent != Path(float_model).resolve().parent:
+        raise ValueError(f"{out_model} must be written beside {float_model} (it reads that model's weights file)")
+    fm = onnx.load(str(float_model), load_external_data=False)
     qm = onnx.load(str(qdq_model), load_external_data=True)
     q_nodes = {n.name: n for n in qm.graph.node}
     q_producer = {o: n for n in qm.graph.node for o in n.output}

@@ -28,8 +28,10 @@ norms, qkv/proj, MLP, merger) and changes only attention, which is where the Pyt
   masked, and the result is gathered back. Memory is linear in N (windows x 64 x 64 scores), no
   N x N tensor;
 * full-attention blocks: one softmax over all N tokens with an additive block-diagonal mask built
-  from ``cu_seqlens`` (one block per image): the scores are (heads, N, N) -- the same as the stock
-  encoder's per-image attention for one image; the mask adds one N x N float tensor.
+  from ``cu_seqlens`` (one block per image), computed one head at a time: the scores alive at
+  once are (1, N, N), not the (heads, N, N) of the stock encoder (5.4 GB at 1344x1344 with 16
+  heads, twice over during the softmax); the mask adds one N x N float tensor. The attention's
+  activation MatMuls are then one node per head.
 
 bench/bench_dynamic.py measures the cost per size (peak memory and time) up to 1344x1344.
 
@@ -114,9 +116,10 @@ def dynamic_module(visual):
             heads, hd = self.heads, self.head_dim
             q, k, v = self.qkv(x).reshape(-1, 3, heads, hd).permute(1, 0, 2, 3).unbind(0)
             q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
-            if self.full:  # one softmax over all tokens, block-diagonal per image
-                o = _attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                            full_mask, self.scaling)[0].transpose(0, 1).reshape(-1, heads * hd)
+            if self.full:  # one softmax over all tokens, block-diagonal per image, one head at a time
+                qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (heads, N, hd)
+                o = torch.cat([_attend(qh[i:i + 1], kh[i:i + 1], vh[i:i + 1], full_mask[0], self.scaling)
+                               for i in range(heads)], 0).transpose(0, 1).reshape(-1, heads * hd)
             else:  # each window in fixed slots, attended alone, gathered back
                 qs, ks, vs = (t[slot_tok].reshape(-1, slots, heads, hd).transpose(1, 2) for t in (q, k, v))
                 o = _attend(qs, ks, vs, win_mask, self.scaling).transpose(1, 2).reshape(-1, heads * hd)[token_slot]

@@ -1,0 +1,80 @@
+#!/usr/bin/env python
+"""The per-stage table of a real-size run (``make scale``): seconds, peak RSS and model bytes of
+every job, from Snakemake's ``benchmark:`` files, each checked against its memory budget.
+
+Budget of a job: ``2 x W + A``, where
+
+* ``W`` is the float32 size of the weights the job handles: the graph's ``fp32/model.onnx.data``
+  (the vision tower: 4 bytes x 669 M parameters = 2.67 GB for Qwen2.5-VL-3B at any image size;
+  the text LM: 4 bytes x its parameters), and for the jobs that run transformers' multimodal
+  forward (text reference and calibration) the vision tower's weights on top;
+* ``A`` is the activations of one forward plus the interpreter: ``--activations`` GB (default 1.5;
+  bench/bench_dynamic.py measures one 448x448 forward of the whole 3B vision tower below that).
+
+Exits 1 when a job is over its budget, so ``make scale`` fails loudly.
+
+    python bench/scale_table.py results/3b
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from pathlib import Path
+
+GB = 1e9
+
+
+def read_tsv(path: Path) -> dict:
+    rows = list(csv.DictReader(path.open(), delimiter="\t"))
+    last = rows[-1]
+    return {"s": float(last["s"]), "rss_mb": float(last["max_rss"])}
+
+
+def weights(results: Path, graph: str) -> float:
+    """Float32 bytes of the graph's weights (its fp32 model's data file)."""
+    data = results / graph / "fp32" / "model.onnx.data"
+    return data.stat().st_size if data.is_file() else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path, help="results/<model>")
+    ap.add_argument("--activations", type=float, default=1.5, help="A of the budget, GB")
+    a = ap.parse_args()
+    bench = a.results / "benchmarks"
+    vision_graphs = sorted({str(p.parent.relative_to(bench)) for p in bench.glob("vision/*/*.tsv")})
+    vision_w = max((weights(a.results, g) for g in vision_graphs), default=0.0)
+    rows, over = [], []
+    for tsv in sorted(bench.rglob("*.tsv")):
+        rel = tsv.relative_to(bench)
+        graph = str(rel.parent) if str(rel.parent) != "." else "-"
+        stage = rel.stem
+        m = read_tsv(tsv)
+        if graph == "-":
+            w = 0.0
+        else:
+            w = weights(a.results, graph)
+            if graph == "text" and re.match(r"(reference|calibration)$", stage):
+                w += vision_w  # the multimodal forward runs the vision tower too
+        budget = 2 * w + a.activations * GB if w else None
+        ok = budget is None or m["rss_mb"] * 1e6 <= budget
+        rows.append((graph, stage, m["s"], m["rss_mb"] / 1e3, w / GB, budget / GB if budget else None, ok))
+        if not ok:
+            over.append(f"{graph} {stage}")
+    print(f"| graph | stage | s | peak RSS GB | model GB (fp32 W) | budget GB (2W + {a.activations:g}) | within |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
+    for g, st, s, rss, w, b, ok in rows:
+        print(f"| {g} | {st} | {s:.0f} | {rss:.2f} | {w:.2f} | {'-' if b is None else f'{b:.2f}'} | "
+              f"{'yes' if ok else '**no**'} |")
+    total = sum(r[2] for r in rows)
+    print(f"\n{len(rows)} jobs, {total / 60:.1f} min of job time, highest peak {max(r[3] for r in rows):.2f} GB")
+    if over:
+        print(f"over budget: {', '.join(over)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
