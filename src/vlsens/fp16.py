@@ -179,8 +179,21 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
         if not node.name:  # the converter keys its block list on names
             node.name = f"{node.op_type}_vlsens_{i}"
     casts = own_float_casts(model)
+    # A Cast that only feeds FP32 nodes (an island's upcast) stays a Cast to FLOAT and is blocked
+    # itself: retargeted, the converter would pair it with its own Cast back and drop both,
+    # wiring an int64 or FP16 tensor straight into the FP32 node.
+    keep = set(keep_fp32)
+    consumers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for x in node.input:
+            consumers.setdefault(x, []).append(node.name)
+    cast_set = set(casts)
+    entries = {n.name for n in model.graph.node if n.name in cast_set and n.name not in keep
+               and any(consumers.get(o) for o in n.output)
+               and all(c in keep for o in n.output for c in consumers.get(o, []))}
+    keep |= entries
     if retarget_casts:
-        retarget = set(casts) - set(keep_fp32)
+        retarget = cast_set - keep
         for node in model.graph.node:
             if node.name in retarget:
                 for a in node.attribute:
@@ -190,12 +203,12 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
         model,
         keep_io_types=True,
         disable_shape_infer=True,  # shape inference serializes the proto (fails above 2 GB)
-        node_block_list=list(keep_fp32),
+        node_block_list=sorted(keep),
         max_finite_val=FP16_MAX,
         min_positive_val=5.96e-08,
         check_fp16_ready=False,
     )
-    repaired = repair_boundaries(converted, set(keep_fp32)) if repair else 0
+    repaired = repair_boundaries(converted, keep) if repair else 0
     if repaired:
         log.info("inserted %d Cast(s) the converter missed at FP32/FP16 boundaries", repaired)
     return converted, casts
@@ -291,6 +304,9 @@ def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, m
     keep = {**islands, **ranged}
     converted, casts = to_fp16(model, list(keep))
     del model
+    own = set(casts)
+    retargeted = sum(1 for n in converted.graph.node if n.name in own and n.op_type == "Cast"
+                     and any(a.name == "to" and a.i == 10 for a in n.attribute))
     save_with_external_data(converted, staged_model)
     del converted
     check_model(staged_model)
@@ -301,7 +317,7 @@ def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, m
         "fp32_fallback": [{"node": n, "reason": r} for n, r in sorted(ranged.items())],
         "fp32_islands": {"nodes": len(set(islands) - set(ranged)),
                          "scopes": sorted({r.split(" in ", 1)[1] for r in islands.values()})},
-        "retargeted_casts": len(set(casts) - set(keep)),
+        "retargeted_casts": retargeted,
         "untied_initializers": untied,
         "observed_max_activation": max(absmax.values()) if absmax else 0.0,
     }
