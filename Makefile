@@ -14,7 +14,7 @@ INC_VENV  ?= .venv-inc
 INC_STAMP := $(INC_VENV)/.vlsens-inc-installed
 CONFIG    ?= config/config.yaml
 
-.PHONY: run test install install-test inc-env lint bench clean
+.PHONY: run test install install-test inc-env lint bench scale clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,14 @@ bench: install inc-env
 	$(BIN)/python bench/bench_spine.py
 	$(BIN)/python bench/bench_sensitivity.py
 	$(BIN)/python bench/bench_dynamic.py
+
+# Real size: the whole DAG on the 3b preset (config/scale.yaml), then its per-stage table with
+# memory budgets (fails when a job is over its budget). MEM_MB bounds the sum of the running
+# jobs' declared memory (cluster.mem_mb of config/scale.yaml).
+MEM_MB ?= 20000
+scale: install
+	$(BIN)/snakemake --configfile config/scale.yaml --cores $(CORES) --resources gpu=$(GPUS) mem_mb=$(MEM_MB) $(ARGS)
+	$(BIN)/python bench/scale_table.py results/3b
 
 clean:
 	rm -rf results .snakemake

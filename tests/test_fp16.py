@@ -105,3 +105,27 @@ def test_own_float32_islands_stay_fp32(fp32_224, reference_224, tmp_path):
     producer = {o: n for n in conv.values() for o in n.output}
     cast = producer[pow_node.input[0]]
     assert cast.op_type == "Cast" and next(a.i for a in cast.attribute if a.name == "to") == TensorProto.FLOAT
+
+
+def test_streamed_fp16_weights_equal_the_converters_own(fp32_224, tmp_path):
+    """The weights never loaded (converted tensor by tensor from the FP32 data file) are exactly
+    what onnxconverter-common makes of loaded ones."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from vlsens.fp16 import save_streamed, to_fp16
+    from vlsens.onnxutil import untie_identity_initializers
+
+    lazy = onnx.load(str(fp32_224), load_external_data=False)
+    untie_identity_initializers(lazy)
+    was_float = {i.name for i in lazy.graph.initializer if i.data_type == TensorProto.FLOAT}
+    converted, _ = to_fp16(lazy, [])
+    out = save_streamed(converted, fp32_224.parent, tmp_path / "model.onnx", was_float)
+    eager = onnx.load(str(fp32_224))
+    untie_identity_initializers(eager)
+    expected, _ = to_fp16(eager, [])
+    got = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(out)).graph.initializer}
+    want = {i.name: numpy_helper.to_array(i) for i in expected.graph.initializer}
+    assert got.keys() == want.keys() and len(want) > 10
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and np.array_equal(got[k], v), k

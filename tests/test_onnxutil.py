@@ -37,6 +37,28 @@ def test_resave_joins_one_file_per_tensor_into_one_data_file(tmp_path):
     assert data_path(dst).stat().st_size == arrays["w1"].nbytes + arrays["w2"].nbytes
 
 
+def test_resave_brings_external_constant_attributes_back_inline(tmp_path):
+    """Above 2 GB the legacy exporter also writes Constant nodes' values to files of their own."""
+    value = np.arange(512, dtype=np.float32)
+    const = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(value, "c_value"))
+    add = helper.make_node("Add", ["x", "c"], ["y"])
+    g = helper.make_graph([const, add], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    src = tmp_path / "raw" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save_model(model, str(src), save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0,
+                    convert_attribute=True)
+    dst = resave(src, tmp_path / "out" / "model.onnx")
+    for p in src.parent.iterdir():
+        p.unlink()  # nothing may still point there
+    onnx.checker.check_model(str(dst))
+    import onnxruntime as ort
+
+    y = ort.InferenceSession(str(dst)).run(None, {"x": np.ones(512, dtype=np.float32)})[0]
+    np.testing.assert_array_equal(y, value + 1)
+
+
 def test_save_with_external_data_round_trips(tmp_path):
     model, arrays = _model(np.random.default_rng(1))
     dst = save_with_external_data(model, tmp_path / "model.onnx")

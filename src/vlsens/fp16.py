@@ -47,8 +47,15 @@ def float_tensors(model_path: str | Path, scratch: Path) -> tuple[list[str], "ob
     types = {vi.name: vi.type.tensor_type.elem_type for vi in
              list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input)}
     inits = {i.name for i in m.graph.initializer}
+    # Tensors computed from weights alone (a tied lm_head's Transpose of the embedding) are
+    # weights too: judged by max_initializer's rule through their sources, and not observed (an
+    # Abs of a 1.2 GB constant would cost 1.2 GB).
+    constant = set(inits)
     names = []
     for node in m.graph.node:
+        if all(x in constant for x in node.input if x):
+            constant.update(o for o in node.output if o)
+            continue
         for o in node.output:
             if o and o not in inits and types.get(o) == onnx.TensorProto.FLOAT:
                 names.append(o)
@@ -78,7 +85,7 @@ def activation_absmax(model_path: str | Path, inputs: list[dict], scratch: Path,
     aug = scratch / "absmax.onnx"
     onnx.save_model(m, str(aug))  # weights stay in the original data file, copied beside it
     copy_file(data_path(model_path), scratch / data_path(model_path).name)  # never a hard link
-    sess = make_session(aug, threads=threads, device=device)
+    sess = make_session(aug, threads=threads, device=device, lean=True)
     out_names = [o.name for o in sess.get_outputs()]
     wanted = [o for o in out_names if o.endswith(ABSMAX_SUFFIX)]
     result = {n: 0.0 for n in names}
@@ -95,15 +102,15 @@ def activation_absmax(model_path: str | Path, inputs: list[dict], scratch: Path,
 
 
 def choose_fp32_nodes(model, absmax: dict[str, float], max_activation: float,
-                      max_initializer: float = FP16_MAX) -> dict[str, str]:
-    """Nodes to keep in FP32, each with the reason (``model`` must have its weights loaded)."""
-    from onnx import numpy_helper
-
+                      max_initializer: float = FP16_MAX, weights_dir: str | Path | None = None) -> dict[str, str]:
+    """Nodes to keep in FP32, each with the reason. Initializers are read one at a time, from
+    their external data file under ``weights_dir`` when they are not loaded."""
     init_max = {}
     for init in model.graph.initializer:
         if init.data_type == 1:  # FLOAT
-            arr = numpy_helper.to_array(init)
+            arr = tensor_array(init, weights_dir)
             init_max[init.name] = float(np.abs(arr).max()) if arr.size else 0.0
+            del arr
     keep: dict[str, str] = {}
     for node in model.graph.node:
         for t in list(node.input) + list(node.output):
@@ -114,6 +121,62 @@ def choose_fp32_nodes(model, absmax: dict[str, float], max_activation: float,
                 keep[node.name] = f"initializer '{t}' reaches {init_max[t]:.4g} > {max_initializer:g}"
                 break
     return keep
+
+
+def tensor_array(tensor, weights_dir: str | Path | None = None, dtype=None) -> np.ndarray:
+    """A tensor's values: from the proto, or memory-mapped from its external data file (as
+    ``dtype`` when given: the type the bytes were written in)."""
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    if uses_external_data(tensor) and not tensor.HasField("raw_data"):
+        info = ExternalDataInfo(tensor)
+        dtype = dtype or helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
+        if count == 0:
+            return np.zeros(tuple(tensor.dims), dtype=dtype)
+        return np.memmap(Path(weights_dir) / info.location, dtype=dtype, mode="r", offset=int(info.offset or 0),
+                         shape=tuple(tensor.dims) or (1,))
+    return numpy_helper.to_array(tensor)
+
+
+def save_streamed(model, weights_dir: str | Path, dst: str | Path, was_float: set[str]) -> Path:
+    """Write a converted model whose large initializers still point at the source's data file:
+    every one is read from there, converted to FP16 when the converter flipped its type (as the
+    converter converts loaded ones: clipped to FP16's range), and written to ``dst.data``, one
+    tensor in memory at a time."""
+    import sys
+
+    import onnx
+    from onnx.external_data_helper import _get_initializer_tensors, set_external_data, uses_external_data
+    from onnxconverter_common.float16 import convert_np_to_float16
+
+    from vlsens.onnxutil import INLINE_MAX_BYTES, data_path, set_external_data_
+
+    dst = Path(dst)
+    data = data_path(dst)
+    written = 0
+    with open(data, "wb") as out:
+        for t in _get_initializer_tensors(model):
+            if uses_external_data(t) and not t.HasField("raw_data"):
+                source_fp32 = t.name in was_float  # bytes on disk are float32, whatever the type says now
+                arr = tensor_array(t, weights_dir, np.float32 if source_fp32 else None)
+                if t.data_type == onnx.TensorProto.FLOAT16 and source_fp32:
+                    arr = convert_np_to_float16(np.asarray(arr, dtype=np.float32), 5.96e-08, FP16_MAX)
+                buf = np.ascontiguousarray(arr).tobytes()
+                del arr
+                out.write(buf)
+                set_external_data_(t, data.name, written, len(buf))
+                written += len(buf)
+                del buf
+            elif t.HasField("raw_data") and sys.getsizeof(t.raw_data) >= INLINE_MAX_BYTES:
+                n = len(t.raw_data)
+                out.write(t.raw_data)
+                set_external_data(t, data.name, written, n)
+                t.ClearField("raw_data")
+                written += n
+    onnx.save_model(model, str(dst))
+    return dst
 
 
 def own_fp32_islands(model) -> dict[str, str]:
@@ -292,22 +355,24 @@ def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, m
     tmp = Path(staged_model).parent
     absmax = activation_absmax(src_model, feeds, tmp, threads=threads, device=device)
     # Path-based shape inference gives the converter the value types it needs to put Casts
-    # around FP32 nodes; its in-memory inference would serialize (and fail above 2 GB).
+    # around FP32 nodes; its in-memory inference would serialize (and fail above 2 GB). The
+    # weights stay on disk: the converter only flips their type, save_streamed converts them.
     inferred = tmp / "inferred.onnx"
     onnx.shape_inference.infer_shapes_path(str(src_model), str(inferred))
     model = onnx.load(str(inferred), load_external_data=False)
-    onnx.external_data_helper.load_external_data_for_model(model, str(Path(src_model).parent))
     inferred.unlink()
+    src_dir = Path(src_model).parent
     untied = untie_identity_initializers(model)
+    was_float = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
     islands = own_fp32_islands(model)
-    ranged = choose_fp32_nodes(model, absmax, max_activation, max_initializer)
+    ranged = choose_fp32_nodes(model, absmax, max_activation, max_initializer, weights_dir=src_dir)
     keep = {**islands, **ranged}
     converted, casts = to_fp16(model, list(keep))
     del model
     own = set(casts)
     retargeted = sum(1 for n in converted.graph.node if n.name in own and n.op_type == "Cast"
                      and any(a.name == "to" and a.i == 10 for a in n.attribute))
-    save_with_external_data(converted, staged_model)
+    save_streamed(converted, src_dir, staged_model, was_float)
     del converted
     check_model(staged_model)
     return {

@@ -71,13 +71,23 @@ def resave(src: str | Path, dst: str | Path) -> Path:
     import sys
 
     import onnx
-    from onnx.external_data_helper import ExternalDataInfo, _get_initializer_tensors, set_external_data, \
-        uses_external_data
+    from onnx.external_data_helper import ExternalDataInfo, _get_attribute_tensors, _get_initializer_tensors, \
+        set_external_data, uses_external_data
 
     src, dst = Path(src), Path(dst)
     model = onnx.load(str(src), load_external_data=False)
     dst.parent.mkdir(parents=True, exist_ok=True)
     data = data_path(dst)
+    for t in _get_attribute_tensors(model):  # Constant values the exporter wrote out: back inline
+        if uses_external_data(t):
+            info = ExternalDataInfo(t)
+            path = src.parent / info.location
+            with open(path, "rb") as f:
+                f.seek(info.offset or 0)
+                raw = f.read(info.length) if info.length is not None else f.read()
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = raw
     written = 0
     chunk = 64 << 20
     with open(data, "wb") as out:
@@ -181,15 +191,20 @@ def available_providers(device: str = "auto") -> list[str]:
 
 
 def make_session(path: str | Path, threads: int = 0, device: str = "auto",
-                 providers: Sequence[str] | None = None, basic: bool = False):
+                 providers: Sequence[str] | None = None, basic: bool = False, lean: bool = False):
     """An InferenceSession; ``threads`` = 0 lets ORT choose. ``basic``: basic graph optimizations
     only (Q/DQ stay fake quantization, not fused into integer kernels: the sensitivity engine's
-    arithmetic), else ORT's default level."""
+    arithmetic), else ORT's default level. ``lean``: for analysis passes that run a model once:
+    basic optimizations (constants folded once) and no weight prepacking (a second copy of every
+    MatMul/Conv weight)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     if basic:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    if lean:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.add_session_config_entry("session.disable_prepacking", "1")
     if threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
@@ -228,8 +243,13 @@ def untie_identity_initializers(model) -> int:
     for node in model.graph.node:
         if node.op_type == "Identity" and node.input[0] in inits and node.output[0] not in graph_outputs:
             src = inits[node.input[0]]
-            arr = numpy_helper.to_array(src)
-            model.graph.initializer.append(numpy_helper.from_array(arr, name=node.output[0]))
+            if src.data_location == src.EXTERNAL and not src.HasField("raw_data"):
+                own = model.graph.initializer.add()  # weights not loaded: the copy points at the same bytes
+                own.CopyFrom(src)
+                own.name = node.output[0]
+            else:
+                arr = numpy_helper.to_array(src)
+                model.graph.initializer.append(numpy_helper.from_array(arr, name=node.output[0]))
             removed.append(node)
     for node in removed:
         model.graph.node.remove(node)

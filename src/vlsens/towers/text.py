@@ -178,7 +178,8 @@ def compute_text_reference(checkpoint: str | Path, image_refs, prompts: Sequence
     from vlsens.checkpoint import load_model, load_processor
     from vlsens.images import open_rgb
 
-    model = load_model(checkpoint, attn_implementation="eager")
+    # Without images the vision tower is not needed: it is not loaded (4 bytes a parameter saved).
+    model = load_model(checkpoint, attn_implementation="eager", part=None if image_refs else "text")
     processor = load_processor(checkpoint)
     cases = Cases(source=SOURCE)
     for n in lengths:
