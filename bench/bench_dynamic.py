@@ -7,8 +7,8 @@ parameters). Prints a table.
 Each size runs in a fresh process that imports only numpy and ONNX Runtime (CPU, one image,
 random pixels; the index inputs are computed beforehand): "RSS before run" is after session
 creation, "peak RSS" the process's peak over the run. The analytic columns are what attention holds per block, fp32:
-``full scores`` = heads x N x N (one full-attention block: the same as transformers' per-image
-attention for one image) and the additive block-diagonal mask N x N; ``window scores`` =
+``full scores`` = N x N (one head of one full-attention block: the graph computes the heads one
+after the other; transformers' eager attention holds all heads' heads x N x N at once) and the additive block-diagonal mask N x N; ``window scores`` =
 windows x heads x 64 x 64 (window blocks: linear in N, no N x N tensor).
 
     python bench/bench_dynamic.py                      # tiny + real widths, 224..1344
@@ -120,12 +120,12 @@ def main() -> None:
             m.update(patches=g * g, windows=len(feeds["cu_window_seqlens"]) - 1)
             n, heads = m["patches"], vc.num_heads
             m.update(tower=tower, size=size, hidden=vc.hidden_size, heads=heads, depth=vc.depth,
-                     full_scores_mib=heads * n * n * 4 / 2**20, mask_mib=n * n * 4 / 2**20,
+                     full_scores_mib=n * n * 4 / 2**20, mask_mib=n * n * 4 / 2**20,
                      window_scores_mib=m["windows"] * heads * 64 * 64 * 4 / 2**20)
             rows.append(m)
             print(json.dumps(m), file=sys.stderr)
-    print(f"\ndynamic vision graph, one image, ONNX Runtime CPU, {a.threads} threads, fp32 (attention per block)")
-    head = (f"{'tower':<5} {'size':>9} {'patches':>7} {'windows':>7} {'full scores MiB':>15} {'mask MiB':>8} "
+    print(f"\ndynamic vision graph, one image, ONNX Runtime CPU, {a.threads} threads, fp32 (full attention one head at a time)")
+    head = (f"{'tower':<5} {'size':>9} {'patches':>7} {'windows':>7} {'1-head scores MiB':>17} {'mask MiB':>8} "
             f"{'window scores MiB':>17} {'RSS before run':>14} {'peak RSS MiB':>12} {'run s':>7}")
     print(head)
     print("-" * len(head))
@@ -134,7 +134,7 @@ def main() -> None:
             print(f"{r['tower']:<5} {r['size']:>4}x{r['size']:<4} failed: {r['error']}")
             continue
         print(f"{r['tower']:<5} {r['size']:>4}x{r['size']:<4} {r['patches']:>7} {r['windows']:>7} "
-              f"{r['full_scores_mib']:>15.0f} {r['mask_mib']:>8.0f} {r['window_scores_mib']:>17.1f} "
+              f"{r['full_scores_mib']:>17.0f} {r['mask_mib']:>8.0f} {r['window_scores_mib']:>17.1f} "
               f"{r['rss_before_run_mib']:>14.0f} {r['peak_rss_mib']:>12.0f} {r['run_s']:>7.2f}")
     print(f"\ntowers: tiny = the preset (hidden 64, 4 heads, 4 blocks); real = hidden 1280, 16 heads, MLP 3420, "
           f"{a.real_depth} blocks (last full-attention), random weights.\nwork dir: {work}")

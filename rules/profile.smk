@@ -8,6 +8,7 @@ rule profile:
         meta=ENGINE["meta"],
         switch=ENGINE["switch"],
         float_model=ENGINE["float_model"],
+        float_data=ENGINE["float_data"],
         cache=ENGINE["cache"],
         reference=ENGINE["reference"],
         ranking=rules.sensitivity_gather.output.csv,

@@ -36,7 +36,10 @@ rule sensitivity_shard:
         meta=ENGINE["meta"],
         switch=ENGINE["switch"],
         switch_data=ENGINE["switch_data"],
+        float_model=ENGINE["float_model"],
+        float_data=ENGINE["float_data"],
         probe=ENGINE["probe"],
+        probe_data=ENGINE["probe_data"],
         reference=ENGINE["reference"],
         eval=CALIB["eval"],
     output:
@@ -64,6 +67,9 @@ rule sensitivity_gather:
     input:
         meta=ENGINE["meta"],
         switch=ENGINE["switch"],
+        switch_data=ENGINE["switch_data"],
+        float_model=ENGINE["float_model"],
+        float_data=ENGINE["float_data"],
         reference=ENGINE["reference"],
         eval=CALIB["eval"],
         shards=shard_csvs,

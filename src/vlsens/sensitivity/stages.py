@@ -57,6 +57,8 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     suffix = build_suffix(f["switch"], f["probe"], switches, suffix_cuts) if suffix_cuts > 0 else None
     if suffix is None:
         f["probe"].write_bytes(b"")  # a declared output: empty when the engine has no suffixes
+    # The probe reads the switch model's weight files; its own data file stays empty.
+    f["probe_data"].write_bytes(b"")
     t_sw = time.perf_counter()
     # The reference is the switch model with every switch off (identical to the float model in
     # FP32; in FP16 it keeps the engine's own float path, see README).
@@ -75,7 +77,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         "seconds": {"calibrate_and_quantize": t_q - t_cal, "switch_model": t_sw - t_q,
                     "total": time.perf_counter() - t0},
         "floor_seconds": floor,
-        "files": file_entries([fl, f["switch"]]),
+        "files": file_entries([fl, f["switch"], f["probe"]]),
     }
     write_json(f["meta"], meta)
     return meta
