@@ -141,3 +141,22 @@ def test_defaults_come_from_the_schema():
                        "parity": minimal["parity"]}  # the caller's dict is left alone
     plan, towers = make_plan(minimal)
     assert list(towers) == ["vision/224x224", "vision/dynamic", "text"]
+
+
+def test_scale_config_plans_the_3b_preset(tmp_path):
+    """`make scale`'s config: the 3b preset built by its own rule, every stage of every graph."""
+    r = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(tmp_path),
+         "--configfile", str(REPO / "config" / "scale.yaml"), "-n", "--cores", "1", "--quiet", "rules"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    for rule in ("checkpoint_3b", "reference", "export", "fp16", "simplify", "calibration", "sensitivity_prepare",
+                 "sensitivity_shard", "profile"):
+        assert rule in out, (rule, out)
+    assert "tiny_checkpoint" not in out
+    from vlsens.config import schema_errors
+
+    errors = schema_errors(_cfg(model__checkpoint="3b", **{"model__3b": {"text_layers": 37}}))
+    assert errors and any("text_layers" in e for e in errors), errors
