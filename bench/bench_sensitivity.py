@@ -77,8 +77,9 @@ def run_inc(python: Path, d: Path, max_ops: int, threads: int) -> dict | None:
            "--log", str(out / "log"), "--settings", json.dumps(QuantSettings().as_dict()),
            "--max-ops", str(max_ops), "--threads", str(threads)]
     r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"inc failed: {r.stderr[-2000:]}")
+    if r.returncode != 0:  # reported in the table, with INC's own last words
+        last = [line for line in r.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+        return {"failed": last[0][:200]}
     return json.loads((out / "inc.json").read_text())
 
 
@@ -98,20 +99,26 @@ def run_tower(name: str, vision: dict | None, work: Path, size: tuple[int, int],
 
     h, w = size
     d = work / name
-    ckpt = build_tiny_checkpoint(d / "ckpt", seed=0, vision=vision)
-    refs = resolve_images("builtin")
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    cfg["vision"]["sizes"] = [f"{h}x{w}"]
-    cfg["calibration"].update(num_calib=n_calib, num_eval=n_eval)
-    tower = towers.for_graph(with_defaults(cfg), f"vision/{h}x{w}")
-    stages.reference(tower, ckpt, refs[:1], d / "ref.npz", {})
-    stages.export(tower, ckpt, d / "ref.npz", d / "fp32", TOL32, tower.export_settings(), threads=threads)
-    images = write_manifests(d / "inputs", None, refs[:1], refs, None)["calibration_images"]
-    stages.calibration(tower, ckpt, {"images": images}, d / "calib", tower.calibration_settings())
-    t0 = time.perf_counter()
-    meta = prepare(d / "fp32" / "model.onnx", d / "calib" / "calib.npz", d / "calib" / "eval.npz", d / "engine",
-                   QuantSettings(), threads)
-    prepare_s = time.perf_counter() - t0
+    if (d / "engine" / "engine.json").is_file():  # --workdir of an earlier run: its engine is reused
+        import json
+
+        meta = json.loads((d / "engine" / "engine.json").read_text())
+        prepare_s = meta["seconds"]["total"]
+    else:
+        ckpt = build_tiny_checkpoint(d / "ckpt", seed=0, vision=vision)
+        refs = resolve_images("builtin")
+        cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+        cfg["vision"]["sizes"] = [f"{h}x{w}"]
+        cfg["calibration"].update(num_calib=n_calib, num_eval=n_eval)
+        tower = towers.for_graph(with_defaults(cfg), f"vision/{h}x{w}")
+        stages.reference(tower, ckpt, refs[:1], d / "ref.npz", {})
+        stages.export(tower, ckpt, d / "ref.npz", d / "fp32", TOL32, tower.export_settings(), threads=threads)
+        images = write_manifests(d / "inputs", None, refs[:1], refs, None)["calibration_images"]
+        stages.calibration(tower, ckpt, {"images": images}, d / "calib", tower.calibration_settings())
+        t0 = time.perf_counter()
+        meta = prepare(d / "fp32" / "model.onnx", d / "calib" / "calib.npz", d / "calib" / "eval.npz", d / "engine",
+                       QuantSettings(), threads)
+        prepare_s = time.perf_counter() - t0
     eng = Engine(d / "engine")
     evals = eng.samples(d / "calib" / "eval.npz")
     ref = list(eng.reference())
@@ -129,7 +136,7 @@ def run_tower(name: str, vision: dict | None, work: Path, size: tuple[int, int],
     _, per_straight, _ = straightforward_sensitivity(eng.float_model, eng.ops[:k], eng.settings, eng.cache, evals,
                                                      ref, d / "scratch", threads)
     params = sum(o.weight_params for o in eng.ops)
-    inc = run_inc(inc_python, d, inc_ops, threads)
+    inc = run_inc(inc_python, d, inc_ops, threads) if inc_ops >= 0 else {"failed": "not run (--inc-ops -1)"}
     return {"tower": name, "ops": len(eng.ops), "timed": len(ops), "params_m": params / 1e6, "eval": evals.count,
             "floor": meta["floor_seconds"], "engine": per_engine, "suffix": per_suffix, "cache": cache_s,
             "cuts": len(eng.suffix_plan.cuts) if eng.suffix_plan else 0,
@@ -145,7 +152,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calib", type=int, default=4)
     ap.add_argument("--eval", type=int, default=3)
-    ap.add_argument("--inc-ops", type=int, default=4, help="ops engine inc scores (0: all)")
+    ap.add_argument("--inc-ops", type=int, default=4, help="ops engine inc scores (0: all, -1: none)")
     ap.add_argument("--max-ops", type=int, default=0, help="ops the ort engines score, spread evenly (0: all)")
     ap.add_argument("--inc-python", type=Path, default=REPO / ".venv-inc" / "bin" / "python")
     ap.add_argument("--workdir")
@@ -177,6 +184,9 @@ def main() -> None:
         inc = r["inc"]
         if inc is None:
             print(f"{r['tower']:<6} {r['ops']:>4} {'n/a (no .venv-inc)':>24}")
+            continue
+        if "failed" in inc:
+            print(f"{r['tower']:<6} {r['ops']:>4}  failed: {inc['failed']}")
             continue
         note = "extrapolated" if inc["bounded"] else "measured"
         print(f"{r['tower']:<6} {r['ops']:>4} {inc['seconds_per_op']:>9.3f} {inc['ops']:>11} "

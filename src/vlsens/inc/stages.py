@@ -35,6 +35,16 @@ def _single_input(split_npz: str | Path) -> np.ndarray:
     return next(iter(arrays.values()))
 
 
+def _inc_model(model, model_path: str | Path):
+    """What INC is given: the loaded model, or its path above protobuf's 2 GB (INC detects the
+    framework by opening an ONNX Runtime session on the serialized proto, which fails there)."""
+    from vlsens.onnxutil import data_path
+
+    size = Path(model_path).stat().st_size + (data_path(model_path).stat().st_size
+                                              if data_path(model_path).is_file() else 0)
+    return str(model_path) if size >= 2**31 else model
+
+
 def run_sensitivity(model_path: str | Path, calib: np.ndarray, evals: np.ndarray, settings,
                     max_ops: int | None = None, workdir: str | Path | None = None) -> tuple[list[dict], dict]:
     """Per-op rows (ranked, ``ort.csv`` schema) and a summary dict, from one INC mse_v2 run."""
@@ -62,7 +72,8 @@ def run_sensitivity(model_path: str | Path, calib: np.ndarray, evals: np.ndarray
     t_start = time.perf_counter()
     with workspace(workdir), inc_errors() as errors, cap.patched(ONNXRUNTIMEAdaptor):
         try:
-            quantization.fit(model, conf, calib_dataloader=Loader(calib, batch), eval_func=eval_func)
+            quantization.fit(_inc_model(model, model_path), conf, calib_dataloader=Loader(calib, batch),
+                             eval_func=eval_func)
         except Stop:
             pass
     t_end = time.perf_counter()
@@ -214,7 +225,8 @@ def tune_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Pa
     t0 = time.perf_counter()
     with staging_dir(out_dir / "eval.json") as work, workspace(work), inc_errors() as errors, \
             redirected_inference(ONNXRUNTIMEAdaptor, evals, batch):
-        q_model = quantization.fit(model, conf, calib_dataloader=Loader(calib, batch), eval_func=eval_func)
+        q_model = quantization.fit(_inc_model(model, model_path), conf, calib_dataloader=Loader(calib, batch),
+                                   eval_func=eval_func)
     if errors.messages:  # not "no model found": INC itself failed
         raise VlsensError(f"engine inc: INC's tuning failed: {errors.messages[0]}")
     seconds = time.perf_counter() - t0
