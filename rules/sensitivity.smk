@@ -21,6 +21,7 @@ rule sensitivity_prepare:
         model=analysed_model,
         settings=quant_settings(),
         suffix_cuts=config["sensitivity"]["suffix_cuts"],
+        weights_only=config["sensitivity"]["weights_only"],
         provenance=provenance("sensitivity", "sensitivity_prepare.py"),
     threads: config["threads"]
     resources:

@@ -154,3 +154,16 @@ def test_switch_map_survives_a_json_round_trip():
         back = SwitchMap.from_json(json.loads(p.read_text()))
     for ops in ([], ["a"], ["b"], ["a", "b"]):
         np.testing.assert_array_equal(back.mask(ops), sm.mask(ops))
+
+
+def test_weights_only_leaves_attention_matmuls_out(planted):
+    import onnx
+
+    from vlsens.quant import quantizable_ops
+
+    model = onnx.load(str(planted / "fp32" / "model.onnx"), load_external_data=False)
+    every = quantizable_ops(model)
+    weighted = quantizable_ops(model, weights_only=True)
+    assert 0 < len(weighted) < len(every)
+    assert all(o.weight_params > 0 for o in weighted)
+    assert {o.name for o in every} - {o.name for o in weighted} == {o.name for o in every if not o.weight_params}

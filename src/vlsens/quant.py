@@ -101,8 +101,9 @@ def parse_op_name(name: str, op_type: str = "") -> tuple[int | None, str]:
     return block, ".".join(parts)
 
 
-def quantizable_ops(model, op_types: Iterable[str] = DEFAULT_OP_TYPES) -> list[Op]:
-    """Nodes of ``op_types`` in graph order, with their weight parameter counts."""
+def quantizable_ops(model, op_types: Iterable[str] = DEFAULT_OP_TYPES, weights_only: bool = False) -> list[Op]:
+    """Nodes of ``op_types`` in graph order, with their weight parameter counts; ``weights_only``
+    leaves out those without a weight (activation x activation MatMuls: attention scores)."""
     inits = {i.name: int(np.prod(i.dims)) if len(i.dims) else 1 for i in model.graph.initializer}
     wanted = set(op_types)
     ops = []
@@ -110,6 +111,8 @@ def quantizable_ops(model, op_types: Iterable[str] = DEFAULT_OP_TYPES) -> list[O
         if node.op_type in wanted:
             # The weight is the second input (Conv W, Gemm B, MatMul B) when it is an initializer.
             w = inits.get(node.input[1], 0) if len(node.input) > 1 else 0
+            if weights_only and not w:
+                continue
             block, role = parse_op_name(node.name, node.op_type)
             ops.append(Op(node.name, node.op_type, w, block, role))
     names = [o.name for o in ops]
@@ -183,7 +186,7 @@ def quantized_ops(model_path: str | Path, ops: Sequence[str]) -> set[str]:
     return out
 
 
-def select_ops(model_path: str | Path, settings: QuantSettings) -> list[Op]:
+def select_ops(model_path: str | Path, settings: QuantSettings, weights_only: bool = False) -> list[Op]:
     import onnx
 
-    return quantizable_ops(onnx.load(str(model_path), load_external_data=False), settings.op_types)
+    return quantizable_ops(onnx.load(str(model_path), load_external_data=False), settings.op_types, weights_only)

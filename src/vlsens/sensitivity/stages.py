@@ -2,13 +2,16 @@
 
 ``prepare``  float model (untied) -> calibration (once, ORT cache) -> all-op QDQ model ->
              switch model; also the float outputs on the evaluation set and the floor timing.
-``shard``    rows for one contiguous slice of the op list (a cluster spreads shards over jobs).
+``shard``    rows for one contiguous slice of the op list (a cluster spreads shards over jobs), by
+             the suffix engine (:mod:`vlsens.sensitivity.suffix`) when the engine has cuts.
 ``gather``   shards -> ranked ``ort.csv`` + ``ort.json`` (all-INT8 metrics, timing, settings).
 
-Engine folder (``engine/``, file names in :data:`vlsens.paths.ENGINE_FILES`): ``float.onnx``,
-``switch.onnx`` (+ data), ``calibration.json`` (ORT's calibration cache), ``engine.json`` (ops,
-switch map, settings, floor timing) and ``float_outputs.npz`` (the reference on the evaluation
-set, one array per feed, read lazily).
+Engine folder (``engine/``, file names in :data:`vlsens.paths.ENGINE_FILES`): ``float.onnx``
+(+ data), ``switch.onnx`` (its data file holds what quantize_static added; the float weights are
+read from ``float.onnx.data``), ``probe.onnx`` (the suffix engine's cache filler, reading the
+same weight files; empty with ``suffix_cuts: 0``), ``calibration.json`` (ORT's calibration
+cache), ``engine.json`` (ops, switch map, suffix cuts, settings, floor timing) and
+``float_outputs.npz`` (the reference on the evaluation set, one array per feed, read lazily).
 """
 
 from __future__ import annotations
@@ -33,17 +36,18 @@ log = logging.getLogger(__name__)
 
 
 def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path, engine_dir: str | Path,
-            settings: QuantSettings, threads: int = 0, suffix_cuts: int = 32) -> dict:
+            settings: QuantSettings, threads: int = 0, suffix_cuts: int = 32, weights_only: bool = False) -> dict:
     """Build the engine folder (staged, ``engine.json`` written last); ``suffix_cuts`` > 0 makes the
     switch model segmented for the suffix engine (:mod:`vlsens.sensitivity.suffix`), 0 leaves it
-    whole (every op evaluated on the full graph)."""
+    whole (every op evaluated on the full graph). ``weights_only`` leaves activation x activation
+    MatMuls out of the op list (they stay float)."""
     engine_dir = Path(engine_dir)
     engine_dir.mkdir(parents=True, exist_ok=True)
     f = {k: engine_dir / v for k, v in ENGINE_FILES.items()}
     t0 = time.perf_counter()
     fl = prepare_float_model(verify(base_model), f["float_model"])
     calib, evals = Samples.load(calib_npz, fl), Samples.load(eval_npz, fl)
-    ops = select_ops(fl, settings)
+    ops = select_ops(fl, settings, weights_only)
     if not ops:
         raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
     if f["cache"].exists():
