@@ -8,7 +8,7 @@ LAYERS = {
     "plan": "checkpoint config",
     "data": "cases samples calibration",
     "towers": "towers towers.base towers.vision_fixed towers.vision_dynamic towers.text vision",
-    "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.engine "
+    "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.suffix sensitivity.engine "
               "sensitivity.ranking sensitivity.stages sensitivity.baseline profile compare inc inc.settings inc.names "
               "inc.capture inc.stages inc.env records targets scripting",
     "application": "runtime",

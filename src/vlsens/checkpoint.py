@@ -601,9 +601,10 @@ def _load_part(p: Path, part: str, attn_implementation: str | None, device: str)
         raise CheckpointError(f"model.checkpoint: '{p}' cannot be loaded: {type(e).__name__}: {e}") from e
     missing = sorted(set(state) - found)
     if missing:
+        as_saved = [n if n.startswith("lm_head.") else f"model.{n}" for n in missing]  # transformers' key names
         raise CheckpointError(
             f"model.checkpoint: '{p}' does not match its config.json: missing keys ({len(missing)}): "
-            + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
+            + ", ".join(as_saved[:8]) + (" ..." if len(missing) > 8 else "")
             + ". transformers would fill missing tensors with random values and every result would be wrong; "
             "fix or re-download the checkpoint.")
     if part == "vision":

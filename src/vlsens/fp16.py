@@ -153,11 +153,23 @@ def save_streamed(model, weights_dir: str | Path, dst: str | Path, was_float: se
 
     from vlsens.onnxutil import INLINE_MAX_BYTES, data_path, set_external_data_
 
+    from vlsens import faults
+
     dst = Path(dst)
     data = data_path(dst)
     written = 0
+    from onnx import helper
+
+    tensors = list(_get_initializer_tensors(model))
+    total = sum(int(np.prod(t.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+                for t in tensors if uses_external_data(t) and not t.HasField("raw_data"))
+    fired = False
     with open(data, "wb") as out:
-        for t in _get_initializer_tensors(model):
+        for t in tensors:
+            if not fired and written * 2 >= total > 0:
+                fired = True
+                out.flush()
+                faults.point("write")  # tests: killed with half of the data file written
             if uses_external_data(t) and not t.HasField("raw_data"):
                 source_fp32 = t.name in was_float  # bytes on disk are float32, whatever the type says now
                 arr = tensor_array(t, weights_dir, np.float32 if source_fp32 else None)
