@@ -130,6 +130,8 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
     t0 = time.perf_counter()
     chosen, trace = search(ranking, lambda ops: engine.evaluate(ops, reference), metric, value, max_evals)
     search_s = time.perf_counter() - t0
+    logits = engine.logits
+    del engine  # one session at a time: the search is over, the built model is measured below
 
     out_dir = Path(out_dir)
     float_session, _ = deployment_session(eng_dir.float_model, threads)
@@ -168,7 +170,7 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
             "measured": measured,
             "meets_target": meets(measured, metric, value),
             "measured_against": "the float base model, ONNX Runtime, evaluation set"
-                                + (" (real tokens only)" if engine.logits else ""),
+                                + (" (real tokens only)" if logits else ""),
             "session": mode,
             "int8_ops": len(chosen),
             "quantizable_ops": len(rows),
