@@ -195,8 +195,10 @@ def make_session(path: str | Path, threads: int = 0, device: str = "auto",
     """An InferenceSession; ``threads`` = 0 lets ORT choose. ``basic``: basic graph optimizations
     only (Q/DQ stay fake quantization, not fused into integer kernels: the sensitivity engine's
     arithmetic), else ORT's default level. ``lean``: for analysis passes that run a model once:
-    basic optimizations (constants folded once) and no weight prepacking (a second copy of every
-    MatMul/Conv weight)."""
+    basic optimizations (constants folded once), no weight prepacking (a second copy of every
+    MatMul/Conv weight), and priority-based execution order (with the default order, reductions
+    appended to a graph keep every intermediate they read alive: 9.2 GB instead of 2.9 for the
+    dynamic 3B vision tower's FP16 range analysis)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -205,6 +207,7 @@ def make_session(path: str | Path, threads: int = 0, device: str = "auto",
     if lean:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         so.add_session_config_entry("session.disable_prepacking", "1")
+        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     if threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
