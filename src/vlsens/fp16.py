@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from vlsens.fsutil import copy_file
-from vlsens.onnxutil import check_model, data_path, make_session, save_with_external_data, untie_identity_initializers
+from vlsens.onnxutil import check_model, data_path, make_session, untie_identity_initializers
 
 log = logging.getLogger(__name__)
 
@@ -145,48 +145,31 @@ def save_streamed(model, weights_dir: str | Path, dst: str | Path, was_float: se
     every one is read from there, converted to FP16 when the converter flipped its type (as the
     converter converts loaded ones: clipped to FP16's range), and written to ``dst.data``, one
     tensor in memory at a time."""
-    import sys
-
     import onnx
-    from onnx.external_data_helper import _get_initializer_tensors, set_external_data, uses_external_data
+    from onnx import helper
+    from onnx.external_data_helper import _get_initializer_tensors, uses_external_data
     from onnxconverter_common.float16 import convert_np_to_float16
 
-    from vlsens.onnxutil import INLINE_MAX_BYTES, data_path, set_external_data_
-
-    from vlsens import faults
+    from vlsens.onnxutil import DataFile, data_path
 
     dst = Path(dst)
-    data = data_path(dst)
-    written = 0
-    from onnx import helper
-
     tensors = list(_get_initializer_tensors(model))
+    lazy = {t.name for t in tensors if uses_external_data(t) and not t.HasField("raw_data")}
     total = sum(int(np.prod(t.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-                for t in tensors if uses_external_data(t) and not t.HasField("raw_data"))
-    fired = False
-    with open(data, "wb") as out:
+                for t in tensors if t.name in lazy)
+    with DataFile(data_path(dst), total) as out:
         for t in tensors:
-            if not fired and written * 2 >= total > 0:
-                fired = True
-                out.flush()
-                faults.point("write")  # tests: killed with half of the data file written
-            if uses_external_data(t) and not t.HasField("raw_data"):
-                source_fp32 = t.name in was_float  # bytes on disk are float32, whatever the type says now
-                arr = tensor_array(t, weights_dir, np.float32 if source_fp32 else None)
-                if t.data_type == onnx.TensorProto.FLOAT16 and source_fp32:
-                    arr = convert_np_to_float16(np.asarray(arr, dtype=np.float32), 5.96e-08, FP16_MAX)
-                buf = np.ascontiguousarray(arr).tobytes()
-                del arr
-                out.write(buf)
-                set_external_data_(t, data.name, written, len(buf))
-                written += len(buf)
-                del buf
-            elif t.HasField("raw_data") and sys.getsizeof(t.raw_data) >= INLINE_MAX_BYTES:
-                n = len(t.raw_data)
-                out.write(t.raw_data)
-                set_external_data(t, data.name, written, n)
-                t.ClearField("raw_data")
-                written += n
+            if t.name not in lazy:
+                out.move_out(t)
+                continue
+            source_fp32 = t.name in was_float  # bytes on disk are float32, whatever the type says now
+            arr = tensor_array(t, weights_dir, np.float32 if source_fp32 else None)
+            if t.data_type == onnx.TensorProto.FLOAT16 and source_fp32:
+                arr = convert_np_to_float16(np.asarray(arr, dtype=np.float32), 5.96e-08, FP16_MAX)
+            buf = np.ascontiguousarray(arr).tobytes()
+            del arr
+            out.add(t, [buf])
+            del buf
     onnx.save_model(model, str(dst))
     return dst
 

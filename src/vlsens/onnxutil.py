@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -26,103 +26,134 @@ def data_path(model_path: str | Path) -> Path:
 INLINE_MAX_BYTES = 1024
 
 
+class DataFile:
+    """An external data file written tensor by tensor through one file handle: each tensor's
+    bytes go to the end of the file, the tensor is pointed there and its inline bytes dropped, so
+    no weight is held twice. ``total`` (the bytes expected) places the tests' ``write`` fault
+    point (:mod:`vlsens.faults`) half-way."""
+
+    def __init__(self, path: str | Path, total: int = 0):
+        self.path, self.total, self.written, self._fired = Path(path), total, 0, False
+
+    def __enter__(self) -> "DataFile":
+        self._f = open(self.path, "wb")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+
+    def add(self, tensor, chunks: Iterable[bytes]) -> None:
+        """Write ``chunks`` as ``tensor``'s data and point the tensor at them."""
+        from vlsens import faults
+
+        start = self.written
+        for c in chunks:
+            self._f.write(c)
+            self.written += len(c)
+        tensor.ClearField("raw_data")
+        set_external_data_(tensor, self.path.name, start, self.written - start)
+        if not self._fired and self.total and self.written * 2 >= self.total:
+            self._fired = True
+            self._f.flush()
+            faults.point("write")  # tests: killed with half of a model's data on disk
+
+    def move_out(self, tensor) -> bool:
+        """Move an inline tensor of :data:`INLINE_MAX_BYTES` or more into the file."""
+        if is_large_inline(tensor):
+            self.add(tensor, [tensor.raw_data])
+            return True
+        return False
+
+
+def is_large_inline(tensor) -> bool:
+    import sys
+
+    return tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= INLINE_MAX_BYTES
+
+
 def save_with_external_data(model, dst: str | Path) -> Path:
     """Save a ModelProto (external data already loaded into it) as ``dst`` + ``dst.data``.
 
-    Initializers of at least :data:`INLINE_MAX_BYTES` go to the data file, written tensor by
-    tensor through one file handle; each tensor's bytes are dropped from the proto once written,
-    so the data is never held twice. The graph file is written after its data file. The data
-    file always exists afterwards (empty only for a model without any large tensor).
+    Initializers of at least :data:`INLINE_MAX_BYTES` go to the data file (:class:`DataFile`).
+    The graph file is written after its data file. The data file always exists afterwards (empty
+    only for a model without any large tensor).
     """
-    import sys
-
     import onnx
-    from onnx.external_data_helper import _get_initializer_tensors, set_external_data
-
-    from vlsens import faults
+    from onnx.external_data_helper import _get_initializer_tensors
 
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    data = data_path(dst)
-    big = [t for t in _get_initializer_tensors(model)
-           if t.HasField("raw_data") and sys.getsizeof(t.raw_data) >= INLINE_MAX_BYTES]
-    total = sum(len(t.raw_data) for t in big)
-    written, fired = 0, False
-    with open(data, "wb") as f:
+    big = [t for t in _get_initializer_tensors(model) if is_large_inline(t)]
+    with DataFile(data_path(dst), total=sum(len(t.raw_data) for t in big)) as out:
         for t in big:
-            n = len(t.raw_data)
-            f.write(t.raw_data)
-            set_external_data(t, data.name, written, n)
-            t.ClearField("raw_data")
-            written += n
-            if not fired and written * 2 >= total:
-                fired = True
-                f.flush()
-                faults.point("write")  # tests: killed with half of a model's data on disk
+            out.move_out(t)
     onnx.save_model(model, str(dst))
     return dst
+
+
+def _external_range(tensor, base: Path) -> tuple[Path, int, int]:
+    """(file, offset, length) of an external tensor whose location is relative to ``base``."""
+    from onnx.external_data_helper import ExternalDataInfo
+
+    info = ExternalDataInfo(tensor)
+    path = base / info.location
+    offset = int(info.offset or 0)
+    length = int(info.length) if info.length is not None else path.stat().st_size - offset
+    return path, offset, length
+
+
+def _inline(tensor, base: Path) -> None:
+    """Read an external tensor's bytes into the proto."""
+    import onnx
+
+    path, offset, length = _external_range(tensor, base)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        raw = f.read(length)
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = raw
+
+
+def _chunks(path: Path, offset: int, length: int, size: int = 64 << 20) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left:
+            buf = f.read(min(size, left))
+            if not buf:
+                raise ValueError(f"{path}: ends {left} bytes short of a tensor's data")
+            yield buf
+            left -= len(buf)
 
 
 def resave(src: str | Path, dst: str | Path) -> Path:
     """Re-save ``src`` (whatever external data layout it has: the legacy exporter writes one file
     per tensor above 2 GB) in vlsens' layout, one tensor in memory at a time: external tensors
     are copied from their files in 64 MB chunks, inline ones of :data:`INLINE_MAX_BYTES` or more
-    are moved out. Peak memory: the graph without weights plus one chunk."""
+    are moved out, small external ones and Constant values come back inline. Peak memory: the
+    graph without weights plus one chunk."""
     import sys
 
     import onnx
-    from onnx.external_data_helper import ExternalDataInfo, _get_attribute_tensors, _get_initializer_tensors, \
-        set_external_data, uses_external_data
+    from onnx.external_data_helper import _get_attribute_tensors, _get_initializer_tensors, uses_external_data
 
     src, dst = Path(src), Path(dst)
     model = onnx.load(str(src), load_external_data=False)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    data = data_path(dst)
     for t in _get_attribute_tensors(model):  # Constant values the exporter wrote out: back inline
         if uses_external_data(t):
-            info = ExternalDataInfo(t)
-            path = src.parent / info.location
-            with open(path, "rb") as f:
-                f.seek(info.offset or 0)
-                raw = f.read(info.length) if info.length is not None else f.read()
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
-            t.raw_data = raw
-    written = 0
-    chunk = 64 << 20
-    with open(data, "wb") as out:
+            _inline(t, src.parent)
+    with DataFile(data_path(dst)) as out:
         for t in _get_initializer_tensors(model):
-            if uses_external_data(t):
-                info = ExternalDataInfo(t)
-                path = src.parent / info.location
-                length = info.length if info.length is not None else path.stat().st_size - (info.offset or 0)
-                if sys.getsizeof(b"") + length < INLINE_MAX_BYTES:  # small: inline, as save_with_external_data
-                    with open(path, "rb") as f:
-                        f.seek(info.offset or 0)
-                        raw = f.read(length)
-                    del t.external_data[:]
-                    t.data_location = onnx.TensorProto.DEFAULT
-                    t.raw_data = raw
-                    continue
-                with open(path, "rb") as f:
-                    f.seek(info.offset or 0)
-                    left = length
-                    while left:
-                        buf = f.read(min(chunk, left))
-                        if not buf:
-                            raise ValueError(f"{path}: ends before tensor {t.name}'s {length} bytes")
-                        out.write(buf)
-                        left -= len(buf)
-                del t.external_data[:]
-                t.ClearField("raw_data")
-                set_external_data_(t, data.name, written, length)
-                written += length
-            elif t.HasField("raw_data") and sys.getsizeof(t.raw_data) >= INLINE_MAX_BYTES:
-                n = len(t.raw_data)
-                out.write(t.raw_data)
-                set_external_data(t, data.name, written, n)
-                t.ClearField("raw_data")
-                written += n
+            if not uses_external_data(t):
+                out.move_out(t)
+                continue
+            path, offset, length = _external_range(t, src.parent)
+            if sys.getsizeof(b"") + length < INLINE_MAX_BYTES:  # small: inline, as save_with_external_data
+                _inline(t, src.parent)
+            else:
+                out.add(t, _chunks(path, offset, length))
     onnx.save_model(model, str(dst))
     return dst
 
