@@ -134,27 +134,28 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
-def tiny_config(tokenizer, vision: dict | None = None) -> Any:
-    """The Qwen2_5_VLConfig of the tiny preset, with token ids taken from ``tokenizer``."""
+def vl_config(tokenizer, vision: dict, text: dict, **top) -> Any:
+    """A Qwen2_5_VLConfig with the special token ids of ``tokenizer`` (``top``: more top-level keys)."""
     from transformers import Qwen2_5_VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    text = dict(TINY_TEXT)
-    text.update(
-        vocab_size=len(tokenizer),
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-    )
+    text = dict(text, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                pad_token_id=ids["<|endoftext|>"])
     return Qwen2_5_VLConfig(
-        vision_config={**TINY_VISION, **(vision or {})},
+        vision_config=vision,
         text_config=text,
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
+        **top,
     )
+
+
+def tiny_config(tokenizer, vision: dict | None = None) -> Any:
+    """The Qwen2_5_VLConfig of the tiny preset, with token ids taken from ``tokenizer``."""
+    return vl_config(tokenizer, {**TINY_VISION, **(vision or {})}, dict(TINY_TEXT, vocab_size=len(tokenizer)),
+                     tie_word_embeddings=False)
 
 
 def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 1000.0,
@@ -309,21 +310,8 @@ REAL_3B_TEXT = dict(
 
 def real_3b_config(tokenizer, text_layers: int = 36) -> Any:
     """Qwen2.5-VL-3B's Qwen2_5_VLConfig (``text_layers`` decoder layers), token ids of ``tokenizer``."""
-    from transformers import Qwen2_5_VLConfig
-
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    text = dict(REAL_3B_TEXT, num_hidden_layers=int(text_layers), bos_token_id=ids["<|endoftext|>"],
-                eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True)
-    return Qwen2_5_VLConfig(
-        vision_config=dict(REAL_3B_VISION),
-        text_config=text,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
-        dtype="bfloat16",
-    )
+    text = dict(REAL_3B_TEXT, num_hidden_layers=int(text_layers), tie_word_embeddings=True)
+    return vl_config(tokenizer, dict(REAL_3B_VISION), text, tie_word_embeddings=True, dtype="bfloat16")
 
 
 def fill_random_(model, seed: int) -> None:
