@@ -114,6 +114,19 @@ def deployed_metrics(model: str | Path, float_session, samples, threads: int = 0
     return acc.result(), mode
 
 
+def _search(eng_dir: Engine, evals, ranking: list[str], metric: str, value: float, max_evals: int,
+            threads: int) -> tuple[list[str], list, bool, float]:
+    """The search on the engine: (chosen ops, trace, graph has logits, seconds searching). Its
+    session ends here, so the built model is measured with one session at a time."""
+    engine = eng_dir.session(evals, threads)
+    if metric in ("kl", "top1") and not engine.logits:
+        raise VlsensError(f"profile.metric: '{metric}' needs a graph with logits (text); use cosine, sqnr_db or mse")
+    reference = eng_dir.reference()
+    t0 = time.perf_counter()
+    chosen, trace = search(ranking, lambda ops: engine.evaluate(ops, reference), metric, value, max_evals)
+    return chosen, trace, engine.logits, time.perf_counter() - t0
+
+
 def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str | Path,
                   base_models: dict[str, str | Path], out_dir: str | Path, metric: str, value: float,
                   max_evals: int = 200, variant: str = "fp32", threads: int = 0,
@@ -123,15 +136,7 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
     rows = {r["op"]: r for r in read_csv(ranking_csv)}
     ranking = [r["op"] for r in sorted(rows.values(), key=lambda r: -int(r["rank"]))]  # least sensitive first
     evals = eng_dir.samples(eval_npz)
-    engine = eng_dir.session(evals, threads)
-    if metric in ("kl", "top1") and not engine.logits:
-        raise VlsensError(f"profile.metric: '{metric}' needs a graph with logits (text); use cosine, sqnr_db or mse")
-    reference = eng_dir.reference()
-    t0 = time.perf_counter()
-    chosen, trace = search(ranking, lambda ops: engine.evaluate(ops, reference), metric, value, max_evals)
-    search_s = time.perf_counter() - t0
-    logits = engine.logits
-    del engine  # one session at a time: the search is over, the built model is measured below
+    chosen, trace, logits, search_s = _search(eng_dir, evals, ranking, metric, value, max_evals, threads)
 
     out_dir = Path(out_dir)
     float_session, _ = deployment_session(eng_dir.float_model, threads)

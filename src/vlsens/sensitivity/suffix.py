@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -120,11 +121,13 @@ class SuffixPlan:
     def group_of(self, int8_ops: Sequence[str]) -> int:
         """The group whose cut comes first among ``int8_ops``' groups (the last group for none:
         the float output is then computed from the last cut)."""
-        if not hasattr(self, "_index"):
-            self._index = {op: g for g, ops in enumerate(self.groups) for op in ops}
         if not int8_ops:
             return len(self.cuts) - 1
-        return min(self._index[o] for o in int8_ops)
+        return min(self._group[o] for o in int8_ops)
+
+    @cached_property
+    def _group(self) -> dict[str, int]:
+        return {op: g for g, ops in enumerate(self.groups) for op in ops}
 
 
 def first_affected(model, switches) -> dict[str, int]:
@@ -322,13 +325,14 @@ def build(switch_model: str | Path, probe_model: str | Path, switches, max_cuts:
 class SuffixCache:
     """Float values of every cut's live tensors, per evaluation input, on disk (memory-mapped)."""
 
-    def __init__(self, sp: SuffixPlan, folder: Path, count: int):
+    def __init__(self, sp: SuffixPlan, folder: Path, names: Sequence[str], count: int):
         self.plan, self.dir, self.count = sp, Path(folder), count
+        self._file = {t: f"{j:05d}.npy" for j, t in enumerate(names)}
 
     @classmethod
     def fill(cls, probe_model: str | Path, sp: SuffixPlan, feeds: list[dict], folder: str | Path,
              mask_input: str, mask_size: int, threads: int = 0) -> "SuffixCache":
-        """One float pass of the probe per input; each live tensor saved as ``<i>/<tensor>.npy``."""
+        """One float pass of the probe per input; live tensor j of input i saved as ``<i>/<j>.npy``."""
         from vlsens.onnxutil import make_session
 
         folder = Path(folder)
@@ -343,14 +347,11 @@ class SuffixCache:
                 np.save(d / f"{j:05d}.npy", v, allow_pickle=False)
             del vals
         del sess
-        (folder / "names.txt").write_text("\n".join(names) + "\n")
-        return cls(sp, folder, len(feeds))
+        return cls(sp, folder, names, len(feeds))
 
     def feed(self, group: int, i: int) -> dict:
-        """Extra inputs that start input ``i`` at cut ``group``."""
-        if not hasattr(self, "_file"):
-            names = (self.dir / "names.txt").read_text().split("\n")[:-1]
-            self._file = {t: f"{j:05d}.npy" for j, t in enumerate(names)}
+        """Extra inputs that start input ``i`` at cut ``group`` (memory-mapped, opened per call so
+        that only the running cut's pages are mapped)."""
         skip = np.zeros(max(self.plan.segments, 1), dtype=bool)
         skip[: self.plan.skips[group]] = True
         out = {SKIP_INPUT: skip}
