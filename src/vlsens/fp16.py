@@ -257,6 +257,14 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
                 for a in node.attribute:
                     if a.name == "to":
                         a.i = TensorProto.FLOAT16
+    # Unused optional outputs are named "" (ONNX Runtime's fused ops have several); the
+    # converter's topological sort takes "" for a tensor and finds no first node. Name them for
+    # the conversion, then unname them again.
+    unused = {}
+    for i, node in enumerate(model.graph.node):
+        for j, o in enumerate(node.output):
+            if not o:
+                node.output[j] = unused.setdefault(f"__vlsens_unused_{i}_{j}", f"__vlsens_unused_{i}_{j}")
     converted = float16.convert_float_to_float16(
         model,
         keep_io_types=True,
@@ -266,6 +274,10 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
         min_positive_val=5.96e-08,
         check_fp16_ready=False,
     )
+    for node in converted.graph.node:
+        for j, o in enumerate(node.output):
+            if o in unused:
+                node.output[j] = ""
     repaired = repair_boundaries(converted, keep) if repair else 0
     if repaired:
         log.info("inserted %d Cast(s) the converter missed at FP32/FP16 boundaries", repaired)
@@ -299,7 +311,7 @@ def repair_boundaries(model, keep_fp32: set[str]) -> int:
         elif node.op_type not in fixed_type_inputs:
             want = F32 if node.name in keep_fp32 else F16
             for i, name in enumerate(node.input):
-                have = dtype.get(name)
+                have = dtype.get(name) if name else None  # "": an omitted optional input
                 if have in (F32, F16) and have != want and not (node.op_type in ("Resize",) and i > 0):
                     cast_out = f"{name}__vlsens_to{'32' if want == F32 else '16'}_{node.name}"
                     new_nodes.append(helper.make_node("Cast", [name], [cast_out], to=want,
@@ -310,7 +322,7 @@ def repair_boundaries(model, keep_fp32: set[str]) -> int:
         new_nodes.append(node)
         out_type = _output_type(node, dtype, F32, F16)
         for o in node.output:
-            if out_type is not None and o not in dtype:
+            if o and out_type is not None and o not in dtype:
                 dtype[o] = out_type
     if inserted:
         del g.node[:]

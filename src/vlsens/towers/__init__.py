@@ -28,6 +28,7 @@ BUILTIN = {
     "vision_fixed": "vlsens.towers.vision_fixed:FixedVision",
     "vision_dynamic": "vlsens.towers.vision_dynamic:DynamicVision",
     "text": "vlsens.towers.text:Text",
+    "decoder": "vlsens.towers.decoder:Decoder",
 }
 
 

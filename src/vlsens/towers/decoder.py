@@ -1,0 +1,223 @@
+"""Tower ``decoder``: the text decoder that ships (graph ``decoder``), with a KV cache.
+
+Two graphs per variant folder ``results/<model>/decoder/<variant>/``, the ones an
+onnxruntime-genai folder runs (:mod:`vlsens.genai`, :mod:`vlsens.deploy`):
+
+``model.onnx``      the decoder from onnxruntime-genai's model builder (GroupQueryAttention with a
+                    KV cache, MRotaryEmbedding; ``exclude_embeds``): ``inputs_embeds`` (B, S, H),
+                    ``attention_mask`` (B, past + S) i64, ``position_ids`` (3, B, S) i64,
+                    ``past_key_values.<i>.key/value`` (B, kv_heads, past, head_dim) ->
+                    ``logits`` (B, S, vocab) first, then ``present.<i>.key/value``;
+``embedding.onnx``  ``input_ids`` and ``image_features`` -> ``inputs_embeds``
+                    (:func:`vlsens.genai.embedding_model`).
+
+Why the builder and not vlsens' own export (:mod:`vlsens.towers.text`, no cache): the runtime
+needs its cache layout (a shared past/present buffer, ``GroupQueryAttention``'s sequence lengths
+from the mask), the builder writes it in seconds tensor by tensor, and its graph is the one the
+runtime's kernels are tuned for. vlsens gates it like every other graph.
+
+Parity (against transformers' ``Qwen2_5_VLForConditionalGeneration``, eager attention, float32):
+for each prompt length a **prefill** (empty cache; logits at every position) and a **decode
+step** (transformers' own cache of that prefill as ``past_key_values``, the next token; logits),
+the same for an image+prompt sequence (merged embeddings, 3-D positions, then the decode step's
+position); the embedding graph on text-only ids (no image features) and on an image+prompt
+sequence (transformers' merged embeddings).
+
+Calibration, sensitivity and the profile take ``model.onnx`` in prefill form (an empty cache), on
+the text tower's calibration sequences; the metric counts real tokens only.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from vlsens.calibration import CalibrationSet
+from vlsens.cases import Case, Cases
+from vlsens.config import check_variants
+from vlsens.prompts import BUILTIN_PROMPTS
+from vlsens.samples import Samples
+from vlsens.sizes import parse_size
+from vlsens.towers.base import Tower
+
+log = logging.getLogger(__name__)
+
+SOURCE = ("transformers Qwen2_5_VLForConditionalGeneration (PyTorch, float32, eager): prefill and decode-step "
+          "logits with its own KV cache; merged input embeddings")
+
+
+def empty_cache(text_config, batch: int = 1) -> dict[str, np.ndarray]:
+    """``past_key_values.<i>.key/value`` of length 0 (a prefill)."""
+    kv = int(text_config.num_key_value_heads)
+    hd = int(text_config.hidden_size) // int(text_config.num_attention_heads)
+    z = np.zeros((batch, kv, 0, hd), np.float32)
+    return {f"past_key_values.{i}.{k}": z for i in range(int(text_config.num_hidden_layers)) for k in ("key", "value")}
+
+
+def cache_arrays(cache) -> dict[str, np.ndarray]:
+    """transformers' cache (``DynamicCache``) as the decoder's ``past_key_values.<i>.*`` inputs."""
+    out = {}
+    for i, layer in enumerate(cache.layers):
+        out[f"past_key_values.{i}.key"] = layer.keys.numpy().astype(np.float32)
+        out[f"past_key_values.{i}.value"] = layer.values.numpy().astype(np.float32)
+    return out
+
+
+def _prefill_and_step(model, embeds, mask, pos, name: str, meta: dict) -> list[Case]:
+    """A prefill case (empty cache) and one decode step (the greedy next token, transformers'
+    cache as the past) for one sequence (batch 1, no padding)."""
+    import torch
+
+    tc = model.config.text_config
+    with torch.no_grad():
+        out = model(inputs_embeds=torch.from_numpy(embeds), attention_mask=torch.from_numpy(mask),
+                    position_ids=torch.from_numpy(pos), use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        past = cache_arrays(out.past_key_values)
+        step_embeds = model.model.get_input_embeddings()(nxt)
+        step_pos = torch.from_numpy(pos).amax(dim=(0, 2), keepdim=True).expand(3, -1, 1) + 1
+        step_mask = torch.ones((1, mask.shape[1] + 1), dtype=torch.long)
+        out2 = model(inputs_embeds=step_embeds, attention_mask=step_mask, position_ids=step_pos,
+                     past_key_values=out.past_key_values, use_cache=True)
+    prefill = Case(f"{name}-prefill", "model.onnx",
+                   {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": pos, **empty_cache(tc)},
+                   out.logits.numpy(), mask.astype(bool), logits=True, meta={**meta, "tokens": int(mask.shape[1])})
+    step = Case(f"{name}-decode", "model.onnx",
+                {"inputs_embeds": step_embeds.numpy().astype(np.float32), "attention_mask": step_mask.numpy(),
+                 "position_ids": step_pos.numpy().astype(np.int64), **past},
+                out2.logits.numpy(), None, logits=True, meta={**meta, "past": int(mask.shape[1])})
+    return [prefill, step]
+
+
+def compute_decoder_reference(checkpoint, image_refs, prompts, repeats, height: int, width: int) -> Cases:
+    import torch
+
+    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.images import open_rgb
+    from vlsens.towers.text import merged_embeds, multimodal_inputs, text_batch, text_position_ids_np
+
+    model = load_model(checkpoint, attn_implementation="eager", part=None if image_refs else "text")
+    processor = load_processor(checkpoint)
+    embed = model.model.get_input_embeddings()
+    cases = Cases(source=SOURCE)
+    for n in repeats:
+        batch = text_batch(processor, prompts[:1], repeat=n)
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            embeds = embed(torch.from_numpy(ids)).numpy().astype(np.float32)
+        for c in _prefill_and_step(model, embeds, mask, text_position_ids_np(mask), f"text-x{n}", {"repeat": n}):
+            cases.add(c)
+        if n == repeats[0]:  # the embedding graph on text only: no image features
+            hidden = embeds.shape[-1]
+            cases.add(Case("embedding-text", "embedding.onnx",
+                           {"input_ids": ids, "image_features": np.zeros((0, hidden), np.float32)}, embeds))
+    if image_refs:
+        image = open_rgb(image_refs[0])
+        inputs = multimodal_inputs(processor, [image], prompts[1:2], height, width)
+        embeds, pos = merged_embeds(model, inputs)
+        mask = inputs["attention_mask"].numpy().astype(np.int64)
+        meta = {"image": image_refs[0].name, "image_size": [height, width]}
+        for c in _prefill_and_step(model, embeds, mask, pos, "image+prompt", meta):
+            cases.add(c)
+        with torch.no_grad():
+            feats = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
+            feats = torch.cat(feats.pooler_output, dim=0).numpy().astype(np.float32)
+        cases.add(Case("embedding-image", "embedding.onnx",
+                       {"input_ids": inputs["input_ids"].numpy().astype(np.int64), "image_features": feats},
+                       embeds, meta=meta))
+    return cases
+
+
+class Decoder(Tower):
+    kind = "decoder"
+    pattern = r"decoder"
+    files = ("model.onnx", "embedding.onnx")
+    analysed = "model.onnx"
+    libraries = {"export": ("onnxruntime-genai", "torch", "transformers", "onnx", "safetensors"),
+                 "calibration": ("torch", "transformers", "pillow", "numpy")}
+
+    @classmethod
+    def graphs(cls, config, spec=None) -> list[str]:
+        d = config["deploy"]
+        return ["decoder"] if d["enabled"] else []
+
+    @property
+    def section(self) -> dict:
+        return self.config["deploy"]["decoder"]
+
+    def check(self, plan) -> None:
+        check_variants(self.variants(), self.analysed_variants(), "deploy.decoder.variants",
+                       "deploy.decoder.sensitivity_variants")
+
+    def variants(self) -> list[str]:
+        return list(self.section["variants"])
+
+    def analysed_variants(self) -> list[str]:
+        return list(self.section["sensitivity_variants"])
+
+    def profile_settings(self) -> dict:
+        return dict(self.config["text"]["profile"])
+
+    def reference_settings(self) -> dict:
+        p = self.config["text"]["parity"]
+        return {"repeats": list(p["repeats"]), "image_size": p["image_size"]}
+
+    def export_settings(self) -> dict:
+        return {"opset": self.config["export"]["opset"]}
+
+    def calibration_settings(self) -> dict:
+        from vlsens.towers.text import Text
+
+        return Text("text", self.config).calibration_settings()
+
+    def calibration_inputs(self, model, manifests) -> dict:
+        from vlsens.towers.text import Text
+
+        return Text("text", self.config).calibration_inputs(model, manifests)
+
+    def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
+        h, w = parse_size(settings["image_size"], key="text.parity.image_size")
+        return compute_decoder_reference(checkpoint, images, BUILTIN_PROMPTS, settings["repeats"], h, w)
+
+    def export(self, checkpoint, cases, workdir, settings):
+        import json
+
+        from safetensors import safe_open
+
+        from vlsens import genai
+        from vlsens.onnxutil import resave, save_with_external_data
+
+        workdir = Path(workdir)
+        raw = genai.build_decoder(checkpoint, workdir / "builder", workdir / "builder.log")
+        staged = {"model.onnx": resave(raw, workdir / "model.onnx")}
+        cfg = json.loads((Path(checkpoint) / "config.json").read_text())
+        table = None
+        for f in sorted(Path(checkpoint).glob("*.safetensors")):
+            with safe_open(str(f), "pt") as st:
+                key = next((k for k in st.keys() if k.endswith("embed_tokens.weight")), None)
+                if key is not None:
+                    table = st.get_tensor(key).float().numpy()
+                    break
+        if table is None:
+            raise ValueError(f"{checkpoint}: no embed_tokens.weight in its safetensors files")
+        emb = genai.embedding_model(table, int(cfg["image_token_id"]), settings["opset"])
+        del table
+        staged["embedding.onnx"] = save_with_external_data(emb, workdir / "embedding.onnx")
+        return staged, {"exporter": f"onnxruntime-genai {genai.builder_version()} model builder "
+                                    "(-p fp32 -e cpu, exclude_embeds=true)",
+                        "embedding": "vlsens.genai.embedding_model over the checkpoint's embed_tokens.weight"}
+
+    def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
+        from transformers import AutoConfig
+
+        from vlsens.towers.text import Text
+
+        base = Text("text", self.config).calibration(checkpoint, inputs, settings)
+        tc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).text_config
+        past = empty_cache(tc)
+        splits = {}
+        for name, s in base.splits.items():
+            splits[name] = Samples([{**f, **past} for f in s.feeds], s.valid, s.names)
+        return CalibrationSet(splits, base.samples, {**base.facts, "cache": "empty (prefill)"})
