@@ -20,6 +20,7 @@ include: "rules/towers.smk"
 include: "rules/variants.smk"
 include: "rules/sensitivity.smk"
 include: "rules/profile.smk"
+include: "rules/deploy.smk"
 
 
 localrules:

@@ -12,6 +12,7 @@ _SRC = str(Path(workflow.basedir) / "src")
 if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 
+from vlsens import deploy as _deploy
 from vlsens import paths
 from vlsens import towers as towers_registry
 from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
@@ -28,6 +29,7 @@ except WorkflowError:
     raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
 try:
     PLAN, TOWERS = towers_registry.configure(config, workdir=Path.cwd())
+    _deploy.check_config(config)
     # Outside inputs by content (see vlsens.inputs): rules read these manifests, not mtimes.
     INPUTS = write_manifests(
         paths.fill(paths.INPUTS, model=PLAN.model), None if PLAN.preset else PLAN.checkpoint,
@@ -62,10 +64,16 @@ wildcard_constraints:
     graph="|".join(re.escape(g) for g in TOWERS),
     base="fp32|fp16",
     variant="fp32|fp16|fp32-sim|fp16-sim",
+    precision="|".join(_deploy.PRECISIONS),
+
+
+DEPLOY = _deploy.DEPLOY
+DEPLOY_SOURCES = {p: _deploy.sources(p) for p in _deploy.PRECISIONS}
 
 
 def get_final_output():
-    return all_targets(PLAN, TOWERS.values())
+    deploy = config["deploy"]["precisions"] if config["deploy"]["enabled"] else []
+    return all_targets(PLAN, TOWERS.values()) + [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy]
 
 
 def tower(wildcards):

@@ -94,6 +94,8 @@ def activation_absmax(model_path: str | Path, inputs: list[dict], scratch: Path,
         for o, v in zip(wanted, vals):
             key = o[: -len(ABSMAX_SUFFIX)]
             v = float(v)
+            if v == float("-inf"):  # ReduceMax of an empty tensor (an empty KV cache): nothing seen
+                continue
             result[key] = max(result[key], v) if np.isfinite(v) else float("inf")
     del sess
     aug.unlink()
@@ -260,6 +262,7 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
     # Unused optional outputs are named "" (ONNX Runtime's fused ops have several); the
     # converter's topological sort takes "" for a tensor and finds no first node. Name them for
     # the conversion, then unname them again.
+    out_types = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
     unused = {}
     for i, node in enumerate(model.graph.node):
         for j, o in enumerate(node.output):
@@ -278,10 +281,42 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
         for j, o in enumerate(node.output):
             if o in unused:
                 node.output[j] = ""
+    restored = keep_output_types(converted, out_types)
+    if restored:
+        log.info("graph outputs kept FP32 where the converter made them FP16: %s", restored)
     repaired = repair_boundaries(converted, keep) if repair else 0
     if repaired:
         log.info("inserted %d Cast(s) the converter missed at FP32/FP16 boundaries", repaired)
     return converted, casts
+
+
+def keep_output_types(model, types: dict[str, int]) -> list[str]:
+    """Graph outputs keep their FP32 type (in place): the converter casts the outputs of a
+    blocked (FP32) node to FP16 also where they are graph outputs (e.g. a KV-cache decoder's
+    ``present.*``, which must match its FP32 ``past_key_values.*`` inputs). A Cast producing such
+    an output is retargeted to FLOAT; any other producer gets a Cast to FLOAT after it."""
+    from onnx import TensorProto, helper
+
+    F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+    producer = {o: n for n in model.graph.node for o in n.output}
+    fixed = []
+    for out in model.graph.output:
+        if types.get(out.name) != F32 or out.type.tensor_type.elem_type != F16:
+            continue
+        node = producer.get(out.name)
+        if node is not None and node.op_type == "Cast":
+            for a in node.attribute:
+                if a.name == "to":
+                    a.i = F32
+        else:
+            raw = f"{out.name}__vlsens_fp16"
+            if node is not None:
+                node.output[list(node.output).index(out.name)] = raw
+            model.graph.node.append(helper.make_node("Cast", [raw], [out.name], to=F32,
+                                                     name=f"{out.name}__vlsens_to_fp32"))
+        out.type.tensor_type.elem_type = F32
+        fixed.append(out.name)
+    return fixed
 
 
 def repair_boundaries(model, keep_fp32: set[str]) -> int:

@@ -28,6 +28,8 @@ STAGE_LIBRARIES = {
     "sensitivity": ("onnx", "onnxruntime"),
     "compare": (),
     "npu_archive": ("numpy",),
+    # assembles gated graphs and runs them with onnxruntime-genai next to transformers' generate
+    "deploy": ("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers"),
 }
 #: Libraries recorded in every parity record (not rerun triggers: a gate re-checks, it does not
 #: change the artifact).

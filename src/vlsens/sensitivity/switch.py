@@ -222,8 +222,51 @@ def _element_types(model_path: str | Path) -> dict[str, int]:
         out = Path(d) / "inferred.onnx"
         onnx.shape_inference.infer_shapes_path(str(model_path), str(out))
         m = onnx.load(str(out), load_external_data=False)
-    return {vi.name: vi.type.tensor_type.elem_type
-            for vi in list(m.graph.input) + list(m.graph.output) + list(m.graph.value_info)}
+    types = {i.name: i.data_type for i in m.graph.initializer}
+    types.update({vi.name: vi.type.tensor_type.elem_type
+                  for vi in list(m.graph.input) + list(m.graph.output) + list(m.graph.value_info)
+                  if vi.type.tensor_type.elem_type})
+    _propagate_types(m.graph, types)
+    return types
+
+
+#: Output element types of ops whose outputs are not of their inputs' type.
+_INT64_OUT = {"Shape", "Size", "NonZero", "ArgMax", "ArgMin"}
+_BOOL_OUT = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}
+
+
+def _propagate_types(graph, types: dict[str, int]) -> None:
+    """Fill in element types ONNX shape inference leaves out (ONNX Runtime's own ops, e.g.
+    SkipSimplifiedLayerNormalization, GroupQueryAttention, MRotaryEmbedding): an output takes
+    its op's fixed type where it has one, an If's from its branch, else its first float input's
+    type (what these fused float ops do), else its first input's."""
+    from onnx import TensorProto
+
+    floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+    for node in graph.node:
+        missing = [o for o in node.output if o and o not in types]
+        if not missing:
+            continue
+        if node.op_type == "Cast":
+            fixed = next(a.i for a in node.attribute if a.name == "to")
+        elif node.op_type in _INT64_OUT:
+            fixed = TensorProto.INT64
+        elif node.op_type in _BOOL_OUT:
+            fixed = TensorProto.BOOL
+        elif node.op_type == "QuantizeLinear":
+            fixed = types.get(node.input[2]) if len(node.input) > 2 and node.input[2] else TensorProto.UINT8
+        elif node.op_type == "If":
+            branch = next(a.g for a in node.attribute if a.name == "then_branch")
+            for o, bo in zip(node.output, branch.output):
+                if o and o not in types and bo.type.tensor_type.elem_type:
+                    types[o] = bo.type.tensor_type.elem_type
+            continue
+        else:
+            ins = [types.get(i) for i in node.input if i]
+            fixed = next((t for t in ins if t in floats), next((t for t in ins if t), None))
+        if fixed:
+            for o in missing:
+                types[o] = fixed
 
 
 def _copy_node(node, rename: dict[str, str], name: str):

@@ -1,0 +1,232 @@
+"""Deploy folders (onnxruntime-genai, ``type: qwen2_5_vl``): the pieces vlsens writes, checked
+against transformers' own helpers, and whole folders run by onnxruntime-genai itself."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from conftest import TOL_FP16, TOL_FP32
+
+
+@pytest.fixture(scope="module")
+def vision_config(tiny_ckpt):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(tiny_ckpt)).vision_config
+
+
+def test_preamble_equals_transformers_index_helpers(vision_config, tmp_path):
+    """The in-graph preamble computes what transformers' get_vision_position_ids /
+    get_vision_window_index / get_vision_cu_seqlens compute, for square, wide, tall, partial-window,
+    one-window and large grids (one image; a video grid with t = 2 too)."""
+    from vlsens import genai
+    from vlsens.onnxutil import save_with_external_data
+    from vlsens.towers.vision_dynamic import index_inputs
+
+    path = save_with_external_data(genai.vision_preamble(vision_config, tmp_path), tmp_path / "pre.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for t, h, w in ((1, 16, 16), (1, 18, 22), (1, 24, 32), (1, 32, 16), (1, 34, 46), (1, 2, 2), (1, 4, 4),
+                    (1, 96, 96), (2, 8, 12)):
+        grid = np.array([[t, h, w]], np.int64)
+        got = dict(zip(genai.PREAMBLE_OUTPUTS, sess.run(None, {"image_grid_thw": grid})))
+        want = index_inputs(grid, vision_config)
+        for k in genai.PREAMBLE_OUTPUTS:
+            assert np.array_equal(got[k], want[k]), (t, h, w, k)
+
+
+def test_embedding_graph_merges_image_features_in_order(tmp_path):
+    """Token rows from the table, image-token rows replaced by feature rows in row-major order
+    (transformers' masked_scatter), batch of two, and with no features at all (decode steps)."""
+    from vlsens import genai
+    from vlsens.onnxutil import save_with_external_data
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((50, 8)).astype(np.float32)
+    path = save_with_external_data(genai.embedding_model(table, image_token_id=7), tmp_path / "embedding.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ids = np.array([[1, 7, 7, 3], [7, 2, 7, 5]], np.int64)
+    feats = rng.standard_normal((4, 8)).astype(np.float32)
+    got = sess.run(None, {"input_ids": ids, "image_features": feats})[0]
+    want = table[ids]
+    want[ids == 7] = feats
+    assert np.array_equal(got, want)
+    text = np.array([[4, 5, 6]], np.int64)
+    got = sess.run(None, {"input_ids": text, "image_features": np.zeros((0, 8), np.float32)})[0]
+    assert np.array_equal(got, table[text][None][0])
+
+
+def test_configs_name_the_graphs_and_the_checkpoints_values(tiny_ckpt):
+    from vlsens import genai
+
+    cfg = json.loads((tiny_ckpt / "config.json").read_text())
+    gen = json.loads((tiny_ckpt / "generation_config.json").read_text())
+    g = genai.genai_config(cfg, gen)["model"]
+    assert g["type"] == "qwen2_5_vl" and g["image_token_id"] == cfg["image_token_id"]
+    assert {g[k]["filename"] for k in ("decoder", "embedding", "vision")} == set(genai.GRAPHS.values())
+    assert g["vision"]["inputs"]["image_grid_thw"] == "image_grid_thw"  # it defaults to image_sizes
+    assert g["decoder"]["num_hidden_layers"] == cfg["text_config"]["num_hidden_layers"]
+    pre = json.loads((tiny_ckpt / "preprocessor_config.json").read_text())
+    ops = {t["operation"]["type"]: t["operation"].get("attrs", {})
+           for t in genai.processor_config(pre)["processor"]["transforms"]}
+    assert ops["Normalize"]["mean"] == pre["image_mean"] and ops["Normalize"]["qwen2_5_vl"] == 1
+    assert ops["Resize"]["min_pixels"] == pre["size"]["shortest_edge"]
+    assert ops["PatchImage"]["patch_size"] == pre["patch_size"]
+
+
+def test_config_check_names_the_missing_graph():
+    from conftest import default_config
+    from vlsens.deploy import check_config
+    from vlsens.errors import ConfigError
+
+    check_config(default_config())
+    with pytest.raises(ConfigError, match=r"int8-mixed.*vision\.dynamic\.sensitivity_variants"):
+        check_config(default_config(**{"vision.dynamic.sensitivity_variants": []}))
+    with pytest.raises(ConfigError, match=r"fp16.*deploy\.decoder\.variants"):
+        check_config(default_config(**{"deploy.decoder.variants": ["fp32"]}))
+    with pytest.raises(ConfigError, match="vision.dynamic.enabled"):
+        check_config(default_config(**{"vision.dynamic.enabled": False}))
+
+
+# ----------------------------------------------------------------------------------------------
+# Whole folders
+
+
+@pytest.fixture(scope="module")
+def folders(graph_builder, parity_refs, tmp_path_factory):
+    """The fp32, fp16 and INT8-mixed folders of the tiny preset, from the decoder tower and the
+    dynamic vision graph built like the DAG builds them (profiles at the default targets)."""
+    from conftest import default_config
+    from vlsens import deploy, variants
+    from vlsens.profile import build_profile
+    from vlsens.quant import QuantSettings
+    from vlsens.sensitivity.stages import gather, prepare, run_shard
+
+    cfg = default_config()
+    root = tmp_path_factory.mktemp("deploy")
+    dec, vis = graph_builder("decoder"), graph_builder("vision/dynamic")
+    profiles = {}
+    for b, name, settings in ((dec, "decoder", cfg["text"]["profile"]), (vis, "vision", cfg["profile"])):
+        if not b.folder("fp16").exists():
+            variants.fp16(b.folder("fp32"), b.reference, b.folder("fp16"), TOL_FP16, 512, 65504)
+        eng, work = b.root / "engine-deploy", root / name
+        prepare(b.model("fp32", analysed=True), b.calib / "calib.npz", b.calib / "eval.npz", eng, QuantSettings())
+        shard = work / "ort.0-of-1.csv"
+        run_shard(eng, b.calib / "eval.npz", 0, 1, shard)
+        gather(eng, b.calib / "eval.npz", [shard], work / "ort.csv", work / "ort.json")
+        build_profile(eng, work / "ort.csv", b.calib / "eval.npz", {"fp32": b.model("fp32", analysed=True)},
+                      work / "profile", settings["metric"], float(settings["target"]))
+        profiles[name] = work / "profile" / "model.onnx"
+    out = {}
+    common = dict(checkpoint=dec.ckpt, images=parity_refs, max_new_tokens=16)
+    out["fp32"] = root / "fp32"
+    deploy.build_folder("fp32", out["fp32"], decoder=dec.model("fp32"), embedding=dec.folder("fp32") / "embedding.onnx",
+                        vision=vis.model("fp32"), tolerance=TOL_FP32, **common)
+    out["fp16"] = root / "fp16"
+    deploy.build_folder("fp16", out["fp16"], decoder=dec.model("fp16"), embedding=dec.folder("fp16") / "embedding.onnx",
+                        vision=vis.model("fp16"), tolerance=TOL_FP16, fp32_folder=out["fp32"], **common)
+    out["int8-mixed"] = root / "int8-mixed"
+    deploy.build_folder("int8-mixed", out["int8-mixed"], decoder=profiles["decoder"],
+                        embedding=dec.folder("fp32") / "embedding.onnx", vision=profiles["vision"], tolerance=None,
+                        fp32_folder=out["fp32"], target=cfg["text"]["profile"], **common)
+    return out
+
+
+def _cases(parity_refs, tmp_path):
+    from vlsens.deploy import eval_cases
+
+    return eval_cases(parity_refs, tmp_path)
+
+
+def _chat(processor, case):
+    content = [{"type": "image"} for _ in case["images"]] + [{"type": "text", "text": case["prompt"]}]
+    return processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def test_fp32_folder_generates_what_transformers_generates(folders, tiny_ckpt, parity_refs, tmp_path):
+    """onnxruntime-genai loads the folder and its 16 greedy tokens equal transformers' generate
+    for a text-only prompt, one image, and two images of different sizes (each image
+    preprocessed by the runtime itself, from the folder's processor_config.json)."""
+    import onnxruntime_genai as og
+    import torch
+    from PIL import Image
+
+    from vlsens.checkpoint import load_model, load_processor
+
+    cases = _cases(parity_refs, tmp_path)
+    assert [len(c["images"]) for c in cases] == [0, 1, 2]
+    assert cases[2]["images"][0]["size"] != cases[2]["images"][1]["size"]
+    model = load_model(tiny_ckpt, attn_implementation="eager")
+    processor = load_processor(tiny_ckpt)
+    om = og.Model(str(folders["fp32"]))
+    op = om.create_multimodal_processor()
+    for case in cases:
+        text = _chat(processor, case)
+        images = [Image.open(f["path"]).convert("RGB") for f in case["images"]] or None
+        inputs = processor(text=[text], images=images, return_tensors="pt")
+        with torch.no_grad():
+            want = model.generate(**inputs, max_new_tokens=16, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+        params = og.GeneratorParams(om)
+        params.set_search_options(do_sample=False)
+        gen = og.Generator(om, params)
+        gen.set_inputs(op(text, images=og.Images.open(*[f["path"] for f in case["images"]]) if case["images"] else None))
+        got = []
+        while not gen.is_done() and len(got) < 16:
+            gen.generate_next_token()
+            got.append(int(gen.get_next_tokens()[0]))
+        assert got == want.tolist(), case["name"]
+        assert len(got) == 16, case["name"]  # no early end-of-sequence: the comparison covers 16 steps
+
+
+def test_every_folder_is_complete_and_recorded(folders):
+    from vlsens.artifacts import verify
+
+    for precision, folder in folders.items():
+        names = {p.name for p in folder.iterdir()}
+        assert {"vision.onnx", "embedding.onnx", "decoder.onnx", "genai_config.json", "processor_config.json",
+                "tokenizer.json", "chat_template.jinja", "parity.json", "eval.json"} <= names, precision
+        for g in ("vision.onnx", "embedding.onnx", "decoder.onnx"):
+            assert f"{g}.data" in names and verify(folder / g) == folder / g  # hashed in parity.json
+        rec = json.loads((folder / "parity.json").read_text())
+        assert len(rec["images"]) == 2 and all(r["cosine"] > 0.99 for r in rec["images"])
+        if precision != "int8-mixed":
+            assert rec["passed"] is True
+    fp32 = json.loads((folders["fp32"] / "eval.json").read_text())
+    assert fp32["identical"] and [c["case"] for c in fp32["cases"]] == ["text", "one-image", "two-images"]
+
+
+def test_fp16_and_int8_folders_are_measured_against_fp32_through_the_runtime(folders):
+    """eval.json: teacher-forced KL and top-1 agreement against the fp32 folder, through
+    onnxruntime-genai; the INT8 folder meets the text profile's target end to end."""
+    for precision in ("fp16", "int8-mixed"):
+        ev = json.loads((folders[precision] / "eval.json").read_text())
+        assert 0 < ev["mean_kl"] < 1e-2 and 0.5 <= ev["top1_agreement"] <= 1.0, ev
+        assert len(ev["cases"]) == 3 and all(len(c["tokens"]) == 16 for c in ev["cases"])
+    ev = json.loads((folders["int8-mixed"] / "eval.json").read_text())
+    assert ev["target"]["metric"] == "kl" and ev["target"]["met"] is True, ev["target"]
+    # the INT8 folder really is INT8: its decoder and vision graphs hold quantized weights
+    import onnx
+
+    for g in ("decoder.onnx", "vision.onnx"):
+        m = onnx.load(str(folders["int8-mixed"] / g), load_external_data=False)
+        assert any(n.op_type == "DequantizeLinear" for n in m.graph.node), g
+
+
+def test_a_folder_that_misses_its_check_is_not_written(folders, graph_builder, parity_refs, tmp_path, monkeypatch):
+    """fp32 tokens that differ from transformers' fail the job and leave no folder behind."""
+    from vlsens import deploy
+    from vlsens.errors import VlsensError
+
+    real = deploy.transformers_generate
+    monkeypatch.setattr(deploy, "transformers_generate",
+                        lambda *a, **k: [[t + 1 for t in toks] for toks in real(*a, **k)])
+    dec, vis = graph_builder("decoder"), graph_builder("vision/dynamic")
+    out = tmp_path / "fp32"
+    with pytest.raises(VlsensError, match="differ from transformers"):
+        deploy.build_folder("fp32", out, dec.ckpt, dec.model("fp32"), dec.folder("fp32") / "embedding.onnx",
+                            vis.model("fp32"), parity_refs, 4, TOL_FP32)
+    assert not out.exists() and not list(tmp_path.glob(".fp32*"))

@@ -1,0 +1,15 @@
+"""One onnxruntime-genai folder: assembled from gated graphs, vision re-gated behind its preamble,
+generation checked through onnxruntime-genai (vlsens.deploy)."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+
+from pathlib import Path
+
+from vlsens import deploy
+from vlsens.inputs import checkpoint_dir, image_refs
+from vlsens.scripting import run
+
+run(snakemake, lambda sm: deploy.build_folder(  # noqa: F821
+    sm.wildcards.precision, sm.output[0], checkpoint_dir(sm.input.checkpoint), sm.input.decoder,
+    Path(sm.input.decoder_folder).with_name("embedding.onnx"),
+    sm.input.vision, image_refs(sm.input.images), sm.params.max_new_tokens, sm.params.tolerance,
+    fp32_folder=sm.input.get("fp32_folder"), target=sm.params.target))
