@@ -23,7 +23,7 @@ $(BIN)/python:
 # torch first, pinned: the CPU wheel of this machine (an unpinned torch pulls several GB of CUDA).
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
-	$(PIP) install --quiet -c constraints.txt -e .
+	$(PIP) install --quiet -c constraints.txt -e ".[genai]"
 	touch $@
 
 $(STAMP)-test: $(STAMP)

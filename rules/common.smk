@@ -30,6 +30,8 @@ except WorkflowError:
 try:
     PLAN, TOWERS = towers_registry.configure(config, workdir=Path.cwd())
     _deploy.check_config(config)
+    if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
+        _deploy.check_runtime(config)
     # Outside inputs by content (see vlsens.inputs): rules read these manifests, not mtimes.
     INPUTS = write_manifests(
         paths.fill(paths.INPUTS, model=PLAN.model), None if PLAN.preset else PLAN.checkpoint,
@@ -119,6 +121,17 @@ def profile_models(wildcards):
 def shard_csvs(wildcards):
     n = config["sensitivity"]["shards"]
     return [f"{paths.fill(paths.SHARD, i=i, n=n, **dict(wildcards.items()))}.csv" for i in range(n)]
+
+
+def deploy_inputs(wildcards):
+    """A deploy folder's graphs (vlsens.deploy.sources), the checkpoint, the evaluation images,
+    and (fp16, int8-mixed) the fp32 folder it is measured against."""
+    src = {k: paths.fill(v, model=wildcards.model) for k, v in DEPLOY_SOURCES[wildcards.precision].items()}
+    src["checkpoint"] = checkpoint_dir(wildcards)
+    src["images"] = INPUTS["parity_images"]
+    if wildcards.precision != "fp32":
+        src["fp32_folder"] = paths.fill(DEPLOY, model=wildcards.model, precision="fp32")
+    return src
 
 
 # --- params ----------------------------------------------------------------------------------

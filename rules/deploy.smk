@@ -3,24 +3,15 @@
 # onnxruntime-genai itself (vlsens.deploy).
 
 
-def deploy_inputs(wildcards):
-    src = {k: paths.fill(v, model=wildcards.model) for k, v in DEPLOY_SOURCES[wildcards.precision].items()}
-    src["checkpoint"] = checkpoint_dir(wildcards)
-    src["images"] = INPUTS["parity_images"]
-    if wildcards.precision != "fp32":
-        src["fp32_folder"] = paths.fill(DEPLOY, model=wildcards.model, precision="fp32")
-    return src
-
-
 rule deploy:
     input:
         unpack(deploy_inputs),
     output:
         directory(DEPLOY),
     log:
-        paths.fill(paths.LOGS, graph="deploy") + "/deploy-{precision}.log",
+        paths.DEPLOY_LOG,
     benchmark:
-        paths.fill(paths.BENCHMARKS, graph="deploy") + "/deploy-{precision}.tsv"
+        paths.DEPLOY_BENCHMARK
     params:
         max_new_tokens=config["deploy"]["max_new_tokens"],
         tolerance=lambda wc: tolerance(wc.precision) if wc.precision in ("fp32", "fp16") else None,
@@ -30,6 +21,6 @@ rule deploy:
     resources:
         **cluster("deploy"),
     conda:
-        "../envs/onnx.yaml"
+        "../envs/torch.yaml"
     script:
         "../workflow/scripts/deploy.py"

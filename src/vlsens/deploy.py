@@ -40,7 +40,7 @@ from vlsens.errors import ConfigError, VlsensError
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "int8-mixed")
-DEPLOY = paths.MODEL + "/deploy/{precision}"
+DEPLOY = paths.DEPLOY
 #: The file that says a deploy folder is complete (written last).
 DONE = "eval.json"
 
@@ -85,6 +85,16 @@ def check_config(config: dict) -> None:
     if "fp32" not in d["precisions"] and len(d["precisions"]):
         raise ConfigError("deploy.precisions: the fp16 and int8-mixed folders are evaluated against the fp32 "
                           "folder; keep 'fp32' in the list")
+
+
+def check_runtime(config: dict) -> None:
+    """onnxruntime-genai is importable where the deploy folders are built (not checked for conda
+    deployments: envs/torch.yaml installs it)."""
+    from importlib.util import find_spec
+
+    if config["deploy"]["enabled"] and find_spec("onnxruntime_genai") is None:
+        raise ConfigError("deploy.enabled: true needs onnxruntime-genai in this environment: pip install -e "
+                          "'.[genai]' (`make run` installs it), or set deploy.enabled: false")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ substitutes some or all of them. A *graph* names one kind of ONNX graph built fr
                                                        compare.json, inc-tune/)
     results/<model>/profile/<graph>/<variant>/         profile.yaml, nodes_to_exclude.json, inc_op_name_dict.json,
                                                        model.onnx (+ .data), eval.json
+    results/<model>/deploy/<precision>/                onnxruntime-genai folder: vision/embedding/decoder.onnx
+                                                       (+ .data), genai_config.json, processor_config.json,
+                                                       tokenizer, parity.json, eval.json
     results/<model>/logs/<graph>/<rule>[-<variant>].log and benchmarks/<graph>/<rule>[-<variant>].tsv
 """
 
@@ -39,6 +42,10 @@ ENGINE = SENSITIVITY + "/engine"
 SHARD = SENSITIVITY + "/shards/ort.{i}-of-{n}"
 INC_TUNE = SENSITIVITY + "/inc-tune"
 PROFILE = MODEL + "/profile/{graph}/{variant}"
+#: An onnxruntime-genai model folder (:mod:`vlsens.deploy`), its log and benchmark.
+DEPLOY = MODEL + "/deploy/{precision}"
+DEPLOY_LOG = MODEL + "/logs/deploy/deploy-{precision}.log"
+DEPLOY_BENCHMARK = MODEL + "/benchmarks/deploy/deploy-{precision}.tsv"
 LOGS = MODEL + "/logs/{graph}"
 BENCHMARKS = MODEL + "/benchmarks/{graph}"
 
