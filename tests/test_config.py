@@ -26,7 +26,7 @@ def test_default_config_plan():
     plan, towers = make_plan(_cfg())
     assert plan.model == "tiny" and plan.preset == "tiny"
     assert plan.checkpoint == "results/tiny/checkpoint"
-    assert list(towers) == ["vision/224x224", "vision/224x336", "vision/dynamic", "text"]
+    assert list(towers) == ["vision/224x224", "vision/224x336", "vision/dynamic", "text", "decoder"]
     assert [r.name for r in plan.parity_images] == ["astronaut.png", "coffee.png"]
     targets = all_targets(plan, towers.values())
     assert "results/tiny/vision/224x336/fp16-sim/model.onnx" in targets
@@ -96,6 +96,8 @@ def test_tolerance_range():
     ({"text__calibration__prompts": "/nonexistent/prompts.jsonl"}, "text.calibration.prompts"),
     ({"text__profile__metric": "bleu"}, "'bleu' is not one of"),
     ({"profile__metric": "kl"}, "'kl' is not one of"),  # kl/top1: text logits only
+    ({"deploy__decoder__sensitivity_variants": []}, "deploy.precisions has 'int8-mixed', which needs 'fp32' in "
+                                                    "deploy.decoder.sensitivity_variants"),
 ])
 def test_cli_reports_bad_config_before_any_job(tmp_path, change, expect):
     cfg = tmp_path / "config.yaml"
@@ -140,7 +142,7 @@ def test_defaults_come_from_the_schema():
     assert minimal == {"model": {"checkpoint": "tiny"}, "vision": {"sizes": ["224x224"]},
                        "parity": minimal["parity"]}  # the caller's dict is left alone
     plan, towers = make_plan(minimal)
-    assert list(towers) == ["vision/224x224", "vision/dynamic", "text"]
+    assert list(towers) == ["vision/224x224", "vision/dynamic", "text", "decoder"]
 
 
 def test_scale_config_plans_the_3b_preset(tmp_path):
@@ -153,7 +155,7 @@ def test_scale_config_plans_the_3b_preset(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout + r.stderr
     for rule in ("checkpoint_3b", "reference", "export", "fp16", "simplify", "calibration", "sensitivity_prepare",
-                 "sensitivity_shard", "profile"):
+                 "sensitivity_shard", "profile", "deploy"):
         assert rule in out, (rule, out)
     assert "tiny_checkpoint" not in out
     from vlsens.config import schema_errors

@@ -230,3 +230,25 @@ def test_a_folder_that_misses_its_check_is_not_written(folders, graph_builder, p
         deploy.build_folder("fp32", out, dec.ckpt, dec.model("fp32"), dec.folder("fp32") / "embedding.onnx",
                             vis.model("fp32"), parity_refs, 4, TOL_FP32)
     assert not out.exists() and not list(tmp_path.glob(".fp32*"))
+
+
+def test_chat_runs_a_folder_like_transformers(folders, tiny_ckpt, parity_refs, tmp_path):
+    """vlsens.runtime.Chat (the convenience layer over onnxruntime-genai): the folder's own chat
+    template, images as paths or PIL images, the same greedy tokens as transformers."""
+    import torch
+    from PIL import Image
+
+    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.runtime import Chat
+
+    case = _cases(parity_refs, tmp_path)[1]
+    model, processor = load_model(tiny_ckpt, attn_implementation="eager"), load_processor(tiny_ckpt)
+    image = Image.open(case["images"][0]["path"]).convert("RGB")
+    inputs = processor(text=[_chat(processor, case)], images=[image], return_tensors="pt")
+    with torch.no_grad():
+        want = model.generate(**inputs, max_new_tokens=12, do_sample=False)[0, inputs["input_ids"].shape[1]:].tolist()
+    chat = Chat(folders["fp32"])
+    assert chat.prompt(case["prompt"], 1) == _chat(processor, case)
+    assert chat.tokens(case["prompt"], [case["images"][0]["path"]], max_new_tokens=12) == want
+    assert chat.tokens(case["prompt"], [image], max_new_tokens=12) == want
+    assert chat(case["prompt"], [image], max_new_tokens=12) == chat.tokenizer.decode(want)

@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TOL_FP32, tower_of
 from vlsens.cases import Cases
 from vlsens.images import open_rgb, resolve_images
 from vlsens.towers.vision_dynamic import INPUTS, dynamic_module, graph_inputs, window_len
@@ -93,49 +92,6 @@ def test_vision_encoder_runtime_any_size(dyn, tiny_ckpt):
                                                  image_grid_thw=torch.from_numpy(p["image_grid_thw"])).pooler_output
         for f, r in zip(feats, ref):
             np.testing.assert_allclose(f, r.numpy(), atol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def text_fp32(tiny_ckpt, parity_refs, tmp_path_factory):
-    from vlsens import stages
-
-    root = tmp_path_factory.mktemp("text")
-    tower = tower_of("text", **{"text.parity.repeats": [1, 2]})
-    stages.reference(tower, tiny_ckpt, parity_refs, root / "ref.npz", tower.reference_settings())
-    stages.export(tower, tiny_ckpt, root / "ref.npz", root / "fp32", TOL_FP32, tower.export_settings())
-    return root / "fp32" / "embeds.onnx"
-
-
-def test_end_to_end_onnx_reproduces_pytorch_logits_and_generation(dyn, text_fp32, tiny_ckpt):
-    """ONNX vision (dynamic) + ONNX text (embeds) from Python with the checkpoint's processor,
-    two images of different sizes: the model's logits, and the same greedy tokens as generate()."""
-    import torch
-
-    from vlsens.checkpoint import load_model
-    from vlsens.runtime import VLM, rope_index
-
-    vlm = VLM(dyn.model(), text_fp32, tiny_ckpt)
-    imgs = [open_rgb(r) for r in resolve_images("builtin")[2:4]]
-    sizes = [(224, 224), (252, 308)]
-    inputs = vlm.inputs(imgs, ["Describe both images."], sizes)
-    logits = vlm.logits(inputs)
-    model = load_model(tiny_ckpt, attn_implementation="eager")
-    t = {k: torch.from_numpy(v) for k, v in inputs.items()}
-    with torch.no_grad():
-        ref = model(**t, use_cache=False).logits.numpy()
-        pos, deltas = model.model.get_rope_index(t["input_ids"], mm_token_type_ids=t["mm_token_type_ids"],
-                                                 image_grid_thw=t["image_grid_thw"], attention_mask=t["attention_mask"])
-    mine, my_deltas = rope_index(inputs["input_ids"], inputs["mm_token_type_ids"], inputs["image_grid_thw"],
-                                 inputs["attention_mask"])
-    np.testing.assert_array_equal(mine, pos.numpy())
-    np.testing.assert_array_equal(my_deltas, deltas.numpy())
-    keep = inputs["attention_mask"].astype(bool)
-    np.testing.assert_allclose(logits[keep], ref[keep], atol=1e-4)
-    assert (logits[keep].argmax(-1) == ref[keep].argmax(-1)).all()
-    tokens = vlm.generate(imgs, "Describe both images.", max_new_tokens=8, sizes=sizes)
-    with torch.no_grad():
-        gen = model.generate(**t, max_new_tokens=8, do_sample=False)
-    assert tokens == gen[0, t["input_ids"].shape[1]:].tolist()
 
 
 def test_calibration_set_holds_every_size(dyn):

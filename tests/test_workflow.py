@@ -49,9 +49,9 @@ def planned(workdir, overrides=None) -> tuple[set[str], str]:
     return {r for r, _ in jobs}, out
 
 
-GRAPHS = {"vision/224x224", "vision/224x336", "vision/dynamic", "text"}
+GRAPHS = {"vision/224x224", "vision/224x336", "vision/dynamic", "text", "decoder"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
-              "sensitivity_compare"}
+              "sensitivity_compare", "deploy"}  # deploy: its folders are checked with onnxruntime(-genai)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +108,24 @@ def test_whole_dag_builds_verified_models(finished_run):
         assert rec["passed"] and len(rec["per_input"]) == 5
     ev = json.loads((wd / "results" / "tiny" / "profile" / "vision" / "dynamic" / "fp32" / "eval.json").read_text())
     assert ev["status"] == "met" and ev["eval_images"] == 6  # 3 evaluation images x 2 sizes
+    dec = wd / "results" / "tiny" / "decoder"
+    for variant in ("fp32", "fp16"):
+        rec = json.loads((dec / variant / "parity.json").read_text())
+        assert rec["passed"] and {p["graph"] for p in rec["per_input"]} == {"model.onnx", "embedding.onnx"}
+        assert any(p["case"].endswith("-decode") for p in rec["per_input"])  # a KV-cache step is gated
+    ev = json.loads((wd / "results" / "tiny" / "profile" / "decoder" / "fp32" / "eval.json").read_text())
+    assert ev["status"] == "met" and ev["int8_ops"] > 0
+    for precision in ("fp32", "fp16", "int8-mixed"):
+        folder = wd / "results" / "tiny" / "deploy" / precision
+        for f in ("vision.onnx", "embedding.onnx", "decoder.onnx", "genai_config.json", "processor_config.json"):
+            assert (folder / f).is_file(), (precision, f)
+        ev = json.loads((folder / "eval.json").read_text())
+        assert [c["case"] for c in ev["cases"]] == ["text", "one-image", "two-images"]
+        if precision == "fp32":
+            assert ev["identical"] and all(c["tokens"] == c["transformers"] for c in ev["cases"])
+        else:
+            assert ev["mean_kl"] >= 0 and ev["top1_agreement"] > 0.5
+    assert json.loads((wd / "results" / "tiny" / "deploy" / "int8-mixed" / "eval.json").read_text())["target"]["met"]
     assert not [p for p in (wd / "results").rglob("*") if ".staging-" in p.name or ".tmp-" in p.name]
 
 
@@ -121,10 +139,12 @@ def test_every_record_matches_its_schema(finished_run):
 
     found = records.records_under(finished_run / "results")
     kinds = Counter(records.schema_name(p) for p in found)
-    assert kinds == {"parity": 16, "manifest": 4, "engine": 7, "ort": 7, "eval": 7, "inc": 2, "compare": 2}, kinds
+    assert kinds == {"parity": 18, "manifest": 5, "engine": 8, "ort": 8, "eval": 8, "inc": 2, "compare": 2,
+                     "deploy_parity": 3, "deploy_eval": 3}, kinds
     assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
-    for name, key in (("parity.json", "passed"), ("ort.json", "ops"), ("manifest.json", "counts")):
-        p = next(p for p in found if p.name == name)
+    for name, key in (("parity.json", "passed"), ("ort.json", "ops"), ("manifest.json", "counts"),
+                      ("deploy_eval", "cases"), ("deploy_parity", "images")):
+        p = next(p for p in found if p.name == name or records.schema_name(p) == name)
         rec = json.loads(p.read_text())
         assert records.errors(p, {k: v for k, v in rec.items() if k != key}), p  # a key missing
         assert records.errors(p, {**rec, key: "many"}), p  # a wrong type
@@ -161,7 +181,8 @@ def test_torch_upgrade_reruns_what_torch_made_and_downstream(finished_run):
     jobs, out = dry_run(finished_run, "torch=99.0")
     rules = {r for r, _ in jobs}
     assert {g for r, g in jobs if r == "reference"} == GRAPHS and {g for r, g in jobs if r == "export"} == GRAPHS
-    assert {g for r, g in jobs if r == "calibration"} == {"text"}, jobs
+    assert {g for r, g in jobs if r == "calibration"} == {"text", "decoder"}, jobs  # the LM runs there
+    assert "deploy" in rules  # the folders are checked against transformers' generate
     assert {"fp16", "simplify", "sensitivity_prepare", "profile"} <= rules  # downstream
     assert "tiny_checkpoint" not in rules and "calibration_tar" not in rules, rules
     # the rules that first read torch say why: their recorded versions changed (the exports run
@@ -187,9 +208,14 @@ def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
     one to the variants module every graph's FP16/onnxsim and what follows, nothing upstream."""
     rules, _ = planned(finished_run, "vlsens.compare=edited")
     assert rules == {"sensitivity_compare"}, rules
-    for module, graphs in (("vlsens.towers.text", {"text"}), ("vlsens.towers.vision_dynamic", {"vision/dynamic"})):
+    # the decoder tower reuses the text tower's prompt and merge helpers; the deploy folders (no
+    # graph wildcard) are made of the decoder and the dynamic vision graph
+    for module, graphs in (("vlsens.towers.text", {"text", "decoder"}),
+                           ("vlsens.towers.vision_dynamic", {"vision/dynamic"}),
+                           ("vlsens.towers.decoder", {"decoder"})):
         jobs, _ = dry_run(finished_run, f"{module}=edited")
-        assert {g for _, g in jobs} == graphs, jobs
+        assert {g for _, g in jobs} - {""} == graphs, jobs
+        assert {r for r, g in jobs if not g} == {"deploy"}, jobs
         assert {"reference", "export", "fp16", "simplify", "sensitivity_prepare", "profile"} <= {r for r, _ in jobs}
     jobs, _ = dry_run(finished_run, "vlsens.variants=edited")
     rules = {r for r, _ in jobs}

@@ -647,3 +647,27 @@ def load_processor(path: str | Path):
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     cls = _image_text_processor_class()
     return cls(load_image_processor(path), tokenizer, chat_template=getattr(tokenizer, "chat_template", None))
+
+
+def embedding_table(checkpoint: str | Path):
+    """The token embedding table (numpy, the checkpoint's dtype widened to float32) read from its
+    safetensors alone. Checkpoints name it ``model.embed_tokens.weight`` (the published layout,
+    which transformers 5 also writes) or ``model.language_model.embed_tokens.weight``."""
+    import numpy as np
+    from safetensors import safe_open
+
+    names = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+             "language_model.model.embed_tokens.weight")
+    ckpt = Path(checkpoint)
+    index = ckpt / "model.safetensors.index.json"
+    if index.exists():
+        wm = json.loads(index.read_text())["weight_map"]
+        files = sorted({ckpt / wm[n] for n in names if n in wm})
+    else:
+        files = sorted(ckpt.glob("*.safetensors"))
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:  # "pt": bfloat16 checkpoints too
+            for n in names:
+                if n in st.keys():
+                    return st.get_tensor(n).float().numpy().astype(np.float32)
+    raise KeyError(f"{checkpoint}: none of {names} in its safetensors")

@@ -12,6 +12,8 @@ record                 where                                                 sch
 ``compare.json``       beside both CSVs                                      ``compare``
 ``eval.json``          ``profile/<graph>/<variant>/``                        ``eval``
 ``eval.json``          ``sensitivity/<graph>/<variant>/inc-tune/``           ``inc_tune``
+``parity.json``        ``deploy/<precision>/``                               ``deploy_parity``
+``eval.json``          ``deploy/<precision>/``                               ``deploy_eval``
 =====================  ====================================================  ===================
 
     python -m vlsens.records results/tiny     # check every record under a folder
@@ -36,6 +38,8 @@ def schema_name(path: str | Path) -> str | None:
         return "inc_tune"
     if path.name == "manifest.json" and "calib" not in path.parts:
         return None
+    if "deploy" in path.parts and path.name in ("parity.json", "eval.json"):
+        return "deploy_" + path.stem
     return BY_NAME.get(path.name)
 
 

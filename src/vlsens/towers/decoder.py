@@ -186,26 +186,15 @@ class Decoder(Tower):
     def export(self, checkpoint, cases, workdir, settings):
         import json
 
-        from safetensors import safe_open
-
         from vlsens import genai
+        from vlsens.checkpoint import embedding_table
         from vlsens.onnxutil import resave, save_with_external_data
 
         workdir = Path(workdir)
         raw = genai.build_decoder(checkpoint, workdir / "builder", workdir / "builder.log")
         staged = {"model.onnx": resave(raw, workdir / "model.onnx")}
         cfg = json.loads((Path(checkpoint) / "config.json").read_text())
-        table = None
-        for f in sorted(Path(checkpoint).glob("*.safetensors")):
-            with safe_open(str(f), "pt") as st:
-                key = next((k for k in st.keys() if k.endswith("embed_tokens.weight")), None)
-                if key is not None:
-                    table = st.get_tensor(key).float().numpy()
-                    break
-        if table is None:
-            raise ValueError(f"{checkpoint}: no embed_tokens.weight in its safetensors files")
-        emb = genai.embedding_model(table, int(cfg["image_token_id"]), settings["opset"])
-        del table
+        emb = genai.embedding_model(embedding_table(checkpoint), int(cfg["image_token_id"]), settings["opset"])
         staged["embedding.onnx"] = save_with_external_data(emb, workdir / "embedding.onnx")
         return staged, {"exporter": f"onnxruntime-genai {genai.builder_version()} model builder "
                                     "(-p fp32 -e cpu, exclude_embeds=true)",
