@@ -41,12 +41,12 @@ def test_preamble_equals_transformers_index_helpers(vision_config, tmp_path):
 def test_embedding_graph_merges_image_features_in_order(tmp_path):
     """Token rows from the table, image-token rows replaced by feature rows in row-major order
     (transformers' masked_scatter), batch of two, and with no features at all (decode steps)."""
-    from vlsens import genai
     from vlsens.onnxutil import save_with_external_data
+    from vlsens.towers.decoder import embedding_model
 
     rng = np.random.default_rng(0)
     table = rng.standard_normal((50, 8)).astype(np.float32)
-    path = save_with_external_data(genai.embedding_model(table, image_token_id=7), tmp_path / "embedding.onnx")
+    path = save_with_external_data(embedding_model(table, image_token_id=7), tmp_path / "embedding.onnx")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     ids = np.array([[1, 7, 7, 3], [7, 2, 7, 5]], np.int64)
     feats = rng.standard_normal((4, 8)).astype(np.float32)

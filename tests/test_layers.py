@@ -7,11 +7,11 @@ LAYERS = {
     "floor": "errors job faults device fsutil paths sizes images prompts inputs versions metrics onnxutil",
     "plan": "checkpoint config",
     "data": "cases samples calibration",
-    "towers": "towers towers.base towers.vision_fixed towers.vision_dynamic towers.text vision",
+    "towers": "towers towers.base towers.vision_fixed towers.vision_dynamic towers.text towers.decoder vision genai",
     "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.suffix sensitivity.engine "
               "sensitivity.ranking sensitivity.stages sensitivity.baseline profile compare inc inc.settings inc.names "
               "inc.capture inc.stages inc.env records targets scripting",
-    "application": "runtime",
+    "application": "runtime deploy",
 }
 LEVEL = {f"vlsens.{m}": i for i, names in enumerate(LAYERS.values()) for m in names.split()}
 TOWERS = {m for m in LEVEL if m.startswith("vlsens.towers.")}

@@ -12,11 +12,10 @@ ORT-GenAI runs three sessions for this model type, each with a contract of its o
                     the KV cache ``past_key_values.<i>.key/value`` to ``logits`` and
                     ``present.<i>.key/value``. The runtime builds the 3-D mRoPE positions itself.
 
-This module writes each of them from vlsens' own graphs:
+The decoder and the embedding graph are the decoder tower's (:mod:`vlsens.towers.decoder`:
+ORT-GenAI's model builder, GroupQueryAttention with a KV cache, without its embedding layer; a
+small graph over the checkpoint's embedding table). This module writes the rest:
 
-* :func:`build_decoder`: the decoder from ORT-GenAI's model builder (GroupQueryAttention with a
-  KV cache, MRotaryEmbedding), without its embedding layer (``exclude_embeds``);
-* :func:`embedding_model`: a small graph over the checkpoint's embedding table;
 * :func:`wrap_vision`: vlsens' dynamic vision graph (any variant, the INT8 profile too) behind a
   preamble (:func:`vision_preamble`) that computes its index inputs (rotary positions, window
   order, image and window boundaries) from ``image_grid_thw`` in the graph;
@@ -29,12 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
-
-import numpy as np
 
 from vlsens.errors import VlsensError
 
@@ -44,93 +38,6 @@ log = logging.getLogger(__name__)
 CONFIG_FILES = ("genai_config.json", "processor_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 GRAPHS = {"vision": "vision.onnx", "embedding": "embedding.onnx", "decoder": "decoder.onnx"}
-
-
-# ----------------------------------------------------------------------------------------------
-# Decoder: ORT-GenAI's builder
-
-
-def builder_version() -> str:
-    import onnxruntime_genai
-
-    return onnxruntime_genai.__version__
-
-
-def build_decoder(checkpoint: str | Path, out_dir: str | Path, log_path: str | Path | None = None) -> Path:
-    """The text decoder with a KV cache from ORT-GenAI's model builder (FP32, CPU), taking
-    ``inputs_embeds`` (``exclude_embeds``). Runs in a child process (the builder loads the
-    checkpoint itself, from safetensors, ``trust_remote_code`` off by default); returns the
-    builder's ``model.onnx``. Its genai_config and tokenizer files are not used: the folder's own
-    are written by :func:`genai_config`."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out_dir / "out"),
-           "-p", "fp32", "-e", "cpu", "-c", str(out_dir / "cache"),
-           "--extra_options", "exclude_embeds=true", "hf_token=false", "hf_remote=false"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if log_path is not None:
-        Path(log_path).write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-2000:]
-        raise VlsensError(f"onnxruntime-genai's model builder failed (exit {proc.returncode}) on {checkpoint}:\n{tail}")
-    model = out_dir / "out" / "model.onnx"
-    if not model.is_file():
-        raise VlsensError(f"onnxruntime-genai's model builder wrote no {model}")
-    return model
-
-
-# ----------------------------------------------------------------------------------------------
-# Embedding
-
-
-def embedding_model(table: np.ndarray, image_token_id: int, opset: int = 19):
-    """``input_ids`` (B, S), ``image_features`` (n, H) -> ``inputs_embeds`` (B, S, H): rows of
-    ``table``, the k-th image token's row replaced by feature row k (row-major over the batch, as
-    transformers' ``masked_scatter``). A zero row is appended to the features so that n = 0 (the
-    decode steps) needs no special case."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    h = int(table.shape[1])
-    n = helper.make_node
-    nodes = [
-        n("Gather", ["embed_tokens.weight", "input_ids"], ["token_embeds"], name="/embed_tokens/Gather"),
-        n("Equal", ["input_ids", "image_token_id"], ["is_image"], name="/merge/Equal"),
-        n("Shape", ["input_ids"], ["ids_shape"], name="/merge/Shape"),
-        n("Reshape", ["is_image", "minus_one"], ["is_image_flat"], name="/merge/Flatten"),
-        n("Cast", ["is_image_flat"], ["is_image_i64"], to=TensorProto.INT64, name="/merge/Cast"),
-        n("CumSum", ["is_image_i64", "zero"], ["image_rank"], name="/merge/CumSum"),
-        n("Sub", ["image_rank", "one"], ["image_row"], name="/merge/Sub"),
-        n("Shape", ["image_features"], ["feat_shape"], name="/merge/FeatShape"),
-        n("Gather", ["feat_shape", "zero"], ["num_features"], axis=0, name="/merge/NumFeatures"),
-        n("Where", ["is_image_flat", "image_row", "num_features"], ["row"], name="/merge/Row"),
-        n("ConstantOfShape", ["zero_row_shape"], ["zero_row"],
-          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]), name="/merge/ZeroRow"),
-        n("Concat", ["image_features", "zero_row"], ["features_padded"], axis=0, name="/merge/Concat"),
-        n("Gather", ["features_padded", "row"], ["image_rows"], axis=0, name="/merge/GatherRows"),
-        n("Concat", ["ids_shape", "hidden"], ["out_shape"], axis=0, name="/merge/OutShape"),
-        n("Reshape", ["image_rows", "out_shape"], ["image_embeds"], name="/merge/Reshape"),
-        n("Unsqueeze", ["is_image", "minus_one"], ["is_image_3d"], name="/merge/Unsqueeze"),
-        n("Where", ["is_image_3d", "image_embeds", "token_embeds"], ["inputs_embeds"], name="/merge/Where"),
-    ]
-    inits = [
-        numpy_helper.from_array(np.ascontiguousarray(table, dtype=np.float32), "embed_tokens.weight"),
-        numpy_helper.from_array(np.array(image_token_id, np.int64), "image_token_id"),
-        numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
-        numpy_helper.from_array(np.array(0, np.int64), "zero"),
-        numpy_helper.from_array(np.array(1, np.int64), "one"),
-        numpy_helper.from_array(np.array([1, h], np.int64), "zero_row_shape"),
-        numpy_helper.from_array(np.array([h], np.int64), "hidden"),
-    ]
-    graph = helper.make_graph(
-        nodes, "embedding",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-         helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", h])],
-        [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["batch_size", "sequence_length", h])],
-        inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="vlsens")
-    model.ir_version = 10
-    return model
 
 
 # ----------------------------------------------------------------------------------------------

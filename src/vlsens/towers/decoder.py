@@ -9,7 +9,7 @@ onnxruntime-genai folder runs (:mod:`vlsens.genai`, :mod:`vlsens.deploy`):
                     ``past_key_values.<i>.key/value`` (B, kv_heads, past, head_dim) ->
                     ``logits`` (B, S, vocab) first, then ``present.<i>.key/value``;
 ``embedding.onnx``  ``input_ids`` and ``image_features`` -> ``inputs_embeds``
-                    (:func:`vlsens.genai.embedding_model`).
+                    (:func:`embedding_model`).
 
 Why the builder and not vlsens' own export (:mod:`vlsens.towers.text`, no cache): the runtime
 needs its cache layout (a shared past/present buffer, ``GroupQueryAttention``'s sequence lengths
@@ -30,6 +30,9 @@ the text tower's calibration sequences; the metric counts real tokens only.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +40,7 @@ import numpy as np
 from vlsens.calibration import CalibrationSet
 from vlsens.cases import Case, Cases
 from vlsens.config import check_variants
+from vlsens.errors import VlsensError
 from vlsens.prompts import BUILTIN_PROMPTS
 from vlsens.samples import Samples
 from vlsens.sizes import parse_size
@@ -46,6 +50,97 @@ log = logging.getLogger(__name__)
 
 SOURCE = ("transformers Qwen2_5_VLForConditionalGeneration (PyTorch, float32, eager): prefill and decode-step "
           "logits with its own KV cache; merged input embeddings")
+
+
+# ----------------------------------------------------------------------------------------------
+# The builder's decoder and the embedding graph
+
+
+def builder_version() -> str:
+    import onnxruntime_genai
+
+    return onnxruntime_genai.__version__
+
+
+def build_decoder(checkpoint: str | Path, out_dir: str | Path, log_path: str | Path | None = None) -> Path:
+    """The text decoder with a KV cache from ORT-GenAI's model builder (FP32, CPU), taking
+    ``inputs_embeds`` (``exclude_embeds``). Runs in a child process (the builder loads the
+    checkpoint itself, from safetensors, ``trust_remote_code`` off by default); returns the
+    builder's ``model.onnx``. Its genai_config and tokenizer files are not used: the folder's own
+    are written by :func:`vlsens.genai.genai_config`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out_dir / "out"),
+           "-p", "fp32", "-e", "cpu", "-c", str(out_dir / "cache"),
+           "--extra_options", "exclude_embeds=true", "hf_token=false", "hf_remote=false"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if log_path is not None:
+        Path(log_path).write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-2000:]
+        raise VlsensError(f"onnxruntime-genai's model builder failed (exit {proc.returncode}) on {checkpoint}:\n{tail}")
+    model = out_dir / "out" / "model.onnx"
+    if not model.is_file():
+        raise VlsensError(f"onnxruntime-genai's model builder wrote no {model}")
+    return model
+
+
+# ----------------------------------------------------------------------------------------------
+# Embedding
+
+
+def embedding_model(table: np.ndarray, image_token_id: int, opset: int = 19):
+    """``input_ids`` (B, S), ``image_features`` (n, H) -> ``inputs_embeds`` (B, S, H): rows of
+    ``table``, the k-th image token's row replaced by feature row k (row-major over the batch, as
+    transformers' ``masked_scatter``). A zero row is appended to the features so that n = 0 (the
+    decode steps) needs no special case."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    h = int(table.shape[1])
+    n = helper.make_node
+    nodes = [
+        n("Gather", ["embed_tokens.weight", "input_ids"], ["token_embeds"], name="/embed_tokens/Gather"),
+        n("Equal", ["input_ids", "image_token_id"], ["is_image"], name="/merge/Equal"),
+        n("Shape", ["input_ids"], ["ids_shape"], name="/merge/Shape"),
+        n("Reshape", ["is_image", "minus_one"], ["is_image_flat"], name="/merge/Flatten"),
+        n("Cast", ["is_image_flat"], ["is_image_i64"], to=TensorProto.INT64, name="/merge/Cast"),
+        n("CumSum", ["is_image_i64", "zero"], ["image_rank"], name="/merge/CumSum"),
+        n("Sub", ["image_rank", "one"], ["image_row"], name="/merge/Sub"),
+        n("Shape", ["image_features"], ["feat_shape"], name="/merge/FeatShape"),
+        n("Gather", ["feat_shape", "zero"], ["num_features"], axis=0, name="/merge/NumFeatures"),
+        n("Where", ["is_image_flat", "image_row", "num_features"], ["row"], name="/merge/Row"),
+        n("ConstantOfShape", ["zero_row_shape"], ["zero_row"],
+          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]), name="/merge/ZeroRow"),
+        n("Concat", ["image_features", "zero_row"], ["features_padded"], axis=0, name="/merge/Concat"),
+        n("Gather", ["features_padded", "row"], ["image_rows"], axis=0, name="/merge/GatherRows"),
+        n("Concat", ["ids_shape", "hidden"], ["out_shape"], axis=0, name="/merge/OutShape"),
+        n("Reshape", ["image_rows", "out_shape"], ["image_embeds"], name="/merge/Reshape"),
+        n("Unsqueeze", ["is_image", "minus_one"], ["is_image_3d"], name="/merge/Unsqueeze"),
+        n("Where", ["is_image_3d", "image_embeds", "token_embeds"], ["inputs_embeds"], name="/merge/Where"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.ascontiguousarray(table, dtype=np.float32), "embed_tokens.weight"),
+        numpy_helper.from_array(np.array(image_token_id, np.int64), "image_token_id"),
+        numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+        numpy_helper.from_array(np.array([1, h], np.int64), "zero_row_shape"),
+        numpy_helper.from_array(np.array([h], np.int64), "hidden"),
+    ]
+    graph = helper.make_graph(
+        nodes, "embedding",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+         helper.make_tensor_value_info("image_features", TensorProto.FLOAT, ["num_image_tokens", h])],
+        [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["batch_size", "sequence_length", h])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="vlsens")
+    model.ir_version = 10
+    return model
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference
 
 
 def empty_cache(text_config, batch: int = 1) -> dict[str, np.ndarray]:
@@ -186,19 +281,18 @@ class Decoder(Tower):
     def export(self, checkpoint, cases, workdir, settings):
         import json
 
-        from vlsens import genai
         from vlsens.checkpoint import embedding_table
         from vlsens.onnxutil import resave, save_with_external_data
 
         workdir = Path(workdir)
-        raw = genai.build_decoder(checkpoint, workdir / "builder", workdir / "builder.log")
+        raw = build_decoder(checkpoint, workdir / "builder", workdir / "builder.log")
         staged = {"model.onnx": resave(raw, workdir / "model.onnx")}
         cfg = json.loads((Path(checkpoint) / "config.json").read_text())
-        emb = genai.embedding_model(embedding_table(checkpoint), int(cfg["image_token_id"]), settings["opset"])
+        emb = embedding_model(embedding_table(checkpoint), int(cfg["image_token_id"]), settings["opset"])
         staged["embedding.onnx"] = save_with_external_data(emb, workdir / "embedding.onnx")
-        return staged, {"exporter": f"onnxruntime-genai {genai.builder_version()} model builder "
+        return staged, {"exporter": f"onnxruntime-genai {builder_version()} model builder "
                                     "(-p fp32 -e cpu, exclude_embeds=true)",
-                        "embedding": "vlsens.genai.embedding_model over the checkpoint's embed_tokens.weight"}
+                        "embedding": "vlsens.towers.decoder.embedding_model over the checkpoint's embed_tokens.weight"}
 
     def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
         from transformers import AutoConfig

@@ -1,0 +1,189 @@
+"""Prefill and decode speed and peak memory of the deploy folders (onnxruntime-genai) next to
+transformers' ``generate`` on the same prompts, and next to vlsens' cache-less text graph
+(``text/fp32/embeds.onnx``, the whole sequence re-run per token) -- the measurement behind taking
+onnxruntime-genai's builder decoder with its KV cache.
+
+    python bench/bench_deploy.py --results results/tiny --tokens 32
+    python bench/bench_deploy.py --results results/3b --tokens 16 --image
+
+Each runner is its own process (peak RSS = its VmHWM: the model loaded plus the run). Greedy
+decoding with no end-of-sequence stop, so every runner decodes exactly ``--tokens`` tokens.
+Prefill tokens/s = prompt tokens / time to the first new token; decode tokens/s = the other
+tokens / their time. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+PROMPT = "Describe this image in detail, then list three objects you can see."
+
+
+def _peak_gb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024 ** 2
+    return float("nan")
+
+
+def _image(args) -> list[str]:
+    if not args.image:
+        return []
+    from vlsens.images import open_rgb, resolve_images
+
+    path = Path(args.workdir) / "bench-image.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    open_rgb(resolve_images("builtin")[0]).save(path)
+    return [str(path)]
+
+
+def run_genai(args) -> dict:
+    import onnxruntime_genai as og
+
+    from vlsens.runtime import Chat
+
+    chat = Chat(args.folder)
+    images = _image(args)
+    t0 = time.perf_counter()
+    inputs = chat.processor(chat.prompt(PROMPT, len(images)), images=chat._images(images))
+    params = og.GeneratorParams(chat.model)
+    params.set_search_options(do_sample=False, min_length=0)
+    gen = og.Generator(chat.model, params)
+    gen.set_inputs(inputs)
+    prompt_tokens = int(inputs["input_ids"].as_numpy().shape[-1])
+    gen.generate_next_token()
+    t1 = time.perf_counter()
+    n = 1
+    while n < args.tokens:
+        gen.generate_next_token()
+        n += 1
+    t2 = time.perf_counter()
+    return {"prompt_tokens": prompt_tokens, "prefill_s": t1 - t0, "decode_s": t2 - t1, "new_tokens": n}
+
+
+def run_transformers(args) -> dict:
+    import torch
+    from PIL import Image
+
+    from vlsens.checkpoint import load_model, load_processor
+
+    torch.set_num_threads(args.threads)
+    model = load_model(args.checkpoint, attn_implementation="sdpa")
+    processor = load_processor(args.checkpoint)
+    images = _image(args)
+    content = [{"type": "image"}] * len(images) + [{"type": "text", "text": PROMPT}]
+    text = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
+    pil = [Image.open(p).convert("RGB") for p in images] or None
+    times = {}
+    for n in (1, args.tokens):
+        t0 = time.perf_counter()
+        inputs = processor(text=[text], images=pil, return_tensors="pt")
+        with torch.no_grad():
+            model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        times[n] = time.perf_counter() - t0
+    return {"prompt_tokens": int(inputs["input_ids"].shape[-1]), "prefill_s": times[1],
+            "decode_s": times[args.tokens] - times[1], "new_tokens": args.tokens}
+
+
+def run_nocache(args) -> dict:
+    """vlsens' text graph without a cache: every step re-runs the whole sequence (text only)."""
+    import numpy as np
+
+    from vlsens.checkpoint import embedding_table, load_processor
+    from vlsens.onnxutil import make_session
+    from vlsens.towers.text import text_position_ids_np
+
+    processor = load_processor(args.checkpoint)
+    table = embedding_table(args.checkpoint)
+    sess = make_session(args.folder, threads=args.threads)
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": PROMPT}]}],
+                                         tokenize=False, add_generation_prompt=True)
+    ids = processor.tokenizer(text, return_tensors="np")["input_ids"].astype(np.int64)
+    t0 = time.perf_counter()
+    stamps = []
+    for _ in range(args.tokens):
+        mask = np.ones_like(ids)
+        logits = sess.run(None, {"inputs_embeds": table[ids].astype(np.float32), "attention_mask": mask,
+                                 "position_ids": text_position_ids_np(mask)})[0]
+        ids = np.concatenate([ids, logits[:, -1:].argmax(-1)], axis=1)
+        stamps.append(time.perf_counter())
+    n0 = ids.shape[1] - args.tokens
+    return {"prompt_tokens": int(n0), "prefill_s": stamps[0] - t0, "decode_s": stamps[-1] - stamps[0],
+            "new_tokens": args.tokens}
+
+
+WORKERS = {"genai": run_genai, "transformers": run_transformers, "nocache": run_nocache}
+
+
+def worker(argv) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("kind", choices=sorted(WORKERS))
+    for k in ("--folder", "--checkpoint", "--workdir"):
+        p.add_argument(k)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--image", action="store_true")
+    args = p.parse_args(argv)
+    out = WORKERS[args.kind](args)
+    out["peak_gb"] = _peak_gb()
+    print("RESULT " + json.dumps(out))
+
+
+def _spawn(kind: str, args, **extra) -> dict:
+    cmd = [sys.executable, __file__, "--worker", kind, "--tokens", str(args.tokens), "--threads", str(args.threads),
+           "--workdir", args.workdir, *(["--image"] if args.image else [])]
+    for k, v in extra.items():
+        cmd += [f"--{k}", str(v)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((s for s in r.stdout.splitlines() if s.startswith("RESULT ")), None)
+    if line is None:
+        return {"error": (r.stdout + r.stderr)[-500:]}
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    if "--worker" in sys.argv:
+        i = sys.argv.index("--worker")
+        worker(sys.argv[i + 1:] + sys.argv[1:i])
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default="results/tiny", help="results/<model> of a finished run")
+    p.add_argument("--tokens", type=int, default=32, help="new tokens per run")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--image", action="store_true", help="one image + prompt (else text only)")
+    p.add_argument("--workdir", default="/tmp/vlsens-bench-deploy")
+    args = p.parse_args()
+    res = Path(args.results)
+    ckpt = res / "checkpoint"
+    rows = []
+    for precision in ("fp32", "fp16", "int8-mixed"):
+        folder = res / "deploy" / precision
+        if (folder / "genai_config.json").is_file():
+            rows.append((f"deploy/{precision} (onnxruntime-genai)", _spawn("genai", args, folder=folder)))
+    rows.append(("transformers generate (fp32, sdpa)", _spawn("transformers", args, checkpoint=ckpt)))
+    nocache = res / "text" / "fp32" / "embeds.onnx"
+    if nocache.is_file() and not args.image:
+        rows.append(("text/fp32/embeds.onnx, no KV cache", _spawn("nocache", args, folder=nocache, checkpoint=ckpt)))
+    print(f"\n{'image + ' if args.image else ''}prompt, {args.tokens} new tokens, {args.threads} threads, CPU\n")
+    print("| runner | prompt tokens | prefill s | prefill tok/s | decode tok/s | peak RSS GB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, r in rows:
+        if "error" in r:
+            print(f"| {name} | failed: {r['error'][-120:]!r} | | | | |")
+            continue
+        dec = (r["new_tokens"] - 1) / r["decode_s"] if r["decode_s"] > 0 else float("nan")
+        print(f"| {name} | {r['prompt_tokens']} | {r['prefill_s']:.3f} | {r['prompt_tokens'] / r['prefill_s']:.0f} "
+              f"| {dec:.1f} | {r['peak_gb']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
