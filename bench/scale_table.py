@@ -6,8 +6,11 @@ Budget of a job: ``2 x W + A``, where
 
 * ``W`` is the float32 size of the weights the job handles: the graph's ``fp32/model.onnx.data``
   (the vision tower: 4 bytes x 669 M parameters = 2.67 GB for Qwen2.5-VL-3B at any image size;
-  the text LM: 4 bytes x its parameters), and for the jobs that run transformers' multimodal
-  forward (text reference and calibration) the vision tower's weights on top;
+  the text LM: 4 bytes x its parameters; the decoder: its two graph files, the builder's decoder
+  and the embedding table), and for the jobs that run transformers' multimodal forward (text and
+  decoder reference and calibration) the vision tower's weights on top; a deploy folder's job
+  runs the whole model twice over (transformers' ``generate`` and onnxruntime-genai on the
+  folder), so its ``W`` is the vision tower + the decoder;
 * ``A`` is the activations of one forward plus the interpreter: ``--activations`` GB (default 1.5;
   bench/bench_dynamic.py measures one 448x448 forward of the whole 3B vision tower below that).
 
@@ -34,9 +37,10 @@ def read_tsv(path: Path) -> dict:
 
 
 def weights(results: Path, graph: str) -> float:
-    """Float32 bytes of the graph's weights (its fp32 model's data file)."""
-    data = results / graph / "fp32" / "model.onnx.data"
-    return data.stat().st_size if data.is_file() else 0.0
+    """Float32 bytes of the graph's weights (its fp32 model's data file; the decoder: both files)."""
+    files = ("model.onnx.data", "embedding.onnx.data") if graph == "decoder" else ("model.onnx.data",)
+    return sum((results / graph / "fp32" / f).stat().st_size for f in files
+               if (results / graph / "fp32" / f).is_file())
 
 
 def main() -> None:
@@ -55,9 +59,11 @@ def main() -> None:
         m = read_tsv(tsv)
         if graph == "-":
             w = 0.0
+        elif graph == "deploy":
+            w = vision_w + weights(a.results, "decoder")
         else:
             w = weights(a.results, graph)
-            if graph == "text" and re.match(r"(reference|calibration)$", stage):
+            if graph in ("text", "decoder") and re.match(r"(reference|calibration)$", stage):
                 w += vision_w  # the multimodal forward runs the vision tower too
         budget = 2 * w + a.activations * GB if w else None
         ok = budget is None or m["rss_mb"] * 1e6 <= budget
