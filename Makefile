@@ -58,6 +58,7 @@ bench: install inc-env
 	$(BIN)/python bench/bench_spine.py
 	$(BIN)/python bench/bench_sensitivity.py
 	$(BIN)/python bench/bench_dynamic.py
+	$(BIN)/python bench/bench_deploy.py --results results/tiny   # after make run
 
 # Real size: the whole DAG on the 3b preset (config/scale.yaml), then its per-stage table with
 # memory budgets (fails when a job is over its budget). MEM_MB bounds the sum of the running

@@ -164,6 +164,8 @@ def main() -> None:
     args = p.parse_args()
     res = Path(args.results)
     ckpt = res / "checkpoint"
+    if not list(res.glob("deploy/*/genai_config.json")):
+        sys.exit(f"{res}/deploy/: no deploy folder; run the workflow first (make run, or make scale for results/3b)")
     rows = []
     for precision in ("fp32", "fp16", "int8-mixed"):
         folder = res / "deploy" / precision
