@@ -15,7 +15,7 @@ if _SRC not in sys.path:
 from vlsens import deploy as _deploy
 from vlsens import paths
 from vlsens import towers as towers_registry
-from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
+from vlsens.config import SCHEMA, canonical, check_images, cluster_value, schema_errors, tolerance_for
 from vlsens.errors import ConfigError
 from vlsens.inputs import write_manifests
 from vlsens.targets import all_targets
@@ -184,12 +184,13 @@ def tower_provenance(stage, script):
 def cluster(rule, gpu=True):
     """Resources of a rule: ``gpu`` (1 for rules that run torch or ONNX Runtime; a function of the
     wildcards where it depends on the tower) and what SLURM gets from the config's ``cluster:``
-    section: partition by GPU use, memory and runtime per rule name (or ``default``)."""
+    section: partition by GPU use, memory and runtime per rule name (or ``default``), optionally
+    per graph (``vlsens.config.cluster_value``)."""
     c = config["cluster"]
     wants_gpu = gpu if callable(gpu) else (lambda wc: int(bool(gpu)))
     return {
         "gpu": wants_gpu,
         "slurm_partition": lambda wc: c["gpu_partition" if wants_gpu(wc) else "cpu_partition"],
-        "mem_mb": int(c["mem_mb"].get(rule, c["mem_mb"]["default"])),
-        "runtime": int(c["runtime"].get(rule, c["runtime"]["default"])),
+        "mem_mb": lambda wc: cluster_value(c["mem_mb"], rule, wc.get("graph", wc.get("precision"))),
+        "runtime": lambda wc: cluster_value(c["runtime"], rule, wc.get("graph", wc.get("precision"))),
     }

@@ -162,3 +162,18 @@ def test_scale_config_plans_the_3b_preset(tmp_path):
 
     errors = schema_errors(_cfg(model__checkpoint="3b", **{"model__3b": {"text_layers": 37}}))
     assert errors and any("text_layers" in e for e in errors), errors
+
+
+def test_cluster_memory_and_runtime_per_rule_and_per_graph():
+    """cluster.mem_mb / runtime: one value per rule, or one per graph (a real-size text LM asks
+    SLURM for more than a small vision graph), each with a default; checked by the schema."""
+    from vlsens.config import cluster_value, schema_errors
+
+    table = {"default": 8000, "fp16": 6000, "export": {"default": 9000, "text": 24000, "fp32": 12000}}
+    assert cluster_value(table, "profile", "text") == 8000  # no entry: the section's default
+    assert cluster_value(table, "fp16", "text") == 6000  # one value for the rule
+    assert cluster_value(table, "export", "text") == 24000 and cluster_value(table, "export", "vision/448x448") == 9000
+    assert cluster_value(table, "export", "fp32") == 12000 and cluster_value(table, "export") == 9000
+    assert not schema_errors(_cfg(cluster__mem_mb=table))
+    assert schema_errors(_cfg(cluster__mem_mb={"default": 8000, "export": {"text": 24000}}))  # no default
+    assert schema_errors(_cfg(cluster__mem_mb={"default": 8000, "export": {"default": 0}}))
