@@ -15,9 +15,10 @@ if _SRC not in sys.path:
 from vlsens import deploy as _deploy
 from vlsens import paths
 from vlsens import towers as towers_registry
-from vlsens.config import SCHEMA, canonical, check_images, cluster_value, schema_errors, tolerance_for
+from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
 from vlsens.errors import ConfigError
 from vlsens.inputs import write_manifests
+from vlsens.resources import cluster_value
 from vlsens.targets import all_targets
 from vlsens.versions import provenance as _provenance
 from snakemake.settings.types import DeploymentMethod
@@ -185,7 +186,7 @@ def cluster(rule, gpu=True):
     """Resources of a rule: ``gpu`` (1 for rules that run torch or ONNX Runtime; a function of the
     wildcards where it depends on the tower) and what SLURM gets from the config's ``cluster:``
     section: partition by GPU use, memory and runtime per rule name (or ``default``), optionally
-    per graph (``vlsens.config.cluster_value``)."""
+    per graph (``vlsens.resources.cluster_value``)."""
     c = config["cluster"]
     wants_gpu = gpu if callable(gpu) else (lambda wc: int(bool(gpu)))
     return {

@@ -167,7 +167,8 @@ def test_scale_config_plans_the_3b_preset(tmp_path):
 def test_cluster_memory_and_runtime_per_rule_and_per_graph():
     """cluster.mem_mb / runtime: one value per rule, or one per graph (a real-size text LM asks
     SLURM for more than a small vision graph), each with a default; checked by the schema."""
-    from vlsens.config import cluster_value, schema_errors
+    from vlsens.config import schema_errors
+    from vlsens.resources import cluster_value
 
     table = {"default": 8000, "fp16": 6000, "export": {"default": 9000, "text": 24000, "fp32": 12000}}
     assert cluster_value(table, "profile", "text") == 8000  # no entry: the section's default

@@ -10,7 +10,7 @@ LAYERS = {
     "towers": "towers towers.base towers.vision_fixed towers.vision_dynamic towers.text towers.decoder vision genai",
     "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.suffix sensitivity.engine "
               "sensitivity.ranking sensitivity.stages sensitivity.baseline profile compare inc inc.settings inc.names "
-              "inc.capture inc.stages inc.env records targets scripting",
+              "inc.capture inc.stages inc.env records targets resources scripting",
     "application": "runtime deploy",
 }
 LEVEL = {f"vlsens.{m}": i for i, names in enumerate(LAYERS.values()) for m in names.split()}

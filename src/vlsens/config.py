@@ -244,15 +244,6 @@ def canonical(value):
     return value
 
 
-def cluster_value(table: dict, rule: str, job: str | None = None) -> int:
-    """A ``cluster.mem_mb`` / ``cluster.runtime`` value: the rule's entry (or ``default``); an
-    entry may map graphs (or a deploy precision, ``job``) to values, with its own ``default``."""
-    v = table.get(rule, table["default"])
-    if isinstance(v, dict):
-        return int(v.get(job, v["default"]) if job is not None else v["default"])
-    return int(v)
-
-
 def tolerance_for(config: dict, variant: str) -> dict:
     """The parity tolerance of a variant (``*-sim`` uses its base precision's)."""
     prec = "fp16" if variant.startswith("fp16") else "fp32"
