@@ -14,7 +14,8 @@ rule deploy:
         paths.DEPLOY_BENCHMARK
     params:
         max_new_tokens=config["deploy"]["max_new_tokens"],
-        tolerance=lambda wc: tolerance(wc.precision) if wc.precision in ("fp32", "fp16") else None,
+        tolerance=lambda wc: (tolerance(wc.precision) if wc.precision in ("fp32", "fp16")
+                              else canonical(config["deploy"]["int8_tolerance"])),
         target=lambda wc: canonical(config["text"]["profile"]) if wc.precision == "int8-mixed" else None,
         provenance=provenance("deploy", "deploy.py"),
     threads: config["threads"]

@@ -16,7 +16,7 @@ did not write:
 
 * ``parity.json``: ``vision.onnx`` (the graph behind the index preamble) against transformers'
   ``get_image_features`` on the evaluation images, at the sizes the runtime's own preprocessing
-  picks; the fp32 and fp16 folders are gated with that precision's tolerance;
+  picks, gated (``parity.tolerance`` of fp32 / fp16, ``deploy.int8_tolerance`` for int8-mixed);
 * ``eval.json``: ORT-GenAI generates ``max_new_tokens`` greedy tokens for a text-only prompt, one
   image, and two images of different sizes. The fp32 folder must generate exactly what
   transformers' ``generate`` does (else the job fails and nothing is published). The fp16 and
@@ -250,6 +250,10 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
             raise VlsensError(f"{folder}: onnxruntime-genai's greedy tokens differ from transformers' for "
                               f"{bad}: {json.dumps(rows)[:2000]}")
         return record
+    from vlsens.artifacts import verify
+
+    for g in genai.GRAPHS.values():  # the fp32 folder is another job's output: check it first
+        verify(Path(fp32_folder) / g)
     base = GenAIFolder(fp32_folder)
     ref_rows = {r["case"]: r for r in fp32_eval["cases"]}
     kls, agree = [], []
