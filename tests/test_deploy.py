@@ -270,3 +270,12 @@ def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, gr
         deploy.build_folder("fp16", out, dec.ckpt, dec.model("fp16"), dec.folder("fp16") / "embedding.onnx",
                             vis.model("fp16"), parity_refs, 4, TOL_FP16, fp32_folder=base)
     assert not out.exists()
+
+
+def test_evaluation_cases_have_two_sizes_from_one_image(parity_refs, tmp_path):
+    from vlsens.deploy import eval_cases
+
+    for refs in (parity_refs[:1], [parity_refs[0], parity_refs[0]]):
+        cases = eval_cases(refs, tmp_path)
+        sizes = [f["size"] for f in cases[2]["images"]]
+        assert len(sizes) == 2 and sizes[0] != sizes[1] and sizes[1][1] == sizes[0][1] * 2 // 3

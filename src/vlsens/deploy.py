@@ -134,21 +134,27 @@ def assemble(out_dir: str | Path, checkpoint: str | Path, decoder: str | Path, e
 
 
 def eval_cases(images, workdir: str | Path) -> list[dict]:
-    """Text only, one image, two images (the first two evaluation images, as PNG files both
-    runtimes read)."""
+    """Text only, one image, two images of different sizes (the first two parity images, as PNG
+    files both runtimes read; with one parity image, or two of one size, the second is shown at
+    two thirds of its width)."""
     from vlsens.images import open_rgb
     from vlsens.prompts import BUILTIN_PROMPTS
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if not images:
+        raise VlsensError("deploy evaluation needs at least one parity image (parity.images)")
+    pics = [(open_rgb(ref), ref.name) for ref in images[:2]]
+    if len(pics) == 1:
+        pics.append(pics[0])
+    if pics[0][0].size == pics[1][0].size:  # the two-image case needs two sizes
+        im, name = pics[1]
+        pics[1] = (im.resize((max(28, im.width * 2 // 3), im.height)), f"{name} (2/3 width)")
     files = []
-    for i, ref in enumerate(images[:2]):
-        im = open_rgb(ref)
+    for i, (im, name) in enumerate(pics):
         f = workdir / f"image{i}.png"
         im.save(f)
-        files.append({"path": str(f), "source": ref.name, "size": [im.height, im.width]})
-    if len(files) < 2:
-        raise VlsensError(f"deploy evaluation needs two images (parity.images gives {len(files)})")
+        files.append({"path": str(f), "source": name, "size": [im.height, im.width]})
     return [{"name": "text", "prompt": BUILTIN_PROMPTS[0], "images": []},
             {"name": "one-image", "prompt": BUILTIN_PROMPTS[1], "images": files[:1]},
             {"name": "two-images", "prompt": BUILTIN_PROMPTS[2 % len(BUILTIN_PROMPTS)], "images": files[:2]}]
