@@ -47,3 +47,27 @@ def test_valid_positions_only():
     m = Metrics(logits=True).add(act, ref, valid)
     assert m.result()["mse"] == 0.0 and m.result()["top1"] == 1.0 and m.parity()["positions"] == 2
     assert Metrics(logits=True).add(act, ref).result()["top1"] == 0.5
+
+
+def test_progress_lines_say_done_total_rate_and_eta():
+    """Long loops log `what: done/total unit (pct), s/unit, ETA`, at most every `every` seconds
+    and always at the end (tail -f on a job's log tells how long is left)."""
+    from vlsens.job import Progress
+
+    t = [0.0]
+    lines = []
+
+    class Log:
+        def info(self, fmt, msg):
+            lines.append(msg)
+
+    p = Progress("sensitivity", 163, "ops", every=15, log=Log(), clock=lambda: t[0])
+    for _ in range(10):  # 10 ops at 2.5 s: one line when 15 s have passed
+        t[0] += 2.5
+        p.step()
+    assert lines == ["sensitivity: 6/163 ops (4 %), 2.50 s/op, ETA 6 min 32 s"]
+    for _ in range(153):
+        t[0] += 2.5
+        p.step()
+    assert lines[-1] == "sensitivity: 163/163 ops (100 %), 2.50 s/op, ETA 0 s"
+    assert len(lines) == 28  # one line per 15 s (27) and the last op's

@@ -89,10 +89,14 @@ def float_pass(model: str | Path, inputs, threads: int = 0, keep: bool = False) 
 
 def engine_sensitivity(engine: SwitchEngine, ops: Sequence[Op], reference) -> tuple[list[dict], float]:
     """Rows (without rank) for ``ops``, and the mean seconds per op."""
+    from vlsens.job import Progress
+
     engine.evaluate((), reference)  # warm-up: first-run allocations are not the op's cost
     rows, t0 = [], time.perf_counter()
+    progress = Progress("sensitivity", len(ops), "ops")
     for op in ops:
         rows.append({**op.as_row(), **engine.evaluate([op.name], reference)})
+        progress.step()
     per_op = (time.perf_counter() - t0) / max(len(ops), 1)
     return rows, per_op
 

@@ -256,6 +256,9 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
     processor = load_processor(checkpoint)
     lm = model.model.language_model
     splits, entries = {}, []
+    from vlsens.job import Progress
+
+    progress = Progress("calibration", n_calib + n_eval, "samples")
     for name, idx in split.items():
         feeds, names = [], []
         for j, i in enumerate(idx):
@@ -272,6 +275,7 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
                 pos = text_position_ids_np(mask)
             feeds.append({"inputs_embeds": embeds, "attention_mask": mask, "position_ids": pos})
             names.append(s.name)
+            progress.step()
             entries.append({
                 "name": s.name, "prompt": s.prompt, "split": name, "index": j, "tokens": int(mask.sum()),
                 "image": None if s.image is None else {"source": str(s.image.path), "sha256": s.image.sha256(),
