@@ -107,6 +107,7 @@ def assemble(out_dir: str | Path, checkpoint: str | Path, decoder: str | Path, e
     from transformers import AutoConfig
 
     from vlsens.artifacts import verify
+    from vlsens.fsutil import write_json
     from vlsens.onnxutil import copy_model
 
     out_dir, checkpoint = Path(out_dir), Path(checkpoint)
@@ -121,8 +122,8 @@ def assemble(out_dir: str | Path, checkpoint: str | Path, decoder: str | Path, e
         "embedding": copy_model(verify(embedding), out_dir / genai.GRAPHS["embedding"]),
         "vision": genai.wrap_vision(verify(vision), out_dir / genai.GRAPHS["vision"], vc, workdir),
     }
-    genai.write_json(out_dir / "genai_config.json", genai.genai_config(cfg, gen))
-    genai.write_json(out_dir / "processor_config.json", genai.processor_config(pre))
+    write_json(out_dir / "genai_config.json", genai.genai_config(cfg, gen))
+    write_json(out_dir / "processor_config.json", genai.processor_config(pre))
     for name in genai.TOKENIZER_FILES:
         if (checkpoint / name).is_file():
             shutil.copyfile(checkpoint / name, out_dir / name)
@@ -235,13 +236,14 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
 
 
 def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: list[dict], max_new_tokens: int,
-             fp32_folder: str | Path | None, fp32_eval: dict | None, target: dict | None) -> dict:
+             fp32_folder: str | Path | None, fp32_eval: dict | None, target: dict | None,
+             runtime: GenAIFolder | None = None) -> dict:
     """``eval.json`` of a folder (see the module docs); raises VlsensError when the fp32 folder's
-    tokens differ from transformers'."""
+    tokens differ from transformers'. ``runtime``: the folder already loaded."""
     from vlsens.checkpoint import load_processor
 
     processor = load_processor(checkpoint)
-    folder_rt = GenAIFolder(folder)
+    folder_rt = runtime or GenAIFolder(folder)
     rows = []
     if precision == "fp32":
         expected = transformers_generate(checkpoint, cases, max_new_tokens)
@@ -291,9 +293,11 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     return record
 
 
-def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict], tolerance: dict | None) -> dict:
+def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict], tolerance: dict | None,
+                  runtime: GenAIFolder | None = None) -> dict:
     """``vision.onnx`` against transformers' ``get_image_features`` on every evaluation image at the
-    size the runtime's own preprocessing gives it (ORT-GenAI's processor output fed to both)."""
+    size the runtime's own preprocessing gives it (ORT-GenAI's processor output fed to both).
+    ``runtime``: the folder already loaded."""
     import onnxruntime as ort
     import torch
 
@@ -301,7 +305,7 @@ def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict],
     from vlsens.metrics import compare
 
     model = load_model(checkpoint, attn_implementation="eager", part="vision")
-    rt = GenAIFolder(folder)
+    rt = runtime or GenAIFolder(folder)
     sess = ort.InferenceSession(str(Path(folder) / genai.GRAPHS["vision"]), providers=["CPUExecutionProvider"])
     seen, rows = set(), []
     for case in cases:
@@ -344,11 +348,13 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
     with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="vlsens-deploy-") as work:
         files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble")
         cases = eval_cases(images, Path(work) / "images")
-        parity = vision_parity(tmp, checkpoint, cases, tolerance)
+        runtime = GenAIFolder(tmp)  # loaded once for both checks
+        parity = vision_parity(tmp, checkpoint, cases, tolerance, runtime)
         parity["files"] = file_entries(files.values())
         parity["sources"] = {"decoder": str(decoder), "embedding": str(embedding), "vision": str(vision)}
         write_json(tmp / paths.RECORD, parity)
-        record = evaluate(tmp, precision, checkpoint, cases, max_new_tokens, fp32_folder, fp32_eval, target)
+        record = evaluate(tmp, precision, checkpoint, cases, max_new_tokens, fp32_folder, fp32_eval, target, runtime)
+        del runtime
         for c in record["cases"]:  # the images lived in a temporary folder: keep their names
             c["images"] = [{"source": f["source"], "size": f["size"]} for f in c["images"]]
         write_json(tmp / DONE, record)

@@ -263,11 +263,12 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
     # converter's topological sort takes "" for a tensor and finds no first node. Name them for
     # the conversion, then unname them again.
     out_types = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
-    unused = {}
+    unused = set()
     for i, node in enumerate(model.graph.node):
         for j, o in enumerate(node.output):
             if not o:
-                node.output[j] = unused.setdefault(f"__vlsens_unused_{i}_{j}", f"__vlsens_unused_{i}_{j}")
+                node.output[j] = f"__vlsens_unused_{i}_{j}"
+                unused.add(node.output[j])
     converted = float16.convert_float_to_float16(
         model,
         keep_io_types=True,

@@ -26,7 +26,6 @@ small graph over the checkpoint's embedding table). This module writes the rest:
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -109,8 +108,7 @@ def wrap_vision(src: str | Path, dst: str | Path, vision_config, workdir: str | 
     import onnx
     from onnx import helper
 
-    from vlsens.fsutil import copy_file
-    from vlsens.onnxutil import _external_tensors, data_path
+    from vlsens.onnxutil import copy_model
     from vlsens.towers.vision_dynamic import INPUTS, OUTPUT
 
     src, dst = Path(src), Path(dst)
@@ -146,19 +144,8 @@ def wrap_vision(src: str | Path, dst: str | Path, vision_config, workdir: str | 
     model.graph.node.extend(nodes + old_nodes)
     model.graph.initializer.extend(pre.graph.initializer)
     model.graph.node.append(helper.make_node("Identity", [OUTPUT], ["image_features"], name="/image_features/Identity"))
-    out = model.graph.output[0]
-    out.name = "image_features"
-    old, new = data_path(src).name, data_path(dst).name
-    for t in _external_tensors(model):
-        for entry in t.external_data:
-            if entry.key == "location":
-                if entry.value != old:
-                    raise VlsensError(f"{src}: tensor {t.name} lives in '{entry.value}', not in '{old}'")
-                entry.value = new
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    copy_file(data_path(src), data_path(dst))
-    onnx.save_model(model, str(dst))
-    return dst
+    model.graph.output[0].name = "image_features"
+    return copy_model(src, dst, model)
 
 
 def _opset(model) -> int:
@@ -251,7 +238,3 @@ def processor_config(preprocessor: dict) -> dict:
            qwen2_5_vl=1),  # the decoded image is BGR inside the runtime: this swaps it back
         op("patch_image", "PatchImage", patch_size=patch, temporal_patch_size=temporal, merge_size=merge),
     ]}}
-
-
-def write_json(path: str | Path, data: dict) -> None:
-    Path(path).write_text(json.dumps(data, indent=4) + "\n")

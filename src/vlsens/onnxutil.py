@@ -170,15 +170,17 @@ def set_external_data_(tensor, location: str, offset: int, length: int) -> None:
         e.key, e.value = k, v
 
 
-def copy_model(src: str | Path, dst: str | Path) -> Path:
+def copy_model(src: str | Path, dst: str | Path, model=None) -> Path:
     """Copy a model saved in vlsens' layout to ``dst`` + ``dst.data`` without loading its weights
-    (the data file is copied as bytes; only the small graph file is rewritten)."""
+    (the data file is copied as bytes; only the small graph file is rewritten). ``model``: the
+    graph of ``src`` (loaded without weights), already edited by the caller, written instead."""
     import onnx
 
     from vlsens.fsutil import copy_file
 
     src, dst = Path(src), Path(dst)
-    model = onnx.load(str(src), load_external_data=False)
+    if model is None:
+        model = onnx.load(str(src), load_external_data=False)
     old, new = data_path(src).name, data_path(dst).name
     for t in _external_tensors(model):
         for entry in t.external_data:

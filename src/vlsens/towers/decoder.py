@@ -264,15 +264,19 @@ class Decoder(Tower):
     def export_settings(self) -> dict:
         return {"opset": self.config["export"]["opset"]}
 
-    def calibration_settings(self) -> dict:
+    @property
+    def text(self):
+        """The text tower of the same config: its calibration sequences are this graph's (in
+        prefill form)."""
         from vlsens.towers.text import Text
 
-        return Text("text", self.config).calibration_settings()
+        return Text("text", self.config)
+
+    def calibration_settings(self) -> dict:
+        return self.text.calibration_settings()
 
     def calibration_inputs(self, model, manifests) -> dict:
-        from vlsens.towers.text import Text
-
-        return Text("text", self.config).calibration_inputs(model, manifests)
+        return self.text.calibration_inputs(model, manifests)
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         h, w = parse_size(settings["image_size"], key="text.parity.image_size")
@@ -297,9 +301,7 @@ class Decoder(Tower):
     def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
         from transformers import AutoConfig
 
-        from vlsens.towers.text import Text
-
-        base = Text("text", self.config).calibration(checkpoint, inputs, settings)
+        base = self.text.calibration(checkpoint, inputs, settings)
         tc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).text_config
         past = empty_cache(tc)
         splits = {}

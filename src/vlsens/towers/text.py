@@ -245,6 +245,7 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
 
     from vlsens.checkpoint import load_model, load_processor
     from vlsens.images import header, open_rgb
+    from vlsens.job import Progress
 
     if len(samples) < n_calib + n_eval:
         raise ImageError(f"text calibration: {n_calib} + {n_eval} samples requested but only {len(samples)} given; "
@@ -256,8 +257,6 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
     processor = load_processor(checkpoint)
     lm = model.model.language_model
     splits, entries = {}, []
-    from vlsens.job import Progress
-
     progress = Progress("calibration", n_calib + n_eval, "samples")
     for name, idx in split.items():
         feeds, names = [], []
