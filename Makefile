@@ -14,7 +14,7 @@ INC_VENV  ?= .venv-inc
 INC_STAMP := $(INC_VENV)/.vlsens-inc-installed
 CONFIG    ?= config/config.yaml
 
-.PHONY: run test install install-test inc-env lint bench scale clean
+.PHONY: run test install install-test inc-env lint bench scale report clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ run: install
 
 test: install-test inc-env
 	$(BIN)/python -m pytest $(ARGS)
+
+# The report of a finished run (its figures and tables are made by `make run`): one HTML file,
+# self-contained (figures, tables, rule graph, scripts inline), to open in any browser.
+REPORT ?= results/report.html
+report: install
+	$(BIN)/snakemake --configfile $(CONFIG) --report $(REPORT) $(ARGS)
 
 lint: install
 	$(BIN)/snakemake --lint

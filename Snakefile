@@ -14,6 +14,11 @@ min_version("9.0")
 configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
+# `snakemake --report` (make report): this description, the rule graph, and every output marked
+# with report() (rules/report.smk).
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/checkpoint.smk"
 include: "rules/towers.smk"
@@ -21,6 +26,7 @@ include: "rules/variants.smk"
 include: "rules/sensitivity.smk"
 include: "rules/profile.smk"
 include: "rules/deploy.smk"
+include: "rules/report.smk"
 
 
 localrules:

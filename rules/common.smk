@@ -68,6 +68,7 @@ wildcard_constraints:
     base="fp32|fp16",
     variant="fp32|fp16|fp32-sim|fp16-sim",
     precision="|".join(_deploy.PRECISIONS),
+    engine="ort|inc",
 
 
 DEPLOY = _deploy.DEPLOY
@@ -76,7 +77,8 @@ DEPLOY_SOURCES = {p: _deploy.sources(p) for p in _deploy.PRECISIONS}
 
 def get_final_output():
     deploy = config["deploy"]["precisions"] if config["deploy"]["enabled"] else []
-    return all_targets(PLAN, TOWERS.values()) + [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy]
+    return all_targets(PLAN, TOWERS.values(), report=config["report"]["enabled"]) + [
+        paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy]
 
 
 def tower(wildcards):
@@ -133,6 +135,53 @@ def deploy_inputs(wildcards):
     if wildcards.precision != "fp32":
         src["fp32_folder"] = paths.fill(DEPLOY, model=wildcards.model, precision="fp32")
     return src
+
+
+# --- report (rules/report.smk) ------------------------------------------------------------
+
+
+def preset_input(wildcards):
+    """The tiny preset's checkpoint (its vlsens_preset.json says where outliers were planted)."""
+    return {"checkpoint": PLAN.checkpoint} if PLAN.preset else {}
+
+
+def preset_json(wildcards, input):
+    return f"{input.checkpoint}/vlsens_preset.json" if PLAN.preset else None
+
+
+def report_profiles(wildcards):
+    """``"<graph>/<variant>"`` -> the profile's eval.json, every analysed graph and variant."""
+    return {f"{g}/{v}": paths.fill(f"{paths.PROFILE}/{paths.PROFILE_FILES['eval']}", model=wildcards.model, graph=g,
+                                   variant=v)
+            for g, t in TOWERS.items() for v in t.analysed_variants()}
+
+
+def report_base_records(wildcards):
+    """graph -> {fp32, fp16: parity.json} of the profiled graphs (their sizes)."""
+    return {g: {v: paths.fill(record(v), model=wildcards.model, graph=g) for v in ("fp32", "fp16") if v in t.variants()}
+            for g, t in TOWERS.items() if t.analysed_variants()}
+
+
+def report_deploy(wildcards):
+    precisions = config["deploy"]["precisions"] if config["deploy"]["enabled"] else []
+    return {p: paths.fill(DEPLOY, model=wildcards.model, precision=p) for p in precisions}
+
+
+def report_latency_inputs(wildcards):
+    records = report_base_records(wildcards)
+    return [*report_profiles(wildcards).values(), *report_deploy(wildcards).values(),
+            *(p for vs in records.values() for p in vs.values())]
+
+
+def report_records(wildcards):
+    """Every parity record of the run: each variant folder's and each deploy folder's."""
+    out = [paths.fill(record(v), model=wildcards.model, graph=g) for g, t in TOWERS.items() for v in t.variants()]
+    return out + [f"{d}/{paths.RECORD}" for d in report_deploy(wildcards).values()]
+
+
+def report_figure(name, caption, category, figure_labels=None):
+    return report(f"{paths.REPORT_FIGURES}/{name}", caption=f"../report/{caption}", category=category,
+                  subcategory="{graph}", labels={"graph": "{graph}", "base": "{variant}", **(figure_labels or {})})
 
 
 # --- params ----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import TOL_FP16
 from vlsens import variants
 from vlsens.cases import Cases
-from vlsens.fp16 import choose_fp32_nodes, own_float_casts, to_fp16
+from vlsens.fp16 import choose_fp32_nodes, own_float_casts, range_fallbacks, to_fp16
 from vlsens.metrics import compare
 from vlsens.onnxutil import save_with_external_data, untie_identity_initializers
 
@@ -82,6 +82,10 @@ def test_choose_fp32_nodes_reasons():
     keep = choose_fp32_nodes(helper.make_model(g), {"x": 1.0, "y": 3.0, "z": 900.0, "out": 900.0}, max_activation=512)
     assert "initializer 'W'" in keep["mm_big"]
     assert "activation 'z'" in keep["mm_small"] and "relu" in keep
+    facts = range_fallbacks(helper.make_model(g), {"x": 1.0, "y": 3.0, "z": 900.0, "out": 900.0}, max_activation=512)
+    assert facts["mm_big"] | {"reason": ""} == {"reason": "", "kind": "initializer", "tensor": "W", "observed": 1e5,
+                                                "bound": 65504.0}
+    assert facts["mm_small"]["kind"] == "activation" and facts["mm_small"]["observed"] == 900.0
 
 
 def test_own_float32_islands_stay_fp32(fp32_224, reference_224, tmp_path):

@@ -193,6 +193,11 @@ def test_inc_ranks_the_planted_op_first(inc_run):
     assert rows[0]["mse"] < 0.2 * rows[1]["mse"]  # restoring it removes most of the error; nothing else does
     assert [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
     assert all(a["mse"] <= b["mse"] for a, b in zip(rows, rows[1:]))  # lowest error with op in float first
+    # progress lines in the job's log while INC scores the ops, ending with all of them
+    import re
+
+    done = re.findall(r"sensitivity \(inc\): (\d+)/(\d+) ops \(100 %\)", (inc_run / "log").read_text())
+    assert done and done[-1][0] == done[-1][1] == str(len(rows)), done
 
 
 def test_inc_ops_map_back_to_the_exported_graph(inc_run, planted):

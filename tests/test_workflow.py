@@ -50,8 +50,10 @@ def planned(workdir, overrides=None) -> tuple[set[str], str]:
 
 
 GRAPHS = {"vision/224x224", "vision/224x336", "vision/dynamic", "text", "decoder"}
+REPORT_RULES = {"report_heatmap", "report_ranked", "report_pareto", "report_engines", "report_fp16", "report_latency",
+                "report_tables"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
-              "sensitivity_compare", "deploy"}  # deploy: its folders are checked with onnxruntime(-genai)
+              "sensitivity_compare", "deploy"} | REPORT_RULES  # deploy: checked with onnxruntime(-genai)
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +209,7 @@ def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
     vlsens.compare re-runs only the comparison; one to a tower module only that tower's graphs;
     one to the variants module every graph's FP16/onnxsim and what follows, nothing upstream."""
     rules, _ = planned(finished_run, "vlsens.compare=edited")
-    assert rules == {"sensitivity_compare"}, rules
+    assert rules == {"sensitivity_compare", "report_engines"}, rules  # and the figure drawn from it
     # the decoder tower reuses the text tower's prompt and merge helpers; the deploy folders (no
     # graph wildcard) are made of the decoder and the dynamic vision graph
     for module, graphs in (("vlsens.towers.text", {"text", "decoder"}),
@@ -215,12 +217,82 @@ def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
                            ("vlsens.towers.decoder", {"decoder"})):
         jobs, _ = dry_run(finished_run, f"{module}=edited")
         assert {g for _, g in jobs} - {""} == graphs, jobs
-        assert {r for r, g in jobs if not g} == {"deploy"}, jobs
+        assert {r for r, g in jobs if not g} == {"deploy", "report_latency", "report_tables"}, jobs
         stages = {"reference", "export", "fp16", "sensitivity_prepare", "profile"}
         assert stages | ({"simplify"} if graphs != {"decoder"} else set()) <= {r for r, _ in jobs}  # no onnxsim: decoder
     jobs, _ = dry_run(finished_run, "vlsens.variants=edited")
     rules = {r for r, _ in jobs}
     assert {"fp16", "simplify"} <= rules and not rules & {"reference", "export", "calibration", "tiny_checkpoint"}
+
+
+@pytest.mark.slow
+def test_matplotlib_upgrade_redraws_only_the_figures(finished_run):
+    """The report's rules record matplotlib and their code (one script); no other rule reads them."""
+    rules, out = planned(finished_run, "matplotlib=99.0")
+    assert rules == REPORT_RULES, rules
+    rules, _ = planned(finished_run, "vlsens.report.figures=edited")
+    assert rules == REPORT_RULES, rules
+
+
+REPORT_CATEGORIES = {"1. Parity and profiles", "2. Sensitivity heatmaps", "3. Most sensitive ops",
+                     "4. Profiles: INT8 coverage vs accuracy", "5. Engine agreement", "6. FP16 fallback",
+                     "7. Latency and size"}
+
+
+@pytest.mark.slow
+def test_report_in_a_real_browser(finished_run):
+    """`snakemake --report` on the finished run, opened in Debian's chromium: every figure family
+    is there (both engines ran), every image decodes to a real size, one result per category opens
+    through the report's own menu, and the console has no errors."""
+    from report_browser import ensure_chromium, inspect_report
+
+    ensure_chromium()
+    html = finished_run / "report.html"
+    r = smk(finished_run, "--report", str(html), timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and html.is_file(), out[-3000:]
+    assert "(ERROR/" not in out and "(WARNING/" not in out, out[-3000:]  # the RST captions render cleanly
+    seen = inspect_report(html)
+    assert set(seen["categories"]) == REPORT_CATEGORIES
+    assert all(c in seen["menu"] for c in REPORT_CATEGORIES)
+    for cat in ("2. Sensitivity heatmaps", "3. Most sensitive ops", "4. Profiles: INT8 coverage vs accuracy"):
+        assert set(seen["categories"][cat]) == GRAPHS, seen["categories"][cat]
+    assert set(seen["categories"]["6. FP16 fallback"]) == GRAPHS
+    pngs = sorted((finished_run / "results" / "tiny" / "report").rglob("*.png"))
+    assert len(seen["decoded"]) == len(pngs) > 30
+    assert all(w > 100 and h > 100 for w, h in seen["decoded"].values()), seen["decoded"]
+    for cat in REPORT_CATEGORIES:
+        shown = seen["shown"][cat]
+        assert shown, f"{cat}: nothing displayed"
+        assert (shown["kind"] == "image" and min(shown["size"]) > 100) or shown.get("rows", 0) > 2, (cat, shown)
+    assert seen["errors"] == [], seen["errors"]
+
+
+@pytest.mark.slow
+def test_report_figures_show_the_planted_op_and_the_met_target(finished_run):
+    """On the run's own records: the planted op is the brightest heatmap cell and the top bar of
+    every graph's ranking (vision and text), and the built model sits on the good side of the
+    target line of every Pareto plot."""
+    import numpy as np
+
+    from vlsens.report import build
+
+    res = finished_run / "results" / "tiny"
+    preset = res / "checkpoint" / "vlsens_preset.json"
+    for graph in sorted(GRAPHS):
+        sens, prof = res / "sensitivity" / graph / "fp32", res / "profile" / graph / "fp32"
+        grid = build.heatmap(sens / "ort.csv", prof / "profile.yaml", preset, graph, "fp32", finished_run / "h.png")
+        v = grid["values"]
+        r, c = np.unravel_index(np.nanargmax(v), v.shape)
+        planted = build.planted_ops(build.read_csv(sens / "ort.csv"), preset, graph)
+        assert len(planted) == 1 and grid["planted_cells"] == 1, graph
+        site = build.planted_sites(__import__("json").loads(preset.read_text()))[build.tower_kind(graph)]
+        assert (grid["rows"][r], grid["columns"][c]) == (site[0], build.figures.role_column(site[1])), graph
+        top = build.ranked(sens / "ort.csv", prof / "profile.yaml", preset, graph, "fp32", "ort", 5, finished_run / "r.png")
+        assert top[0] in planted, (graph, top)
+        for variant in ("fp32", "fp16") if (res / "profile" / graph / "fp16").is_dir() else ("fp32",):
+            p = build.pareto(res / "profile" / graph / variant / "eval.json", graph, variant, finished_run / "p.png")
+            assert p["built"]["y"] <= p["target"], (graph, variant, p["built"])  # cosine / KL: lower = better
 
 
 def test_lint_is_clean():

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -245,15 +246,29 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     processor = load_processor(checkpoint)
     folder_rt = runtime or GenAIFolder(folder)
     rows = []
+    timing = {"seconds": 0.0, "tokens": 0}
+
+    def generate(text: str, case: dict) -> list[int]:
+        t0 = time.perf_counter()
+        got = folder_rt.generate(text, case, max_new_tokens)
+        timing["seconds"] += time.perf_counter() - t0
+        timing["tokens"] += len(got)
+        return got
+
+    def speed() -> dict:
+        return {"tokens_per_second": timing["tokens"] / timing["seconds"] if timing["seconds"] else None,
+                "speed_note": "tokens generated / seconds of onnxruntime-genai generate over the evaluation "
+                              "cases (image encoding, prefill and greedy decode; the first call included)"}
+
     if precision == "fp32":
         expected = transformers_generate(checkpoint, cases, max_new_tokens)
         for case, ref in zip(cases, expected):
-            got = folder_rt.generate(chat_text(processor, case), case, max_new_tokens)
+            got = generate(chat_text(processor, case), case)
             rows.append({"case": case["name"], "images": case["images"], "tokens": got, "transformers": ref,
                          "identical": got == ref})
         bad = [r["case"] for r in rows if not r["identical"]]
         record = {"precision": precision, "max_new_tokens": max_new_tokens, "reference": "transformers generate "
-                  "(greedy, float32, eager)", "cases": rows, "identical": not bad}
+                  "(greedy, float32, eager)", "cases": rows, "identical": not bad, **speed()}
         if bad:
             raise VlsensError(f"{folder}: onnxruntime-genai's greedy tokens differ from transformers' for "
                               f"{bad}: {json.dumps(rows)[:2000]}")
@@ -268,7 +283,7 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     for case in cases:
         text = chat_text(processor, case)
         ref_tokens = ref_rows[case["name"]]["tokens"]
-        got = folder_rt.generate(text, case, max_new_tokens)
+        got = generate(text, case)
         p = base.forced_logits(text, case, ref_tokens)
         q = folder_rt.forced_logits(text, case, ref_tokens)
         kl = _kl(p, q)
@@ -282,7 +297,7 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     agreement = float(np.concatenate(agree).mean())
     record = {"precision": precision, "max_new_tokens": max_new_tokens,
               "reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens",
-              "cases": rows, "mean_kl": mean_kl, "top1_agreement": agreement}
+              "cases": rows, "mean_kl": mean_kl, "top1_agreement": agreement, **speed()}
     if target is not None:
         metric, value = target["metric"], float(target["target"])
         measured = {"kl": mean_kl, "top1": agreement}.get(metric)

@@ -105,22 +105,31 @@ def activation_absmax(model_path: str | Path, inputs: list[dict], scratch: Path,
 
 def choose_fp32_nodes(model, absmax: dict[str, float], max_activation: float,
                       max_initializer: float = FP16_MAX, weights_dir: str | Path | None = None) -> dict[str, str]:
-    """Nodes to keep in FP32, each with the reason. Initializers are read one at a time, from
-    their external data file under ``weights_dir`` when they are not loaded."""
+    """Nodes to keep in FP32, each with the reason (:func:`range_fallbacks`)."""
+    return {n: f["reason"] for n, f in range_fallbacks(model, absmax, max_activation, max_initializer,
+                                                      weights_dir).items()}
+
+
+def range_fallbacks(model, absmax: dict[str, float], max_activation: float,
+                    max_initializer: float = FP16_MAX, weights_dir: str | Path | None = None) -> dict[str, dict]:
+    """Nodes to keep in FP32 because a tensor they touch exceeds its bound: ``{node: {reason,
+    kind (activation | initializer), tensor, observed, bound}}``. Initializers are read one at a
+    time, from their external data file under ``weights_dir`` when they are not loaded."""
     init_max = {}
     for init in model.graph.initializer:
         if init.data_type == 1:  # FLOAT
             arr = tensor_array(init, weights_dir)
             init_max[init.name] = float(np.abs(arr).max()) if arr.size else 0.0
             del arr
-    keep: dict[str, str] = {}
+    keep: dict[str, dict] = {}
     for node in model.graph.node:
         for t in list(node.input) + list(node.output):
-            if t in absmax and absmax[t] > max_activation:
-                keep[node.name] = f"activation '{t}' reaches {absmax[t]:.4g} > {max_activation:g}"
-                break
-            if t in init_max and init_max[t] > max_initializer:
-                keep[node.name] = f"initializer '{t}' reaches {init_max[t]:.4g} > {max_initializer:g}"
+            for kind, seen, bound in (("activation", absmax, max_activation), ("initializer", init_max, max_initializer)):
+                if t in seen and seen[t] > bound:
+                    keep[node.name] = {"reason": f"{kind} '{t}' reaches {seen[t]:.4g} > {bound:g}", "kind": kind,
+                                       "tensor": t, "observed": float(seen[t]), "bound": float(bound)}
+                    break
+            if node.name in keep:
                 break
     return keep
 
@@ -408,7 +417,7 @@ def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, m
     untied = untie_identity_initializers(model)
     was_float = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
     islands = own_fp32_islands(model)
-    ranged = choose_fp32_nodes(model, absmax, max_activation, max_initializer, weights_dir=src_dir)
+    ranged = range_fallbacks(model, absmax, max_activation, max_initializer, weights_dir=src_dir)
     keep = {**islands, **ranged}
     converted, casts = to_fp16(model, list(keep))
     del model
@@ -422,7 +431,7 @@ def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, m
         "converter": "onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)",
         "max_activation": max_activation,
         "max_initializer": max_initializer,
-        "fp32_fallback": [{"node": n, "reason": r} for n, r in sorted(ranged.items())],
+        "fp32_fallback": [{"node": n, **f} for n, f in sorted(ranged.items())],
         "fp32_islands": {"nodes": len(set(islands) - set(ranged)),
                          "scopes": sorted({r.split(" in ", 1)[1] for r in islands.values()})},
         "retargeted_casts": retargeted,

@@ -17,6 +17,9 @@ substitutes some or all of them. A *graph* names one kind of ONNX graph built fr
     results/<model>/deploy/<precision>/                onnxruntime-genai folder: vision/embedding/decoder.onnx
                                                        (+ .data), genai_config.json, processor_config.json,
                                                        tokenizer, parity.json, eval.json
+    results/<model>/report/<graph>/<variant>/          heatmap.png, ranked-<engine>.png, pareto.png (+ engines.png)
+    results/<model>/report/<graph>/fp16-fallback.png   which nodes of the fp16 variant stay FP32, and why
+    results/<model>/report/                            latency.png, parity.html, profiles.html
     results/<model>/logs/<graph>/<rule>[-<variant>].log and benchmarks/<graph>/<rule>[-<variant>].tsv
 """
 
@@ -46,6 +49,11 @@ PROFILE = MODEL + "/profile/{graph}/{variant}"
 DEPLOY = MODEL + "/deploy/{precision}"
 DEPLOY_LOG = MODEL + "/logs/deploy/deploy-{precision}.log"
 DEPLOY_BENCHMARK = MODEL + "/benchmarks/deploy/deploy-{precision}.tsv"
+#: The report's files (rules/report.smk): per analysed graph and variant, per graph, per model.
+REPORT = MODEL + "/report"
+REPORT_FIGURES = REPORT + "/{graph}/{variant}"
+REPORT_FP16 = REPORT + "/{graph}/fp16-fallback.png"
+REPORT_FILES = {"latency": "latency.png", "parity": "parity.html", "profiles": "profiles.html"}
 LOGS = MODEL + "/logs/{graph}"
 BENCHMARKS = MODEL + "/benchmarks/{graph}"
 

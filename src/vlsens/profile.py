@@ -44,13 +44,17 @@ def meets(metrics: dict, metric: str, value: float) -> bool:
 
 
 def search(ranking: Sequence[str], evaluate: Callable[[list[str]], dict], metric: str, value: float,
-           max_evals: int = 200) -> tuple[list[str], list[dict]]:
-    """Largest INT8 set found by prefix bisection + greedy refinement. Returns (set, trace)."""
+           max_evals: int = 200, weights: dict[str, int] | None = None) -> tuple[list[str], list[dict]]:
+    """Largest INT8 set found by prefix bisection + greedy refinement. Returns (set, trace); with
+    ``weights`` (op -> weight parameters) each step also records its INT8 share of the weights."""
     trace: list[dict] = []
+    total = sum(weights.values()) if weights else 0
 
     def ok(ops: list[str], step: str) -> bool:
         m = evaluate(ops)
         trace.append({"step": step, "int8_ops": len(ops), **m, "meets": meets(m, metric, value)})
+        if weights is not None:
+            trace[-1]["int8_weight_share"] = sum(weights[o] for o in ops) / total if total else 0.0
         return trace[-1]["meets"]
 
     order = list(ranking)  # least sensitive first
@@ -115,7 +119,7 @@ def deployed_metrics(model: str | Path, float_session, samples, threads: int = 0
 
 
 def _search(eng_dir: Engine, evals, ranking: list[str], metric: str, value: float, max_evals: int,
-            threads: int) -> tuple[list[str], list, bool, float]:
+            threads: int, weights: dict[str, int]) -> tuple[list[str], list, bool, float]:
     """The search on the engine: (chosen ops, trace, graph has logits, seconds searching). Its
     session ends here, so the built model is measured with one session at a time."""
     engine = eng_dir.session(evals, threads)
@@ -123,7 +127,7 @@ def _search(eng_dir: Engine, evals, ranking: list[str], metric: str, value: floa
         raise VlsensError(f"profile.metric: '{metric}' needs a graph with logits (text); use cosine, sqnr_db or mse")
     reference = eng_dir.reference()
     t0 = time.perf_counter()
-    chosen, trace = search(ranking, lambda ops: engine.evaluate(ops, reference), metric, value, max_evals)
+    chosen, trace = search(ranking, lambda ops: engine.evaluate(ops, reference), metric, value, max_evals, weights)
     return chosen, trace, engine.logits, time.perf_counter() - t0
 
 
@@ -136,7 +140,8 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
     rows = {r["op"]: r for r in read_csv(ranking_csv)}
     ranking = [r["op"] for r in sorted(rows.values(), key=lambda r: -int(r["rank"]))]  # least sensitive first
     evals = eng_dir.samples(eval_npz)
-    chosen, trace, logits, search_s = _search(eng_dir, evals, ranking, metric, value, max_evals, threads)
+    weights = {n: int(r["weight_params"]) for n, r in rows.items()}
+    chosen, trace, logits, search_s = _search(eng_dir, evals, ranking, metric, value, max_evals, threads, weights)
 
     out_dir = Path(out_dir)
     float_session, _ = deployment_session(eng_dir.float_model, threads)

@@ -49,5 +49,29 @@ def graph_targets(plan: Plan, tower) -> list[str]:
     return out
 
 
-def all_targets(plan: Plan, towers) -> list[str]:
-    return [t for tower in towers for t in graph_targets(plan, tower)]
+def report_targets(plan: Plan, towers) -> list[str]:
+    """The report's figures and tables (rules/report.smk): per analysed variant a heatmap (engine
+    ort), a ranked chart per engine, the profile's Pareto plot and, where both engines ran, their
+    agreement; per graph with an fp16 variant its FP32 fallback; per model the parity table, the
+    profile table and (where a graph is profiled) latency and size."""
+    engines = [e for e in ENGINES if e in plan.engines]
+    out, profiled = [], False
+    for tower in towers:
+        g = {"model": plan.model, "graph": tower.graph}
+        for v in tower.analysed_variants():
+            fig = paths.fill(paths.REPORT_FIGURES, variant=v, **g)
+            ran = [e for e in engines if v in engine_variants(tower, e)]
+            out += [f"{fig}/heatmap.png"] if "ort" in ran else []
+            out += [f"{fig}/ranked-{e}.png" for e in ran] + [f"{fig}/pareto.png"]
+            out += [f"{fig}/engines.png"] if len(ran) == 2 else []
+            profiled = True
+        if "fp16" in tower.variants():
+            out.append(paths.fill(paths.REPORT_FP16, **g))
+    report = paths.fill(paths.REPORT, model=plan.model)
+    keys = ["parity", "profiles"] + (["latency"] if profiled else [])
+    return out + [f"{report}/{paths.REPORT_FILES[k]}" for k in keys]
+
+
+def all_targets(plan: Plan, towers, report: bool = False) -> list[str]:
+    towers = list(towers)
+    return [t for tower in towers for t in graph_targets(plan, tower)] + (report_targets(plan, towers) if report else [])

@@ -30,6 +30,8 @@ STAGE_LIBRARIES = {
     "npu_archive": ("numpy",),
     # assembles gated graphs and runs them with onnxruntime-genai next to transformers' generate
     "deploy": ("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers"),
+    # the report's figures are drawn by matplotlib from the records (no model is run)
+    "report": ("matplotlib",),
 }
 #: Libraries recorded in every parity record (not rerun triggers: a gate re-checks, it does not
 #: change the artifact).

@@ -24,6 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from vlsens.inc.names import Node
+from vlsens.job import Progress
 from vlsens.metrics import output_metrics
 
 
@@ -65,6 +66,7 @@ class MseOrderCapture:
     inference_end: list[float] = field(default_factory=list)
     t0: float = 0.0
     t1: float = 0.0
+    progress: Progress | None = None  # progress lines while INC scores the ops (the first stage)
 
     @property
     def complete(self) -> bool:
@@ -91,9 +93,11 @@ class MseOrderCapture:
                 cap.inc_nodes = [Node.of(n) for n in fp32_model.model.graph.node]
                 cap.inc_inits = {i.name: int(np.prod(i.dims)) for i in fp32_model.model.graph.initializer}
                 cap.t0 = time.perf_counter()
+                cap.progress = Progress("sensitivity (inc)", len(chosen), "ops")
                 cap.mse = orig(self, fp32_model, tune_cfg, replace_cfgs, chosen, dataloader, output_op_names,
                                confidence_batches)
                 cap.t1 = time.perf_counter()
+                cap.progress = None
                 cap.ops = [tuple(o) for o in chosen]
                 if cap.stop:
                     raise Stop
@@ -107,6 +111,8 @@ class MseOrderCapture:
                 ref = np.concatenate([np.asarray(a).ravel() for a in fp32_output])
                 out = np.concatenate([np.asarray(a).ravel() for a in q_output])
                 cap.outputs.append((float(value), output_metrics(out, ref)))
+                if cap.progress is not None:  # one comparison per op scored
+                    cap.progress.step()
                 return value
 
             return f

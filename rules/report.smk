@@ -1,0 +1,161 @@
+# The report: figures and tables drawn from the records of the run (vlsens.report), marked for
+# `snakemake --report` (make report). One rule per figure family; a figure is redrawn only when
+# the records it reads change (or matplotlib / its code does).
+
+
+REPORT_CODE = provenance("report", "report.py")
+
+
+rule report_heatmap:
+    input:
+        unpack(preset_input),
+        csv=f"{paths.SENSITIVITY}/ort.csv",
+        profile=f"{paths.PROFILE}/{paths.PROFILE_FILES['profile']}",
+    output:
+        report_figure("heatmap.png", "heatmap.rst", "2. Sensitivity heatmaps", {"engine": "ort"}),
+    log:
+        paths.log("report_heatmap", "{variant}"),
+    benchmark:
+        paths.benchmark("report_heatmap", "{variant}")
+    params:
+        preset=preset_json,
+        provenance=REPORT_CODE,
+    resources:
+        **cluster("report_heatmap", gpu=False),
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/report.py"
+
+
+rule report_ranked:
+    input:
+        unpack(preset_input),
+        csv=f"{paths.SENSITIVITY}/{{engine}}.csv",
+        profile=f"{paths.PROFILE}/{paths.PROFILE_FILES['profile']}",
+    output:
+        report_figure("ranked-{engine}.png", "ranked.rst", "3. Most sensitive ops", {"engine": "{engine}"}),
+    log:
+        paths.log("report_ranked", "{variant}", "{engine}"),
+    benchmark:
+        paths.benchmark("report_ranked", "{variant}", "{engine}")
+    params:
+        preset=preset_json,
+        top=config["report"]["top_ops"],
+        provenance=REPORT_CODE,
+    resources:
+        **cluster("report_ranked", gpu=False),
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/report.py"
+
+
+rule report_pareto:
+    input:
+        eval=f"{paths.PROFILE}/{paths.PROFILE_FILES['eval']}",
+    output:
+        report_figure("pareto.png", "pareto.rst", "4. Profiles: INT8 coverage vs accuracy"),
+    log:
+        paths.log("report_pareto", "{variant}"),
+    benchmark:
+        paths.benchmark("report_pareto", "{variant}")
+    params:
+        provenance=REPORT_CODE,
+    resources:
+        **cluster("report_pareto", gpu=False),
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/report.py"
+
+
+rule report_engines:
+    input:
+        ort=f"{paths.SENSITIVITY}/ort.csv",
+        inc=f"{paths.SENSITIVITY}/inc.csv",
+        compare=f"{paths.SENSITIVITY}/compare.json",
+    output:
+        report_figure("engines.png", "engines.rst", "5. Engine agreement"),
+    log:
+        paths.log("report_engines", "{variant}"),
+    benchmark:
+        paths.benchmark("report_engines", "{variant}")
+    params:
+        provenance=REPORT_CODE,
+    resources:
+        **cluster("report_engines", gpu=False),
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/report.py"
+
+
+rule report_fp16:
+    input:
+        record=paths.fill(record("fp16")),
+    output:
+        report(paths.REPORT_FP16, caption="../report/fp16.rst", category="6. FP16 fallback", subcategory="{graph}",
+               labels={"graph": "{graph}"}),
+    log:
+        paths.log("report_fp16"),
+    benchmark:
+        paths.benchmark("report_fp16")
+    params:
+        provenance=REPORT_CODE,
+    resources:
+        **cluster("report_fp16", gpu=False),
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/report.py"
+
+
+rule report_latency:
+    input:
+        report_latency_inputs,
+    output:
+        report(f"{paths.REPORT}/{paths.REPORT_FILES['latency']}", caption="../report/latency.rst",
+               category="7. Latency and size", subcategory="all graphs", labels={"figure": "latency and size"}),
+    log:
+        paths.model_log("report_latency"),
+    benchmark:
+        paths.model_benchmark("report_latency")
+    params:
+        profiles=report_profiles,
+        records=report_base_records,
+        deploy=report_deploy,
+        analysed=lambda wc: {g: t.analysed for g, t in TOWERS.items()},
+        provenance=REPORT_CODE,
+    resources:
+        **cluster("report_latency", gpu=False),
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/report.py"
+
+
+rule report_tables:
+    input:
+        profiles=lambda wc: list(report_profiles(wc).values()),
+        records=report_records,
+    output:
+        parity=report(f"{paths.REPORT}/{paths.REPORT_FILES['parity']}", caption="../report/parity.rst",
+                      category="1. Parity and profiles", subcategory="tables", labels={"table": "parity of every artifact"}),
+        profiles=report(f"{paths.REPORT}/{paths.REPORT_FILES['profiles']}", caption="../report/profiles.rst",
+                        category="1. Parity and profiles", subcategory="tables",
+                        labels={"table": "mixed-precision profiles"}),
+    log:
+        paths.model_log("report_tables"),
+    benchmark:
+        paths.model_benchmark("report_tables")
+    params:
+        profiles=report_profiles,
+        root=lambda wc: paths.fill(paths.MODEL, model=wc.model),
+        provenance=REPORT_CODE,
+    resources:
+        **cluster("report_tables", gpu=False),
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/report.py"

@@ -1,0 +1,339 @@
+"""The report's figures, one function per family, each writing one PNG (matplotlib, Agg: no
+display, no browser, no network) atomically.
+
+Metrics follow the records: a sensitivity row's error is its ``kl`` when the graph has logits
+(text, decoder) and its ``mse`` otherwise; ``ort`` scores an op alone in INT8 (high = sensitive),
+``inc`` scores it alone back in FP32 with everything else INT8 (low = sensitive).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from vlsens.fsutil import atomic_file
+
+#: Column order of the heatmap (roles as the ranking names them, grouped by :func:`role_column`).
+ROLE_ORDER = ["patch_embed", "qkv", "q_proj", "k_proj", "v_proj", "attn MatMul", "proj", "o_proj",
+              "gate_proj", "up_proj", "down_proj", "merger.0", "merger.2", "lm_head"]
+OUTSIDE = "outside blocks"
+KEPT_COLOUR, INT8_COLOUR, PLANTED_COLOUR = "#d95f02", "#1b9e77", "#e7298a"
+DPI = 110
+
+
+def role_column(role: str) -> str:
+    """The heatmap column of a ranking row's ``role``: the attention MatMuls (Q·Kᵀ and A·V, one
+    per window in the vision tower) are one column; module prefixes are dropped."""
+    r = str(role)
+    for prefix in ("self_attn", "attn"):
+        if r == prefix or r.startswith(prefix + ".MatMul"):
+            return "attn MatMul"
+        r = r.removeprefix(prefix + ".")
+    r = r.removeprefix("mlp.")
+    if r.startswith("merger."):
+        return "merger." + r.rsplit(".", 1)[-1]
+    if r.startswith("patch_embed"):
+        return "patch_embed"
+    return r
+
+
+def error_metric(rows: list[dict]) -> str:
+    """``kl`` for graphs with logits, else ``mse``."""
+    return "kl" if rows and "kl" in rows[0] else "mse"
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _save(fig, out: str | Path) -> Path:
+    with atomic_file(out, ".png") as tmp:
+        fig.savefig(tmp, format="png", metadata={"Software": None})
+    return Path(out)
+
+
+def _short(op: str) -> str:
+    """An op name without the tower prefix and the op type suffix (labels)."""
+    parts = [p for p in op.split("/") if p]
+    if parts and parts[0] in ("visual", "language_model", "model"):
+        parts = parts[1:]
+    if len(parts) > 1 and parts[-1] in ("MatMul", "Gemm", "Conv"):  # the op type alone says nothing
+        parts = parts[:-1]
+    return "/".join(parts)
+
+
+def heatmap(rows: list[dict], out: str | Path, title: str, kept: Iterable[str] = (),
+            planted: Iterable[str] = ()) -> dict:
+    """Blocks x roles, colour = log10 of the largest error of the ops in the cell. Cells with an op
+    the profile keeps in float are outlined; a planted op's cell carries a star. Returns the grid
+    (``rows``, ``columns``, ``values``: log10 errors, NaN where no op sits)."""
+    metric = error_metric(rows)
+    kept, planted = set(kept), set(planted)
+    cells: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        cells[(r["block"] if r["block"] != "" else OUTSIDE, role_column(r["role"]))].append(r)
+    blocks = sorted({b for b, _ in cells if b != OUTSIDE}) + ([OUTSIDE] if any(b == OUTSIDE for b, _ in cells) else [])
+    present = {c for _, c in cells}
+    columns = [c for c in ROLE_ORDER if c in present] + sorted(present - set(ROLE_ORDER))
+    values = np.full((len(blocks), len(columns)), np.nan)
+    for (b, c), ops in cells.items():
+        worst = max(float(o[metric]) for o in ops)
+        values[blocks.index(b), columns.index(c)] = math.log10(worst) if worst > 0 else np.nan
+    fig = _figure(1.6 + 0.75 * len(columns), 1.8 + 0.32 * len(blocks))
+    ax = fig.add_subplot()
+    from matplotlib import colormaps
+
+    im = ax.imshow(np.ma.masked_invalid(values), cmap=colormaps["magma"].with_extremes(bad="#eeeeee"), aspect="auto")
+    fig.colorbar(im, ax=ax, label=f"log10 {metric.upper()} (op alone INT8)", shrink=0.9)
+    ax.set_xticks(range(len(columns)), columns, rotation=40, ha="right")
+    ax.set_yticks(range(len(blocks)), [f"block {b}" if b != OUTSIDE else b for b in blocks])
+    from matplotlib.patches import Rectangle
+
+    marked_kept = marked_planted = 0
+    for (b, c), ops in cells.items():
+        y, x = blocks.index(b), columns.index(c)
+        if any(o["op"] in kept for o in ops):
+            ax.add_patch(Rectangle((x - 0.47, y - 0.47), 0.94, 0.94, fill=False, edgecolor="#00e5ff", linewidth=2.2))
+            marked_kept += 1
+        if any(o["op"] in planted for o in ops):
+            ax.scatter([x], [y], marker="*", s=260, c=PLANTED_COLOUR, edgecolors="white", linewidths=1.0, zorder=3)
+            marked_planted += 1
+    notes = []
+    if marked_kept:
+        notes.append("cyan outline: the profile keeps an op of the cell in float")
+    if marked_planted:
+        notes.append("pink star: planted outlier op")
+    ax.set_title(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=10)
+    _save(fig, out)
+    return {"rows": blocks, "columns": columns, "values": values, "kept_cells": marked_kept,
+            "planted_cells": marked_planted}
+
+
+def ranked(rows: list[dict], out: str | Path, title: str, engine: str = "ort", top: int = 20,
+           kept: Iterable[str] = (), planted: Iterable[str] = ()) -> list[str]:
+    """The ``top`` most sensitive ops (by the CSV's rank) as bars of their error, log scale.
+    Returns the ops shown, most sensitive first."""
+    metric = error_metric(rows) if engine == "ort" else "mse"
+    kept, planted = set(kept), set(planted)
+    shown = sorted(rows, key=lambda r: int(r["rank"]))[:top]
+    vals = [max(float(r[metric]), 1e-30) for r in shown]
+    fig = _figure(8.5, 1.4 + 0.3 * len(shown))
+    ax = fig.add_subplot()
+    y = np.arange(len(shown))
+    colours = [KEPT_COLOUR if r["op"] in kept else INT8_COLOUR for r in shown]
+    bars = ax.barh(y, vals, color=colours)
+    for bar, r in zip(bars, shown):
+        if r["op"] in planted:
+            bar.set_hatch("//")
+            bar.set_edgecolor(PLANTED_COLOUR)
+    ax.set_yticks(y, [_short(r["op"]) + ("  (planted)" if r["op"] in planted else "") for r in shown], fontsize=8)
+    ax.invert_yaxis()
+    if max(vals) / min(vals) > 20:
+        ax.set_xscale("log")
+    what = {"ort": f"{metric.upper()} with the op alone in INT8 (higher = more sensitive)",
+            "inc": "MSE with the op alone back in FP32, the rest INT8 (lower = more sensitive)"}[engine]
+    ax.set_xlabel(what)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=INT8_COLOUR, label="INT8 in the profile"), Patch(color=KEPT_COLOUR, label="kept in float")]
+    if kept:
+        ax.legend(handles=handles, loc="lower right", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    _save(fig, out)
+    return [r["op"] for r in shown]
+
+
+#: How a profile metric is drawn: (transform, axis label, log scale, lower is better after the transform)
+_AXIS = {
+    "cosine": (lambda v: 1.0 - v, "1 − cosine", True, True),
+    "mse": (lambda v: v, "MSE", True, True),
+    "kl": (lambda v: v, "mean KL per token", True, True),
+    "sqnr_db": (lambda v: v, "SQNR (dB)", False, False),
+    "top1": (lambda v: v, "top-1 agreement", False, False),
+}
+
+
+def pareto(record: dict, out: str | Path, title: str) -> dict:
+    """The profile search's evaluations: INT8 share of the ops (left) and of the weights (right)
+    against the metric (drawn so that better is up), the target line, the search's chosen point and
+    the built model's measured point. Returns the plotted points."""
+    metric, target = record["target"]["metric"], float(record["target"]["value"])
+    f, label, log, lower_better = _AXIS[metric]
+    n = int(record["quantizable_ops"])
+    trace = record["search"]["trace"]
+    pts = [{"ops": t["int8_ops"] / n if n else 0.0, "weights": t.get("int8_weight_share"),
+            "y": f(float(t[metric])), "meets": bool(t["meets"])} for t in trace]
+    floor = 1e-12 if log else None
+    if floor is not None:
+        for p in pts:
+            p["y"] = max(p["y"], floor)
+    meeting = [(t, p) for t, p in zip(trace, pts) if p["meets"]]
+    chosen = max(meeting, key=lambda tp: tp[0]["int8_ops"])[1] if meeting else {"ops": 0.0, "weights": 0.0, "y": None}
+    built = {"ops": float(record["int8_op_share"]), "weights": float(record["int8_weight_share"]),
+             "y": max(f(float(record["measured"][metric])), floor or -math.inf)}
+    panels = [("ops", "INT8 share of the quantizable ops")]
+    if all(p["weights"] is not None for p in pts):
+        panels.append(("weights", "INT8 share of the weights"))
+    fig = _figure(5.2 * len(panels), 4.4)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (key, xlabel) in zip(axes, panels):
+        xs = np.array([p[key] for p in pts])
+        ys = np.array([p["y"] for p in pts])
+        ok = np.array([p["meets"] for p in pts])
+        # the frontier: points no other point beats on both share and metric
+        order = np.argsort(-xs, kind="stable")
+        front, best = [], None
+        for i in order:
+            y = ys[i]
+            if best is None or (y < best if lower_better else y > best):
+                front.append(i)
+                best = y
+        front = sorted(front, key=lambda i: xs[i])
+        ax.plot(xs[front], ys[front], "-", color="#999999", lw=1.2, label="frontier of the evaluations", zorder=1)
+        ax.scatter(xs[ok], ys[ok], c=INT8_COLOUR, s=28, label="evaluated: meets the target", zorder=2)
+        ax.scatter(xs[~ok], ys[~ok], c="#d62728", marker="x", s=34, label="evaluated: misses it", zorder=2)
+        ax.axhline(f(target), color="#333333", ls="--", lw=1.2, label=f"target {metric} {record['target']['direction']} {target:g}")
+        if chosen["y"] is not None:
+            ax.scatter([chosen[key]], [chosen["y"]], s=160, facecolors="none", edgecolors="#1f77b4", linewidths=2,
+                       label="chosen by the search", zorder=3)
+        ax.scatter([built[key]], [built["y"]], marker="*", s=240, c="#ffbf00", edgecolors="black", linewidths=0.8,
+                   label="built model (measured)", zorder=4)
+        if log:
+            ax.set_yscale("log")
+        if lower_better:
+            ax.invert_yaxis()  # better is up
+        ax.set_xlim(-0.03, 1.03)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"{label}{' (log)' if log else ''}, better ↑")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower left")
+    fig.suptitle(title, fontsize=10)
+    _save(fig, out)
+    return {"points": pts, "chosen": chosen, "built": built, "target": f(target)}
+
+
+def engines(ort_rows: list[dict], inc_rows: list[dict], record: dict, out: str | Path, title: str) -> int:
+    """``ort`` vs ``inc`` scores of the ops both engines scored, log-log, with Spearman's rho and
+    the top-k overlaps of ``compare.json``. Returns the number of points."""
+    inc = {r["op"]: float(r["mse"]) for r in inc_rows}
+    common = [(float(r["mse"]), inc[r["op"]], r["op"]) for r in ort_rows if r["op"] in inc]
+    xs = np.array([max(c[0], 1e-30) for c in common])
+    ys = np.array([max(c[1], 1e-30) for c in common])
+    fig = _figure(6.0, 5.0)
+    ax = fig.add_subplot()
+    ax.scatter(xs, ys, s=22, c=INT8_COLOUR, alpha=0.8)
+    top = {op for op in record.get("top_k", {}).get("5", {}).get("ort", [])}
+    for x, y, (_, _, op) in zip(xs, ys, common):
+        if op in top:
+            ax.annotate(_short(op), (x, y), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ort: MSE with the op alone INT8 (right = more sensitive)")
+    ax.set_ylabel("inc: MSE with the op alone back in FP32 (down = more sensitive)")
+    rho = record.get("spearman")
+    overlaps = ", ".join(f"top-{v['k']} {v['overlap']:.0%}" for v in record.get("top_k", {}).values())
+    rho_s = f"{rho:.3f}" if isinstance(rho, (int, float)) else "n/a"
+    ax.set_title(f"{title}\nSpearman ρ (sensitivity scores) = {rho_s}; overlap: {overlaps}", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    _save(fig, out)
+    return len(common)
+
+
+def fp16_fallback(graphs: dict[str, dict], out: str | Path, title: str, top: int = 25) -> int:
+    """Per graph file of an FP16 folder: the nodes kept in FP32 because a tensor they touch exceeds
+    the bound (observed |value| vs bound, log scale), and how many nodes stay FP32 as the model's
+    own float32 islands. Returns the number of fallback nodes."""
+    items = []
+    for name, facts in graphs.items():
+        for f in facts.get("fp32_fallback", []):
+            items.append((name, f))
+    items.sort(key=lambda it: -float(it[1].get("observed", 0.0)))
+    shown = items[:top]
+    islands = {name: facts.get("fp32_islands", {}).get("nodes", 0) for name, facts in graphs.items()}
+    subtitle = "\n".join(f"{n}: {len([i for i in items if i[0] == n])} node(s) over the bound, "
+                          f"{islands[n]} in float32 islands" for n in graphs)
+    fig = _figure(8.5, 2.2 + 0.18 * len(graphs) + 0.3 * max(len(shown), 2))
+    ax = fig.add_subplot()
+    if shown:
+        y = np.arange(len(shown))
+        ax.barh(y, [float(f["observed"]) for _, f in shown], color=KEPT_COLOUR, label="observed |value|")
+        for i, (_, f) in enumerate(shown):
+            ax.plot([f["bound"], f["bound"]], [i - 0.45, i + 0.45], color="black", lw=2)
+        ax.plot([], [], color="black", lw=2, label="bound (fp16.max_activation / max_initializer)")
+        multi = len(graphs) > 1
+        ax.set_yticks(y, [(f"{name}: " if multi else "") + _short(f["node"]) + f"  [{f['kind']}]"
+                          for name, f in shown], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        fig.legend(fontsize=8, loc="outside lower center", ncols=2)
+        more = f" (largest {len(shown)} of {len(items)})" if len(items) > len(shown) else ""
+        ax.set_title(f"{title}: FP32 fallback{more}\n{subtitle}", fontsize=9)
+    else:  # nothing fell back: show the largest activation seen against the bound
+        names = list(graphs)
+        obs = [float(graphs[n].get("observed_max_activation", 0.0)) for n in names]
+        bound = [float(graphs[n].get("max_activation", 0.0)) for n in names]
+        y = np.arange(len(names))
+        ax.barh(y, obs, color=INT8_COLOUR, label="largest activation observed")
+        ax.scatter(bound, y, marker="|", s=400, c="black", label="fp16.max_activation")
+        ax.set_yticks(y, names)
+        ax.set_xscale("log")
+        fig.legend(fontsize=8, loc="outside lower center", ncols=2)
+        ax.set_title(f"{title}: no node over the bound, nothing fell back\n{subtitle}", fontsize=9)
+    ax.set_xlabel("|value| (log)")
+    _save(fig, out)
+    return len(items)
+
+
+def latency_size(entries: list[dict], out: str | Path, title: str, deploy: list[dict] = ()) -> int:
+    """Grouped bars per graph: latency (ms, ONNX Runtime) and size (MB) of the fp32, fp16 and
+    INT8-mixed models; with ``deploy`` ({precision, bytes, tokens_per_second?}), the deploy
+    folders' sizes (and decode speed where measured) beside them. Returns the bars drawn."""
+    kinds = ["fp32", "fp16", "int8_mixed"]
+    colours = {"fp32": "#7570b3", "fp16": "#66a61e", "int8_mixed": "#e6ab02", "int8-mixed": "#e6ab02"}
+    panels = [("latency_ms", "latency (ms, median)"), ("bytes", "size (MB)")]
+    speed = [d for d in deploy if d.get("tokens_per_second")]
+    ncols = len(panels) + (1 if deploy else 0) + (1 if speed else 0)
+    fig = _figure(4.3 * ncols, 1.8 + 0.45 * max(len(entries), 2))
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    drawn = 0
+    y = np.arange(len(entries))
+    h = 0.8 / len(kinds)
+    for ax, (key, label) in zip(axes, panels):
+        for k, kind in enumerate(kinds):
+            vals = [float(e[key].get(kind) or 0.0) / (1e6 if key == "bytes" else 1.0) for e in entries]
+            ax.barh(y + (k - 1) * h, vals, h, color=colours[kind], label=kind.replace("_", "-"))
+            drawn += sum(v > 0 for v in vals)
+        ax.set_yticks(y, [e["graph"] for e in entries])
+        ax.invert_yaxis()
+        positive = [float(e[key].get(k) or 0.0) for e in entries for k in kinds if (e[key].get(k) or 0) > 0]
+        if positive and max(positive) / min(positive) > 50:  # graphs of very different cost side by side
+            ax.set_xscale("log")
+            label += ", log"
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3, axis="x")
+    axes[0].legend(fontsize=8)
+    if deploy:
+        ax = axes[len(panels)]
+        yd = np.arange(len(deploy))
+        ax.barh(yd, [d["bytes"] / 1e6 for d in deploy], color=[colours.get(d["precision"], "#999") for d in deploy])
+        ax.set_yticks(yd, [f"deploy/{d['precision']}" for d in deploy])
+        ax.invert_yaxis()
+        ax.set_xlabel("deploy folder size (MB)")
+        drawn += len(deploy)
+    if speed:
+        ax = axes[-1]
+        ys = np.arange(len(speed))
+        ax.barh(ys, [d["tokens_per_second"] for d in speed], color=[colours.get(d["precision"], "#999") for d in speed])
+        ax.set_yticks(ys, [f"deploy/{d['precision']}" for d in speed])
+        ax.invert_yaxis()
+        ax.set_xlabel("tokens/s (onnxruntime-genai)")
+        drawn += len(speed)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, out)
+    return drawn

@@ -1,0 +1,232 @@
+"""The report's figures and tables, each rendered from a small fixed input (vlsens.report)."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from vlsens.report import build, figures, tables
+
+PRESET = {"preset": "tiny", "seed": 0, "outlier": {"block": 1, "channels": 2, "scale": 1000.0, "site": "attn"},
+          "text_outlier": {"layer": 0, "channels": 2, "scale": 1000.0}}
+
+VISION_CSV = """rank,op,op_type,block,role,weight_params,mse,cosine,sqnr_db
+1,/visual/blocks.1/attn/qkv/Gemm,Gemm,1,attn.qkv,12288,0.07,0.98,16.7
+2,/visual/patch_embed/proj/Conv,Conv,,patch_embed.proj,75264,0.00097,0.9998,35.2
+3,/visual/merger/mlp/mlp.0/Gemm,Gemm,,merger.mlp.mlp.0,65536,0.00069,0.9999,36.7
+4,/visual/blocks.0/mlp/down_proj/Gemm,Gemm,0,mlp.down_proj,8192,7.6e-05,0.99999,41.2
+5,/visual/blocks.1/attn/MatMul_3,MatMul,1,attn.MatMul_3,0,5.0e-05,0.99999,43.0
+6,/visual/blocks.1/attn/MatMul,MatMul,1,attn,0,4.0e-05,0.99999,44.0
+7,/visual/blocks.0/attn/qkv/Gemm,Gemm,0,attn.qkv,12288,2.0e-05,0.999999,47.0
+8,/visual/blocks.0/mlp/up_proj/Gemm,Gemm,0,mlp.up_proj,8192,1.0e-05,0.999999,50.0
+"""
+
+TEXT_CSV = """rank,op,op_type,block,role,weight_params,mse,cosine,sqnr_db,kl,top1
+1,/language_model/layers.0/mlp/down_proj/MatMul,MatMul,0,mlp.down_proj,8192,0.0003,0.99,19.1,0.00015,0.72
+2,/language_model/layers.0/self_attn/q_proj/MatMul,MatMul,0,self_attn.q_proj,4096,1e-05,0.9999,37.0,4e-06,0.99
+3,/lm_head/MatMul,MatMul,,lm_head,32768,5e-06,0.9999,36.9,2.5e-06,0.99
+"""
+
+
+def png_pixels(path):
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"), dtype=np.float64)
+
+
+def assert_drawn(path, min_std=20.0):
+    """A real picture: a PNG of some size whose pixels vary (not a blank canvas)."""
+    px = png_pixels(path)
+    assert px.shape[0] > 150 and px.shape[1] > 300, px.shape
+    assert px.std() > min_std, f"{path}: pixel std {px.std():.1f}"
+    return px
+
+
+@pytest.fixture
+def run_files(tmp_path):
+    (tmp_path / "ort.csv").write_text(VISION_CSV)
+    (tmp_path / "text.csv").write_text(TEXT_CSV)
+    (tmp_path / "preset.json").write_text(json.dumps(PRESET))
+    profile = {"target": {"metric": "cosine", "value": 0.999, "direction": ">="}, "status": "met",
+               "ops": {"/visual/blocks.1/attn/qkv/Gemm": {"precision": "fp32"},
+                       "/visual/patch_embed/proj/Conv": {"precision": "int8"}}}
+    (tmp_path / "profile.yaml").write_text(yaml.safe_dump(profile))
+    return tmp_path
+
+
+def test_role_columns_group_the_attention_matmuls():
+    assert figures.role_column("attn.MatMul_3") == figures.role_column("attn") == "attn MatMul"
+    assert figures.role_column("self_attn.MatMul_1") == "attn MatMul"
+    assert figures.role_column("self_attn.q_proj") == "q_proj" and figures.role_column("attn.qkv") == "qkv"
+    assert figures.role_column("merger.mlp.mlp.2") == "merger.2"
+    assert figures.role_column("patch_embed.proj") == "patch_embed"
+
+
+def test_heatmap_puts_the_planted_op_in_the_brightest_cell(run_files, tmp_path):
+    out = tmp_path / "heat.png"
+    grid = build.heatmap(run_files / "ort.csv", run_files / "profile.yaml", run_files / "preset.json",
+                         "vision/224x224", "fp32", out)
+    assert_drawn(out)
+    v = grid["values"]
+    r, c = np.unravel_index(np.nanargmax(v), v.shape)
+    assert (grid["rows"][r], grid["columns"][c]) == (1, "qkv")
+    assert grid["planted_cells"] == 1 and grid["kept_cells"] == 1
+    assert grid["rows"][-1] == figures.OUTSIDE and "attn MatMul" in grid["columns"]
+    # both attention MatMuls of block 1 share one cell, which shows the larger error
+    assert v[grid["rows"].index(1), grid["columns"].index("attn MatMul")] == pytest.approx(np.log10(5e-5))
+
+
+def test_heatmap_of_a_text_graph_uses_kl_and_its_planted_layer(run_files, tmp_path):
+    grid = build.heatmap(run_files / "text.csv", None, run_files / "preset.json", "decoder", "fp32", tmp_path / "t.png")
+    assert_drawn(tmp_path / "t.png")
+    assert grid["planted_cells"] == 1 and grid["kept_cells"] == 0
+    assert np.nanmax(grid["values"]) == pytest.approx(np.log10(0.00015))  # kl, not mse
+
+
+def test_no_planted_marks_without_a_preset(run_files, tmp_path):
+    grid = build.heatmap(run_files / "ort.csv", None, None, "vision/224x224", "fp32", tmp_path / "h.png")
+    assert grid["planted_cells"] == 0
+
+
+def test_ranked_chart_shows_the_top_ops_in_rank_order(run_files, tmp_path):
+    out = tmp_path / "ranked.png"
+    shown = build.ranked(run_files / "ort.csv", run_files / "profile.yaml", run_files / "preset.json",
+                         "vision/224x224", "fp32", "ort", 5, out)
+    assert shown[0] == "/visual/blocks.1/attn/qkv/Gemm" and len(shown) == 5
+    px = assert_drawn(out)
+    # the kept (orange) bar is drawn: some pixels carry the kept colour
+    kept = np.array([int(figures.KEPT_COLOUR[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
+    assert (np.abs(px - kept).sum(-1) < 30).sum() > 100
+    assert figures._short("/visual/blocks.1/attn/MatMul_3") == "blocks.1/attn/MatMul_3"
+    assert figures._short("/visual/blocks.1/attn/qkv/Gemm") == "blocks.1/attn/qkv"
+
+
+def eval_record(metric="cosine", value=0.999, direction=">="):
+    trace = [
+        {"step": "all", "int8_ops": 8, "cosine": 0.98, "kl": 2e-4, "meets": False, "int8_weight_share": 1.0},
+        {"step": "prefix 4", "int8_ops": 4, "cosine": 0.99999, "kl": 1e-7, "meets": True, "int8_weight_share": 0.2},
+        {"step": "prefix 6", "int8_ops": 6, "cosine": 0.9999, "kl": 3e-6, "meets": True, "int8_weight_share": 0.45},
+        {"step": "prefix 7", "int8_ops": 7, "cosine": 0.9995, "kl": 9e-6, "meets": True, "int8_weight_share": 0.6},
+    ]
+    for t in trace:
+        t["meets"] = t[metric] >= value if direction == ">=" else t[metric] <= value
+    return {"target": {"metric": metric, "value": value, "direction": direction}, "status": "met",
+            "quantizable_ops": 8, "int8_ops": 7, "int8_op_share": 7 / 8, "int8_weight_share": 0.6,
+            "measured": {"cosine": 0.99948, "kl": 9.1e-6}, "search": {"evaluations": len(trace), "trace": trace},
+            "latency_ms": {"fp32": 4.9, "fp16": 5.5, "int8_mixed": 5.4}, "model_bytes": 640000}
+
+
+@pytest.mark.parametrize("metric,value,direction", [("cosine", 0.999, ">="), ("kl", 1e-4, "<=")])
+def test_pareto_marks_the_chosen_and_the_built_point(tmp_path, metric, value, direction):
+    out = tmp_path / "pareto.png"
+    rec = eval_record(metric, value, direction)
+    res = figures.pareto(rec, out, "t")
+    assert_drawn(out)
+    assert res["chosen"]["ops"] == pytest.approx(7 / 8) and res["chosen"]["weights"] == pytest.approx(0.6)
+    assert res["built"]["ops"] == pytest.approx(7 / 8)
+    # the built model meets the target: on the better side of the line (1 - cosine and KL: lower)
+    assert res["built"]["y"] <= res["target"]
+    assert [p["meets"] for p in res["points"]] == [False, True, True, True]
+
+
+def test_pareto_without_weight_shares_draws_one_panel(tmp_path):
+    rec = eval_record()
+    for t in rec["search"]["trace"]:
+        del t["int8_weight_share"]
+    figures.pareto(rec, tmp_path / "p.png", "t")
+    assert png_pixels(tmp_path / "p.png").shape[1] < 700  # one panel, not two
+
+
+def test_engine_agreement_scatter(run_files, tmp_path):
+    inc = VISION_CSV.replace("0.07,", "0.5,")  # any second ranking of the same ops
+    (tmp_path / "inc.csv").write_text(inc)
+    compare = {"spearman": -0.83, "top_k": {"1": {"k": 1, "overlap": 1.0, "ort": ["/visual/blocks.1/attn/qkv/Gemm"]},
+                                           "5": {"k": 5, "overlap": 0.6, "ort": ["/visual/blocks.1/attn/qkv/Gemm"]}}}
+    (tmp_path / "compare.json").write_text(json.dumps(compare))
+    n = build.engines(run_files / "ort.csv", tmp_path / "inc.csv", tmp_path / "compare.json", "vision/224x224",
+                      "fp32", tmp_path / "engines.png")
+    assert n == 8
+    assert_drawn(tmp_path / "engines.png")
+
+
+def test_fp16_fallback_with_and_without_fallback_nodes(tmp_path):
+    graphs = {"model.onnx": {"fp32_fallback": [
+        {"node": "/visual/blocks.2/attn/qkv/Gemm", "kind": "activation", "tensor": "t", "observed": 2272.0,
+         "bound": 512.0, "reason": "activation 't' reaches 2272 > 512"},
+        {"node": "/visual/blocks.2/norm1/Mul_1", "kind": "activation", "tensor": "t", "observed": 2272.0,
+         "bound": 512.0, "reason": "r"}], "fp32_islands": {"nodes": 110}, "observed_max_activation": 2272.0,
+        "max_activation": 512.0}}
+    record = {"extra": {"graphs": graphs}}
+    (tmp_path / "parity.json").write_text(json.dumps(record))
+    assert build.fp16(tmp_path / "parity.json", "vision/224x224", tmp_path / "a.png") == 2
+    assert_drawn(tmp_path / "a.png")
+    graphs["model.onnx"]["fp32_fallback"] = []
+    graphs["model.onnx"]["observed_max_activation"] = 80.0
+    assert figures.fp16_fallback(graphs, tmp_path / "b.png", "x") == 0
+    assert_drawn(tmp_path / "b.png")
+
+
+def test_latency_and_size(tmp_path):
+    prof = tmp_path / "eval.json"
+    prof.write_text(json.dumps(eval_record()))
+    recs = {}
+    for v, size in (("fp32", 1_000_000), ("fp16", 500_000)):
+        p = tmp_path / f"{v}.json"
+        p.write_text(json.dumps({"files": {"model.onnx": {"bytes": 1000}, "model.onnx.data": {"bytes": size},
+                                           "other.onnx": {"bytes": 7}, "rule": "export"}}))
+        recs[v] = str(p)
+    deploy = tmp_path / "deploy" / "fp32"
+    deploy.mkdir(parents=True)
+    (deploy / "parity.json").write_text(json.dumps({"files": {"decoder.onnx": {"bytes": 3_000_000}}}))
+    (deploy / "eval.json").write_text(json.dumps({"tokens_per_second": 42.0}))
+    n = build.latency({"vision/224x224/fp32": str(prof)}, {"vision/224x224": recs}, {"vision/224x224": "model.onnx"},
+                      {"fp32": str(deploy)}, "tiny", tmp_path / "lat.png")
+    assert n == 3 + 3 + 1 + 1  # latency x3, size x3, deploy size, deploy speed
+    assert_drawn(tmp_path / "lat.png")
+    assert build.files_bytes(json.loads(open(recs["fp16"]).read()), {"model.onnx"}) == 501_000
+
+
+def test_tables_list_every_record_and_mark_failures(tmp_path):
+    root = tmp_path / "results" / "m"
+    ok = {"variant": "fp16", "passed": True, "tolerance": {"min_cosine": 0.999, "max_rel_error": 0.02},
+          "metrics": {"max_rel_error": 6.3e-4, "min_cosine": 0.99999986}}
+    bad = dict(ok, passed=False, variant="fp32")
+    deploy = {"graph": "vision.onnx", "passed": True, "tolerance": {"min_cosine": 0.999},
+              "images": [{"max_rel_error": 0.04, "cosine": 0.9996}, {"max_rel_error": 0.03, "cosine": 0.9997}]}
+    paths = []
+    for name, rec in (("vision/224x224/fp16", ok), ("text/fp32", bad), ("deploy/int8-mixed", deploy)):
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "parity.json").write_text(json.dumps(rec))
+        paths.append(str(d / "parity.json"))
+    assert build.parity_table(paths, root, tmp_path / "parity.html") == 3
+    html = (tmp_path / "parity.html").read_text()
+    assert html.count("<tr") == 4 and html.count('class="fail"') == 1
+    assert "vision/224x224/fp16" in html and "deploy int8-mixed (vision.onnx)" in html and "0.04" in html
+    assert "min_cosine ≥ 0.999" in html
+    prof = tmp_path / "eval.json"
+    prof.write_text(json.dumps(eval_record()))
+    assert build.profile_table({"vision/224x224/fp32": str(prof)}, tmp_path / "profiles.html") == 1
+    html = (tmp_path / "profiles.html").read_text()
+    assert "7 / 8 (88%)" in html and "cosine ≥ 0.999" in html and "60%" in html
+
+
+def test_tables_escape_html():
+    html = tables.render("t", ["artifact"], [{"artifact": "<script>alert(1)</script>"}])
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_search_trace_records_each_steps_int8_weight_share():
+    from vlsens.profile import search
+
+    weights = {"a": 10, "b": 30, "c": 60}  # least sensitive first: a, b, c
+    err = {"a": 0.0001, "b": 0.0002, "c": 0.01}
+    chosen, trace = search(["a", "b", "c"], lambda ops: {"mse": sum(err[o] for o in ops)}, "mse", 0.001,
+                           weights=weights)
+    assert chosen == ["a", "b"]
+    assert [(t["step"], t["int8_weight_share"]) for t in trace][:2] == [("all", 1.0), ("prefix 1", 0.1)]
+    assert any(t["int8_ops"] == 2 and t["int8_weight_share"] == pytest.approx(0.4) for t in trace)
+    _, trace = search(["a", "b", "c"], lambda ops: {"mse": 0.0}, "mse", 0.001)
+    assert "int8_weight_share" not in trace[0]

@@ -1,0 +1,30 @@
+"""The report's figures and tables (rules/report.smk): one function per rule."""
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+
+from vlsens.report import build
+from vlsens.scripting import run
+
+
+def main(sm):
+    w, i, o, p = sm.wildcards, sm.input, sm.output, sm.params
+    rule = sm.rule
+    if rule == "report_heatmap":
+        build.heatmap(i.csv, i.profile, p.preset, w.graph, w.variant, o[0])
+    elif rule == "report_ranked":
+        build.ranked(i.csv, i.profile, p.preset, w.graph, w.variant, w.engine, p.top, o[0])
+    elif rule == "report_pareto":
+        build.pareto(i.eval, w.graph, w.variant, o[0])
+    elif rule == "report_engines":
+        build.engines(i.ort, i.inc, i.compare, w.graph, w.variant, o[0])
+    elif rule == "report_fp16":
+        build.fp16(i.record, w.graph, o[0])
+    elif rule == "report_latency":
+        build.latency(p.profiles, p.records, p.analysed, p.deploy, w.model, o[0])
+    elif rule == "report_tables":
+        build.parity_table(list(i.records), p.root, o.parity)
+        build.profile_table(p.profiles, o.profiles)
+    else:
+        raise ValueError(f"report.py: no figure for rule {rule}")
+
+
+run(snakemake, main)  # noqa: F821
