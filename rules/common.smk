@@ -174,9 +174,8 @@ def report_latency_inputs(wildcards):
 
 
 def report_records(wildcards):
-    """Every parity record of the run: each variant folder's and each deploy folder's."""
-    out = [paths.fill(record(v), model=wildcards.model, graph=g) for g, t in TOWERS.items() for v in t.variants()]
-    return out + [f"{d}/{paths.RECORD}" for d in report_deploy(wildcards).values()]
+    """Every variant folder's parity record (the deploy folders' are read inside the folders)."""
+    return [paths.fill(record(v), model=wildcards.model, graph=g) for g, t in TOWERS.items() for v in t.variants()]
 
 
 def report_figure(name, caption, category, figure_labels=None):

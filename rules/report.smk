@@ -139,6 +139,7 @@ rule report_tables:
     input:
         profiles=lambda wc: list(report_profiles(wc).values()),
         records=report_records,
+        deploy=lambda wc: list(report_deploy(wc).values()),
     output:
         parity=report(f"{paths.REPORT}/{paths.REPORT_FILES['parity']}", caption="../report/parity.rst",
                       category="1. Parity and profiles", subcategory="tables", labels={"table": "parity of every artifact"}),

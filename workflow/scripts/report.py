@@ -21,7 +21,7 @@ def main(sm):
     elif rule == "report_latency":
         build.latency(p.profiles, p.records, p.analysed, p.deploy, w.model, o[0])
     elif rule == "report_tables":
-        build.parity_table(list(i.records), p.root, o.parity)
+        build.parity_table([*i.records, *(f"{d}/parity.json" for d in i.deploy)], p.root, o.parity)
         build.profile_table(p.profiles, o.profiles)
     else:
         raise ValueError(f"report.py: no figure for rule {rule}")

@@ -56,7 +56,8 @@ def heatmap(csv: str | Path, profile_yaml, preset_json, graph: str, variant: str
     rows = read_csv(csv)
     metric = figures.error_metric(rows).upper()
     return figures.heatmap(rows, out, f"{graph} ({variant}): {metric} with each op alone in INT8 (engine ort)",
-                           kept_in_float(profile_yaml), planted_ops(rows, preset_json, graph))
+                           kept_in_float(profile_yaml), planted_ops(rows, preset_json, graph),
+                           "block" if tower_kind(graph) == "vision" else "layer")
 
 
 def ranked(csv: str | Path, profile_yaml, preset_json, graph: str, variant: str, engine: str, top: int,

@@ -69,8 +69,9 @@ def _short(op: str) -> str:
 
 
 def heatmap(rows: list[dict], out: str | Path, title: str, kept: Iterable[str] = (),
-            planted: Iterable[str] = ()) -> dict:
-    """Blocks x roles, colour = log10 of the largest error of the ops in the cell. Cells with an op
+            planted: Iterable[str] = (), block: str = "block") -> dict:
+    """Blocks (``block``: their name, "layer" for a text model) x roles, colour = log10 of the
+    largest error of the ops in the cell. Cells with an op
     the profile keeps in float are outlined; a planted op's cell carries a star. Returns the grid
     (``rows``, ``columns``, ``values``: log10 errors, NaN where no op sits)."""
     metric = error_metric(rows)
@@ -92,7 +93,7 @@ def heatmap(rows: list[dict], out: str | Path, title: str, kept: Iterable[str] =
     im = ax.imshow(np.ma.masked_invalid(values), cmap=colormaps["magma"].with_extremes(bad="#eeeeee"), aspect="auto")
     fig.colorbar(im, ax=ax, label=f"log10 {metric.upper()} (op alone INT8)", shrink=0.9)
     ax.set_xticks(range(len(columns)), columns, rotation=40, ha="right")
-    ax.set_yticks(range(len(blocks)), [f"block {b}" if b != OUTSIDE else b for b in blocks])
+    ax.set_yticks(range(len(blocks)), [f"{block} {b}" if b != OUTSIDE else b for b in blocks])
     from matplotlib.patches import Rectangle
 
     marked_kept = marked_planted = 0
