@@ -80,10 +80,9 @@ def _shown(d):
     d.switch_to.frame(frames[0])
     try:
         rows = len(d.find_elements(By.TAG_NAME, "tr"))
-        title = d.title
     finally:
         d.switch_to.default_content()
-    return {"kind": "html", "rows": rows, "title": title} if rows else None
+    return {"kind": "html", "rows": rows} if rows else None
 
 
 def inspect_report(html: Path) -> dict:
@@ -101,13 +100,20 @@ def inspect_report(html: Path) -> dict:
         menu = d.find_element(By.TAG_NAME, "body").text
         decoded = d.execute_async_script(DECODE_ALL)
         shown = {}
+
+
+        def click(elements):  # the element's own click handler (menu entries animate while they render)
+            assert elements, "nothing to click"
+            d.execute_script("arguments[0].click();", elements[0])
+
         for cat, subcats in categories.items():
+            d.get("about:blank")
             d.get(html.resolve().as_uri())
-            _wait(lambda: d.find_elements(By.XPATH, f"//*[text()='{cat}']"))[0].click()
-            sub = next(iter(subcats))
-            if len(subcats) > 1 or sub != "Other":
-                _wait(lambda: d.find_elements(By.XPATH, f"//*[text()='{sub}']"))[0].click()
-            _wait(lambda: d.find_elements(By.CSS_SELECTOR, "a[iconname=eye]"))[0].click()
+            click(_wait(lambda: d.find_elements(By.XPATH, f"//*[text()='{cat}']")))
+            sub = next(iter(subcats))  # a single subcategory is not a menu level of its own
+            if len(subcats) > 1:
+                click(_wait(lambda: d.find_elements(By.XPATH, f"//*[text()='{sub}']")))
+            click(_wait(lambda: d.find_elements(By.CSS_SELECTOR, "a[iconname=eye]")))
             shown[cat] = _wait(lambda: _shown(d))
         errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
         return {"categories": categories, "menu": menu, "decoded": decoded, "shown": shown, "errors": errors}

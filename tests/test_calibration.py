@@ -87,6 +87,13 @@ def test_corrupt_image_can_be_skipped(tiny_ckpt, tmp_path, caplog):
     assert all(i["name"] != "broken.png" for i in m["samples"])
 
 
+def test_calibration_logs_its_progress_in_images(tiny_ckpt, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="vlsens.progress"):
+        build_calibration(tiny_ckpt, resolve_images("builtin"), 224, 224, tmp_path / "out", 3, 2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "vlsens.progress"]
+    assert lines and lines[-1].startswith("calibration: 5/5 images (100 %)"), lines
+
+
 def test_grayscale_and_rgba_are_converted(tmp_path):
     from PIL import Image
 

@@ -11,7 +11,7 @@ LAYERS = {
     "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.suffix sensitivity.engine "
               "sensitivity.ranking sensitivity.stages sensitivity.baseline profile compare inc inc.settings inc.names "
               "inc.capture inc.stages inc.env records targets resources scripting",
-    "application": "runtime deploy",
+    "application": "runtime deploy report report.tables report.figures report.build",
 }
 LEVEL = {f"vlsens.{m}": i for i, names in enumerate(LAYERS.values()) for m in names.split()}
 TOWERS = {m for m in LEVEL if m.startswith("vlsens.towers.")}

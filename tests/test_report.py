@@ -153,6 +153,7 @@ def test_engine_agreement_scatter(run_files, tmp_path):
 
 def test_fp16_fallback_with_and_without_fallback_nodes(tmp_path):
     graphs = {"model.onnx": {"fp32_fallback": [
+        {"node": "Where", "kind": "activation", "tensor": "mask", "observed": 1e30, "bound": 512.0, "reason": "r"},
         {"node": "/visual/blocks.2/attn/qkv/Gemm", "kind": "activation", "tensor": "t", "observed": 2272.0,
          "bound": 512.0, "reason": "activation 't' reaches 2272 > 512"},
         {"node": "/visual/blocks.2/norm1/Mul_1", "kind": "activation", "tensor": "t", "observed": 2272.0,
@@ -160,11 +161,13 @@ def test_fp16_fallback_with_and_without_fallback_nodes(tmp_path):
         "max_activation": 512.0}}
     record = {"extra": {"graphs": graphs}}
     (tmp_path / "parity.json").write_text(json.dumps(record))
-    assert build.fp16(tmp_path / "parity.json", "vision/224x224", tmp_path / "a.png") == 2
+    shown = build.fp16(tmp_path / "parity.json", "vision/224x224", tmp_path / "a.png")
+    # outliers within FP16's range first, the mask (beyond it) after them
+    assert shown == ["/visual/blocks.2/attn/qkv/Gemm", "/visual/blocks.2/norm1/Mul_1", "Where"]
     assert_drawn(tmp_path / "a.png")
     graphs["model.onnx"]["fp32_fallback"] = []
     graphs["model.onnx"]["observed_max_activation"] = 80.0
-    assert figures.fp16_fallback(graphs, tmp_path / "b.png", "x") == 0
+    assert figures.fp16_fallback(graphs, tmp_path / "b.png", "x") == []
     assert_drawn(tmp_path / "b.png")
 
 

@@ -79,7 +79,7 @@ def engines(ort_csv, inc_csv, compare_json, graph: str, variant: str, out: str |
                            f"{graph} ({variant}): engines ort vs inc")
 
 
-def fp16(record_json: str | Path, graph: str, out: str | Path) -> int:
+def fp16(record_json: str | Path, graph: str, out: str | Path) -> list[str]:
     record = json.loads(Path(record_json).read_text())
     return figures.fp16_fallback(record["extra"]["graphs"], out, f"{graph} fp16")
 

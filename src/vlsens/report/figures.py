@@ -21,7 +21,8 @@ from vlsens.fsutil import atomic_file
 ROLE_ORDER = ["patch_embed", "qkv", "q_proj", "k_proj", "v_proj", "attn MatMul", "proj", "o_proj",
               "gate_proj", "up_proj", "down_proj", "merger.0", "merger.2", "lm_head"]
 OUTSIDE = "outside blocks"
-KEPT_COLOUR, INT8_COLOUR, PLANTED_COLOUR = "#d95f02", "#1b9e77", "#e7298a"
+KEPT_COLOUR, INT8_COLOUR, PLANTED_COLOUR, MASK_COLOUR = "#d95f02", "#1b9e77", "#e7298a", "#999999"
+FP16_MAX = 65504.0
 DPI = 110
 
 
@@ -246,15 +247,18 @@ def engines(ort_rows: list[dict], inc_rows: list[dict], record: dict, out: str |
     return len(common)
 
 
-def fp16_fallback(graphs: dict[str, dict], out: str | Path, title: str, top: int = 25) -> int:
+def fp16_fallback(graphs: dict[str, dict], out: str | Path, title: str, top: int = 30) -> list[str]:
     """Per graph file of an FP16 folder: the nodes kept in FP32 because a tensor they touch exceeds
     the bound (observed |value| vs bound, log scale), and how many nodes stay FP32 as the model's
-    own float32 islands. Returns the number of fallback nodes."""
+    own float32 islands; activations that only exceed the bound first, values beyond FP16's range
+    (attention masks) after them. Returns the nodes shown, in their order."""
     items = []
     for name, facts in graphs.items():
         for f in facts.get("fp32_fallback", []):
             items.append((name, f))
-    items.sort(key=lambda it: -float(it[1].get("observed", 0.0)))
+    # values beyond FP16's range altogether are masks and large constants (-1e30, finfo.min): they
+    # come after the activations that only exceed the bound, which is where outliers show
+    items.sort(key=lambda it: (float(it[1].get("observed", 0.0)) > FP16_MAX, -float(it[1].get("observed", 0.0))))
     shown = items[:top]
     islands = {name: facts.get("fp32_islands", {}).get("nodes", 0) for name, facts in graphs.items()}
     subtitle = "\n".join(f"{n}: {len([i for i in items if i[0] == n])} node(s) over the bound, "
@@ -263,7 +267,13 @@ def fp16_fallback(graphs: dict[str, dict], out: str | Path, title: str, top: int
     ax = fig.add_subplot()
     if shown:
         y = np.arange(len(shown))
-        ax.barh(y, [float(f["observed"]) for _, f in shown], color=KEPT_COLOUR, label="observed |value|")
+        beyond = [float(f["observed"]) > FP16_MAX for _, f in shown]
+        ax.barh(y, [float(f["observed"]) for _, f in shown], color=[MASK_COLOUR if b else KEPT_COLOUR for b in beyond])
+        from matplotlib.patches import Patch
+
+        ax.add_artist(ax.legend(handles=[Patch(color=KEPT_COLOUR, label="largest |value| seen, within FP16's range")]
+                                + ([Patch(color=MASK_COLOUR, label="beyond FP16's range (masks, large constants)")]
+                                   if any(beyond) else []), fontsize=8, loc="lower right"))
         for i, (_, f) in enumerate(shown):
             ax.plot([f["bound"], f["bound"]], [i - 0.45, i + 0.45], color="black", lw=2)
         ax.plot([], [], color="black", lw=2, label="bound (fp16.max_activation / max_initializer)")
@@ -288,7 +298,7 @@ def fp16_fallback(graphs: dict[str, dict], out: str | Path, title: str, top: int
         ax.set_title(f"{title}: no node over the bound, nothing fell back\n{subtitle}", fontsize=9)
     ax.set_xlabel("|value| (log)")
     _save(fig, out)
-    return len(items)
+    return [f["node"] for _, f in shown]
 
 
 def latency_size(entries: list[dict], out: str | Path, title: str, deploy: list[dict] = ()) -> int:

@@ -20,10 +20,13 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from vlsens.calibration import CalibrationSet, load_images, split_refs
 from vlsens.cases import Case, Cases
 from vlsens.config import check_sizes, check_variants
 from vlsens.images import ImageRef, header, open_rgb
+from vlsens.job import Progress
 from vlsens.samples import Samples, fit_batch
 from vlsens.sizes import parse_size
 from vlsens.towers.base import Tower
@@ -159,8 +162,13 @@ class FixedVision(Tower):
         split = split_refs(refs, shas, settings["num_calib"], settings["num_eval"], settings["seed"])
         processor = load_image_processor(checkpoint)
         splits, samples = {}, []
+        progress = Progress("calibration", sum(len(idx) for idx in split.values()), "images")
         for name, idx in split.items():
-            pixels = preprocess_nchw(processor, [images[i] for i in idx], h, w)
+            parts = []
+            for i in idx:  # one image at a time (the processor treats each on its own): progress lines
+                parts.append(preprocess_nchw(processor, [images[i]], h, w))
+                progress.step()
+            pixels = np.concatenate(parts) if parts else preprocess_nchw(processor, [], h, w)
             splits[name] = Samples.from_arrays({INPUT: pixels}, 1, [refs[i].name for i in idx])
             for j, i in enumerate(idx):
                 samples.append({"name": refs[i].name, "split": name, "index": j, "source": str(refs[i].path),
