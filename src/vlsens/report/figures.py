@@ -221,30 +221,47 @@ def pareto(record: dict, out: str | Path, title: str) -> dict:
 
 
 def engines(ort_rows: list[dict], inc_rows: list[dict], record: dict, out: str | Path, title: str) -> int:
-    """``ort`` vs ``inc`` scores of the ops both engines scored, log-log, with Spearman's rho and
-    the top-k overlaps of ``compare.json``. Returns the number of points."""
-    inc = {r["op"]: float(r["mse"]) for r in inc_rows}
-    common = [(float(r["mse"]), inc[r["op"]], r["op"]) for r in ort_rows if r["op"] in inc]
-    xs = np.array([max(c[0], 1e-30) for c in common])
-    ys = np.array([max(c[1], 1e-30) for c in common])
-    fig = _figure(6.0, 5.0)
-    ax = fig.add_subplot()
-    ax.scatter(xs, ys, s=22, c=INT8_COLOUR, alpha=0.8)
-    top = {op for op in record.get("top_k", {}).get("5", {}).get("ort", [])}
-    for x, y, (_, _, op) in zip(xs, ys, common):
-        if op in top:
-            ax.annotate(_short(op), (x, y), fontsize=7, xytext=(4, 2), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("ort: MSE with the op alone INT8 (right = more sensitive)")
-    ax.set_ylabel("inc: MSE with the op alone back in FP32 (down = more sensitive)")
+    """``ort`` vs ``inc`` on the ops both engines scored: their scores log-log (left) and their
+    ranks (right, the diagonal is full agreement), with Spearman's rho and the top-k overlaps of
+    ``compare.json``. Returns the number of points."""
+    inc = {r["op"]: r for r in inc_rows}
+    common = [(r, inc[r["op"]]) for r in ort_rows if r["op"] in inc]
+    xs = np.array([max(float(o["mse"]), 1e-30) for o, _ in common])
+    ys = np.array([max(float(i["mse"]), 1e-30) for _, i in common])
+    fig = _figure(11.0, 5.0)
+    left, right = fig.subplots(1, 2)
+    top = sorted(common, key=lambda oi: int(oi[0]["rank"]))[:3]
+    left.scatter(xs, ys, s=22, c=INT8_COLOUR, alpha=0.8)
+    for o, i in top[:1]:  # the most sensitive op by ort (the others crowd in one corner)
+        left.annotate(_short(o["op"]), (max(float(o["mse"]), 1e-30), max(float(i["mse"]), 1e-30)), fontsize=7,
+                      xytext=(4, -10), textcoords="offset points")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("ort: MSE with the op alone INT8 (right = more sensitive)")
+    left.set_ylabel("inc: MSE with the op alone back in FP32 (down = more sensitive)")
+    left.grid(alpha=0.3, which="both")
+    # ranks among the common ops (1 = most sensitive for both engines)
+    ro = {o["op"]: k for k, (o, _) in enumerate(sorted(common, key=lambda oi: int(oi[0]["rank"])), 1)}
+    ri = {i["op"]: k for k, (_, i) in enumerate(sorted(common, key=lambda oi: int(oi[1]["rank"])), 1)}
+    n = len(common)
+    right.plot([1, n], [1, n], color="#999999", lw=1, ls="--", label="same rank")
+    right.scatter([ro[o["op"]] for o, _ in common], [ri[o["op"]] for o, _ in common], s=22, c=INT8_COLOUR, alpha=0.8)
+    for o, _ in top:
+        right.annotate(_short(o["op"]), (ro[o["op"]], ri[o["op"]]), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    right.set_xlabel("rank by ort (1 = most sensitive)")
+    right.set_ylabel("rank by inc")
+    right.invert_xaxis()
+    right.invert_yaxis()
+    right.legend(fontsize=8, loc="lower right")
+    right.grid(alpha=0.3)
     rho = record.get("spearman")
-    overlaps = ", ".join(f"top-{v['k']} {v['overlap']:.0%}" for v in record.get("top_k", {}).values())
+    overlaps = ", ".join(f"top-{v['k']} {v['overlap']:.0%}"
+                         for _, v in sorted(record.get("top_k", {}).items(), key=lambda kv: int(kv[0])))
     rho_s = f"{rho:.3f}" if isinstance(rho, (int, float)) else "n/a"
-    ax.set_title(f"{title}\nSpearman ρ (sensitivity scores) = {rho_s}; overlap: {overlaps}", fontsize=9)
-    ax.grid(alpha=0.3, which="both")
+    fig.suptitle(f"{title}: {n} ops scored by both\nSpearman ρ (sensitivity scores) = {rho_s}; overlap: {overlaps}",
+                 fontsize=10)
     _save(fig, out)
-    return len(common)
+    return n
 
 
 def fp16_fallback(graphs: dict[str, dict], out: str | Path, title: str, top: int = 30) -> list[str]:
