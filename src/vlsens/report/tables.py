@@ -72,6 +72,8 @@ def profile_row(key: str, ev: dict) -> dict:
 
 
 _NUM, _FAIL = ' class="num"', ' class="fail"'
+#: Columns whose numbers need more than 4 significant digits (a cosine of 0.99999986 is not 1).
+_DIGITS = {"min cosine": 8}
 
 
 def _numeric(x) -> bool:
@@ -83,7 +85,8 @@ def render(title: str, columns: list[str], rows: list[dict], intro: str = "") ->
     body = []
     for r in rows:
         failed = r.get("passed") is False or r.get("status") == "unreachable"
-        cells = "".join(f"<td{_NUM if _numeric(r.get(c)) else ''}>{html.escape(_fmt(r.get(c)))}</td>" for c in columns)
+        cells = "".join(f"<td{_NUM if _numeric(r.get(c)) else ''}>{html.escape(_fmt(r.get(c), _DIGITS.get(c, 4)))}</td>"
+                        for c in columns)
         body.append(f"<tr{_FAIL if failed else ''}>{cells}</tr>")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h2>{html.escape(title)}</h2>"
