@@ -26,12 +26,12 @@ def test_default_config_plan():
     plan, towers = make_plan(_cfg())
     assert plan.model == "tiny" and plan.preset == "tiny"
     assert plan.checkpoint == "results/tiny/checkpoint"
-    assert list(towers) == ["vision/224x224", "vision/224x336", "vision/dynamic", "text", "decoder"]
+    assert list(towers) == ["vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/dynamic", "text", "decoder"]
     assert [r.name for r in plan.parity_images] == ["astronaut.png", "coffee.png"]
     targets = all_targets(plan, towers.values())
     assert "results/tiny/vision/224x336/fp16-sim/model.onnx" in targets
     assert len([t for t in targets if t.startswith("results/tiny/vision/224x")
-                and t.endswith(("model.onnx", "parity.json")) and "/profile/" not in t]) == 16
+                and t.endswith(("model.onnx", "parity.json")) and "/profile/" not in t]) == 16 + 4  # + u8: fp32, fp16
     assert "results/tiny/text/fp32/parity.json" in targets and "results/tiny/calib/vision/224x224/calib.tar" in targets
 
 
@@ -143,6 +143,16 @@ def test_defaults_come_from_the_schema():
                        "parity": minimal["parity"]}  # the caller's dict is left alone
     plan, towers = make_plan(minimal)
     assert list(towers) == ["vision/224x224", "vision/dynamic", "text", "decoder"]
+
+
+def test_uint8_sizes_are_checked_like_every_size():
+    cfg = _cfg()
+    cfg["vision"]["uint8"] = {"sizes": ["224x230"]}
+    with pytest.raises(ConfigError, match=r"vision\.uint8\.sizes\[0\].*28"):
+        make_plan(cfg)
+    cfg["vision"]["uint8"] = {"sizes": ["224x224"], "variants": ["fp16"], "sensitivity_variants": ["fp32"]}
+    with pytest.raises(ConfigError, match=r"vision\.uint8\.sensitivity_variants"):
+        make_plan(cfg)
 
 
 def test_scale_config_plans_the_3b_preset(tmp_path):

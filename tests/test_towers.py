@@ -36,8 +36,8 @@ def smk(workdir, *args, overrides=None):
 def toy_run(tmp_path_factory):
     wd = tmp_path_factory.mktemp("toy")
     cfg = default_config(**{"vision.sizes": ["224x224"], "vision.variants": ["fp32"], "sensitivity.variants": [],
-                            "vision.dynamic.enabled": False, "text.enabled": False, "deploy.enabled": False,
-                            "towers": [TOY]})
+                            "vision.dynamic.enabled": False, "vision.uint8.sizes": [], "text.enabled": False,
+                            "deploy.enabled": False, "towers": [TOY]})
     (wd / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     r = smk(wd)
     assert r.returncode == 0, r.out[-4000:]

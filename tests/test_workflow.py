@@ -49,7 +49,7 @@ def planned(workdir, overrides=None) -> tuple[set[str], str]:
     return {r for r, _ in jobs}, out
 
 
-GRAPHS = {"vision/224x224", "vision/224x336", "vision/dynamic", "text", "decoder"}
+GRAPHS = {"vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/dynamic", "text", "decoder"}
 REPORT_RULES = {"report_heatmap", "report_ranked", "report_pareto", "report_engines", "report_fp16", "report_latency",
                 "report_tables"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",

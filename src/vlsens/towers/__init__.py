@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 #: kind -> "module:Class", in the order their graphs are listed.
 BUILTIN = {
     "vision_fixed": "vlsens.towers.vision_fixed:FixedVision",
+    "vision_uint8": "vlsens.towers.vision_uint8:Uint8Vision",
     "vision_dynamic": "vlsens.towers.vision_dynamic:DynamicVision",
     "text": "vlsens.towers.text:Text",
     "decoder": "vlsens.towers.decoder:Decoder",

@@ -116,6 +116,17 @@ class FixedVision(Tower):
     def reference_settings(self) -> dict:
         return {}
 
+    #: The graph's input: (batch, 3, H, W) float32, normalized as the image processor does.
+    input_name: str = INPUT
+
+    def pixels(self, processor, images: Sequence) -> np.ndarray:
+        """The graph's input for PIL images (calibration)."""
+        return preprocess_nchw(processor, images, *self.size)
+
+    def module(self, checkpoint, fixed):
+        """The module exported: the fixed-size vision module itself."""
+        return fixed
+
     def export_settings(self) -> dict:
         e = self.config["export"]
         return {"batch_size": self.config["vision"]["batch_size"], "opset": e["opset"],
@@ -140,13 +151,13 @@ class FixedVision(Tower):
         h, w = self.size
         batch, opset, attn = settings["batch_size"], settings["opset"], settings["attn_implementation"]
         model = load_model(checkpoint, attn_implementation=attn, part="vision")
-        module = fixed_size_module(model.model.visual, h, w, batch)
-        example = torch.from_numpy(fit_batch(cases.feeds("model.onnx"), batch)[0][INPUT].copy())
+        module = self.module(checkpoint, fixed_size_module(model.model.visual, h, w, batch))
+        example = torch.from_numpy(fit_batch(cases.feeds("model.onnx"), batch)[0][self.input_name].copy())
         raw = workdir / "raw" / "model.onnx"
         raw.parent.mkdir(parents=True)
         with torch.no_grad():
             torch.onnx.export(module, (example,), str(raw), dynamo=False, opset_version=opset,
-                              input_names=[INPUT], output_names=[OUTPUT], do_constant_folding=True)
+                              input_names=[self.input_name], output_names=[OUTPUT], do_constant_folding=True)
         del model, module
         # Above 2 GB the legacy exporter writes one file per tensor: re-saved with one data file.
         staged = resave(raw, workdir / "model.onnx")
@@ -166,10 +177,10 @@ class FixedVision(Tower):
         for name, idx in split.items():
             parts = []
             for i in idx:  # one image at a time (the processor treats each on its own): progress lines
-                parts.append(preprocess_nchw(processor, [images[i]], h, w))
+                parts.append(self.pixels(processor, [images[i]]))
                 progress.step()
-            pixels = np.concatenate(parts) if parts else preprocess_nchw(processor, [], h, w)
-            splits[name] = Samples.from_arrays({INPUT: pixels}, 1, [refs[i].name for i in idx])
+            pixels = np.concatenate(parts) if parts else self.pixels(processor, [])
+            splits[name] = Samples.from_arrays({self.input_name: pixels}, 1, [refs[i].name for i in idx])
             for j, i in enumerate(idx):
                 samples.append({"name": refs[i].name, "split": name, "index": j, "source": str(refs[i].path),
                                 "sha256": shas[i], **header(refs[i])})
