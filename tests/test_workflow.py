@@ -141,7 +141,9 @@ def test_every_record_matches_its_schema(finished_run):
 
     found = records.records_under(finished_run / "results")
     kinds = Counter(records.schema_name(p) for p in found)
-    assert kinds == {"parity": 18, "manifest": 5, "engine": 8, "ort": 8, "eval": 8, "inc": 2, "compare": 2,
+    # parity: 4 + 4 + 2 (224x224-u8) + 4 + 4 + 2 variant folders; calibration sets, engines,
+    # rankings and profiles per analysed graph and variant
+    assert kinds == {"parity": 20, "manifest": 6, "engine": 9, "ort": 9, "eval": 9, "inc": 2, "compare": 2,
                      "deploy_parity": 3, "deploy_eval": 3}, kinds
     assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
     for name, key in (("parity.json", "passed"), ("ort.json", "ops"), ("manifest.json", "counts"),
