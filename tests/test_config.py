@@ -155,6 +155,13 @@ def test_uint8_sizes_are_checked_like_every_size():
         make_plan(cfg)
 
 
+def test_video_case_sizes_are_checked():
+    cfg = _cfg()
+    cfg["vision"]["dynamic"]["video_cases"] = [{"frames": 4, "size": "224x225"}]
+    with pytest.raises(ConfigError, match=r"vision\.dynamic\.video_cases\[0\]\.size"):
+        make_plan(cfg)
+
+
 def test_scale_config_plans_the_3b_preset(tmp_path):
     """`make scale`'s config: the 3b preset built by its own rule, every stage of every graph."""
     r = subprocess.run(

@@ -45,15 +45,57 @@ def test_gate_at_four_sizes_partial_windows_and_two_images(dyn, tiny_ckpt):
 
     rec = json.loads((dyn.folder("fp32") / "parity.json").read_text())
     assert rec["passed"] and {p["case"] for p in rec["per_input"]} == {
-        "224x224", "336x448", "448x224", "252x308", "224x224+252x308"}
+        "224x224", "336x448", "448x224", "252x308", "224x224+252x308", "clip-4x224x224"}
     assert rec["metrics"]["max_rel_error"] <= 1e-4
     ref = {c.name: c.inputs for c in Cases.load(dyn.reference)}
     cfg = AutoConfig.from_pretrained(str(tiny_ckpt)).vision_config
     lens = np.diff(ref["252x308"]["cu_window_seqlens"])
     assert lens.max() == window_len(cfg) and lens.min() < window_len(cfg)  # partial windows present
     assert len(ref["224x224+252x308"]["cu_seqlens"]) == 3  # two images in one call
-    counts = {c: len(ref[c]["patches"]) for c in ref}
-    assert len(set(counts.values())) == len(counts)  # every case a different patch count: one graph
+    counts = {c: len(ref[c]["patches"]) for c in ref if not c.startswith("clip")}
+    assert len(set(counts.values())) == len(counts)  # every image case a different patch count: one graph
+
+
+def test_gate_on_a_video_clip(dyn):
+    """A 4-frame clip (grid t = 2: two temporal steps, each its own attention segment) through the
+    dynamic graph equals transformers' get_video_features in the gate (the FP16 and onnxsim
+    variants are gated on every case too: tests/test_stages.py)."""
+    clip = {c.name: c for c in Cases.load(dyn.reference)}["clip-4x224x224"]
+    assert clip.meta["grid_thw"] == [[2, 16, 16]] and clip.meta["frames"] == 4
+    assert len(clip.inputs["cu_seqlens"]) == 3  # one full-attention segment per temporal step
+    assert clip.expected.shape == (128, 64)
+    a, b = clip.inputs["patches"][:256], clip.inputs["patches"][256:]  # the two steps differ (a pan)
+    assert np.abs(a - b).mean() > 0.1
+    rec = json.loads((dyn.folder("fp32") / "parity.json").read_text())
+    row = next(p for p in rec["per_input"] if p["case"] == "clip-4x224x224")
+    assert rec["passed"] and row["max_rel_error"] <= 1e-4 and row["cosine"] >= 0.99999, row
+
+
+def test_patchify_frames_is_the_video_processors_layout(tiny_ckpt):
+    """Two copies of one image patchify exactly as the image processor's still image (which it
+    repeats over the temporal patch axis); four frames give grid_t 2 with frames 2 and 3 in the
+    second step, at temporal positions 0 and 1; an odd count repeats the last frame."""
+    from vlsens.checkpoint import load_image_processor
+    from vlsens.vision import Geometry, patchify_frames, preprocess_nchw, processor_inputs
+
+    proc = load_image_processor(tiny_ckpt)
+    geom = Geometry()
+    img = open_rgb(resolve_images("builtin")[0])
+    still = preprocess_nchw(proc, [img], 56, 84)
+    patches, grid = patchify_frames(np.concatenate([still, still]), geom)
+    np.testing.assert_array_equal(patches, processor_inputs(proc, [img], 56, 84)["pixel_values"])
+    assert grid.tolist() == [[1, 4, 6]]
+    frames = np.random.default_rng(0).normal(size=(4, 3, 56, 84)).astype(np.float32)
+    patches, grid = patchify_frames(frames, geom)
+    assert grid.tolist() == [[2, 4, 6]] and patches.shape == (48, 3 * 2 * 14 * 14)
+    first = patches[24].reshape(3, 2, 14, 14)  # step 1, merged block 0, patch 0: top-left 14x14
+    np.testing.assert_array_equal(first[:, 0], frames[2, :, :14, :14])
+    np.testing.assert_array_equal(first[:, 1], frames[3, :, :14, :14])
+    second = patches[25].reshape(3, 2, 14, 14)  # the next patch of the 2x2 merge block: one to the right
+    np.testing.assert_array_equal(second[:, 0], frames[2, :, :14, 14:28])
+    odd, grid = patchify_frames(frames[:3], geom)
+    assert grid.tolist() == [[2, 4, 6]]
+    np.testing.assert_array_equal(odd[24:].reshape(24, 3, 2, 14, 14)[:, :, 1], odd[24:].reshape(24, 3, 2, 14, 14)[:, :, 0])
 
 
 def test_dynamic_graph_equals_fixed_size_graph(dyn, fp32_224, reference_224, tiny_ckpt):

@@ -193,3 +193,13 @@ def resize_exact(image, height: int, width: int, resample: int | None = None):
     if image.size == (width, height):
         return image
     return image.resize((width, height), resample=Image.Resampling.BICUBIC if resample is None else resample)
+
+
+def shifted_clip(image, frames: int, height: int, width: int, step: int = 8, resample: int | None = None) -> list:
+    """A synthetic clip: ``frames`` PIL frames of ``image`` resized to ``height`` x ``width`` (the
+    processor's filter), frame k shifted right by ``k * step`` pixels (wrapping), like a slow pan."""
+    import numpy as np
+    from PIL import Image
+
+    base = np.asarray(resize_exact(image, height, width, resample).convert("RGB"))
+    return [Image.fromarray(np.roll(base, k * step, axis=1)) for k in range(frames)]

@@ -68,6 +68,21 @@ def patchify_np(pixel_values: np.ndarray, geom: Geometry) -> tuple[np.ndarray, n
             np.array([[1, gh, gw]] * b, dtype=np.int64))
 
 
+def patchify_frames(frames: np.ndarray, geom: "Geometry") -> tuple[np.ndarray, np.ndarray]:
+    """(T, C, H, W) normalized frames of one clip -> (patches, grid_thw) in the layout of
+    transformers' Qwen2-VL video processor: consecutive frames pair up along the temporal patch
+    axis (``grid_t = T / temporal_patch_size``; an odd last frame is repeated, as there)."""
+    p, m, t = geom.patch_size, geom.merge_size, geom.temporal_patch_size
+    frames = np.asarray(frames, dtype=np.float32)
+    if pad := -len(frames) % t:
+        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
+    n, c, h, w = frames.shape
+    gt, gh, gw = n // t, h // p, w // p
+    x = frames.reshape(gt, t, c, gh // m, m, p, gw // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return (np.ascontiguousarray(x.reshape(gt * gh * gw, c * t * p * p)),
+            np.array([[gt, gh, gw]], dtype=np.int64))
+
+
 def unpatchify(patches: np.ndarray, grids: np.ndarray, geom: Geometry, channels: int = 3) -> np.ndarray:
     """Inverse of the processor's patch layout for single-frame images of one size -> (N, C, H, W).
 

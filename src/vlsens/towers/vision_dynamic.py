@@ -195,14 +195,19 @@ def case_name(sizes) -> str:
     return "+".join(f"{h}x{w}" for h, w in sizes)
 
 
-def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]) -> Cases:
+def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]],
+                      clips: list[tuple[int, tuple[int, int]]] = ()) -> Cases:
     """For every case (a list of (H, W), one image each, images taken in order): the processor's
-    patches at exactly those sizes, the index inputs, and transformers' features."""
+    patches at exactly those sizes, the index inputs, and transformers' features. For every clip
+    ``(frames, (H, W))``: a shifted-photo clip (:func:`vlsens.images.shifted_clip`) of the first
+    image, each frame through the image processor, patchified as the video processor does
+    (:func:`vlsens.vision.patchify_frames`, ``grid_t = frames / 2``), against transformers'
+    ``get_video_features``."""
     import torch
 
     from vlsens.checkpoint import load_image_processor, load_model
-    from vlsens.images import open_rgb
-    from vlsens.vision import processor_inputs
+    from vlsens.images import open_rgb, shifted_clip
+    from vlsens.vision import Geometry, patchify_frames, preprocess_nchw, processor_inputs
 
     model = load_model(checkpoint, attn_implementation="eager", part="vision")
     proc = load_image_processor(checkpoint)
@@ -220,6 +225,20 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
                      torch.cat(list(feats)).float().numpy(),
                      meta={"patches": int(pv.shape[0]), "images": [r.name for r in refs],
                            "grid_thw": grid.tolist()}))
+    geom = Geometry.from_config(model.config.vision_config)
+    for n_frames, (h, w) in clips:
+        ref = image_refs[0]
+        frames = shifted_clip(open_rgb(ref), n_frames, h, w, resample=getattr(proc, "resample", None))
+        pv, grid = patchify_frames(np.concatenate([preprocess_nchw(proc, [f], h, w) for f in frames]), geom)
+        with torch.no_grad():
+            feats = model.model.get_video_features(pixel_values_videos=torch.from_numpy(pv),
+                                                   video_grid_thw=torch.from_numpy(grid)).pooler_output
+        out.add(Case(f"clip-{n_frames}x{h}x{w}", "model.onnx", graph_inputs(pv, grid, model.config.vision_config),
+                     torch.cat(list(feats)).float().numpy(),
+                     meta={"patches": int(pv.shape[0]), "images": [ref.name], "frames": n_frames,
+                           "grid_thw": grid.tolist()}))
+    if clips:
+        out.source += "; clips: transformers get_video_features on the video processor's patch layout"
     return out
 
 
@@ -244,6 +263,8 @@ class DynamicVision(Tower):
         for i, case in enumerate(self.section["parity_cases"]):
             for j, size in enumerate(case):
                 parse_size(str(size), key=f"vision.dynamic.parity_cases[{i}][{j}]")
+        for i, clip in enumerate(self.section["video_cases"]):
+            parse_size(str(clip["size"]), key=f"vision.dynamic.video_cases[{i}].size")
         check_variants(self.variants(), self.analysed_variants(), "vision.dynamic.variants",
                        "vision.dynamic.sensitivity_variants")
 
@@ -254,7 +275,8 @@ class DynamicVision(Tower):
         return list(self.section["sensitivity_variants"])
 
     def reference_settings(self) -> dict:
-        return {"cases": [list(c) for c in self.section["parity_cases"]]}
+        return {"cases": [list(c) for c in self.section["parity_cases"]],
+                "clips": [[int(c["frames"]), str(c["size"])] for c in self.section["video_cases"]]}
 
     def export_settings(self) -> dict:
         return {"opset": self.config["export"]["opset"]}
@@ -268,7 +290,8 @@ class DynamicVision(Tower):
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         cases = [[parse_size(s, key="vision.dynamic.parity_cases") for s in case] for case in settings["cases"]]
-        return compute_reference(checkpoint, images, cases)
+        clips = [(n, parse_size(s, key="vision.dynamic.video_cases")) for n, s in settings.get("clips", [])]
+        return compute_reference(checkpoint, images, cases, clips)
 
     def export(self, checkpoint, cases, workdir, settings):
         """:func:`dynamic_module` with the TorchScript exporter, every axis dynamic, traced on a
