@@ -107,7 +107,8 @@ def test_whole_dag_builds_verified_models(finished_run):
     dyn = wd / "results" / "tiny" / "vision" / "dynamic"
     for variant in ("fp32", "fp16", "fp32-sim", "fp16-sim"):
         rec = json.loads((dyn / variant / "parity.json").read_text())
-        assert rec["passed"] and len(rec["per_input"]) == 5
+        assert rec["passed"] and len(rec["per_input"]) == 6  # 5 image cases and a 4-frame clip
+        assert any(p["case"].startswith("clip") for p in rec["per_input"])
     ev = json.loads((wd / "results" / "tiny" / "profile" / "vision" / "dynamic" / "fp32" / "eval.json").read_text())
     assert ev["status"] == "met" and ev["eval_images"] == 6  # 3 evaluation images x 2 sizes
     dec = wd / "results" / "tiny" / "decoder"
