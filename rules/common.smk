@@ -178,9 +178,11 @@ def report_records(wildcards):
     return [paths.fill(record(v), model=wildcards.model, graph=g) for g, t in TOWERS.items() for v in t.variants()]
 
 
-def report_figure(name, caption, category, figure_labels=None):
-    return report(f"{paths.REPORT_FIGURES}/{name}", caption=f"../report/{caption}", category=category,
-                  subcategory="{graph}", labels={"graph": "{graph}", "base": "{variant}", **(figure_labels or {})})
+def report_figure(figure, caption, category, figure_labels=None):
+    """A figure of ``paths.FIGURE_FILES`` marked for the report, one subcategory per graph."""
+    return report(f"{paths.REPORT_FIGURES}/{paths.FIGURE_FILES[figure]}", caption=f"../report/{caption}",
+                  category=category, subcategory="{graph}",
+                  labels={"graph": "{graph}", "base": "{variant}", **(figure_labels or {})})
 
 
 # --- params ----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ rule report_heatmap:
         csv=f"{paths.SENSITIVITY}/ort.csv",
         profile=f"{paths.PROFILE}/{paths.PROFILE_FILES['profile']}",
     output:
-        report_figure("heatmap.png", "heatmap.rst", "2. Sensitivity heatmaps", {"engine": "ort"}),
+        report_figure("heatmap", "heatmap.rst", "2. Sensitivity heatmaps", {"engine": "ort"}),
     log:
         paths.log("report_heatmap", "{variant}"),
     benchmark:
@@ -34,7 +34,7 @@ rule report_ranked:
         csv=f"{paths.SENSITIVITY}/{{engine}}.csv",
         profile=f"{paths.PROFILE}/{paths.PROFILE_FILES['profile']}",
     output:
-        report_figure("ranked-{engine}.png", "ranked.rst", "3. Most sensitive ops", {"engine": "{engine}"}),
+        report_figure("ranked", "ranked.rst", "3. Most sensitive ops", {"engine": "{engine}"}),
     log:
         paths.log("report_ranked", "{variant}", "{engine}"),
     benchmark:
@@ -55,7 +55,7 @@ rule report_pareto:
     input:
         eval=f"{paths.PROFILE}/{paths.PROFILE_FILES['eval']}",
     output:
-        report_figure("pareto.png", "pareto.rst", "4. Profiles: INT8 coverage vs accuracy"),
+        report_figure("pareto", "pareto.rst", "4. Profiles: INT8 coverage vs accuracy"),
     log:
         paths.log("report_pareto", "{variant}"),
     benchmark:
@@ -76,7 +76,7 @@ rule report_engines:
         inc=f"{paths.SENSITIVITY}/inc.csv",
         compare=f"{paths.SENSITIVITY}/compare.json",
     output:
-        report_figure("engines.png", "engines.rst", "5. Engine agreement"),
+        report_figure("engines", "engines.rst", "5. Engine agreement"),
     log:
         paths.log("report_engines", "{variant}"),
     benchmark:
@@ -142,7 +142,8 @@ rule report_tables:
         deploy=lambda wc: list(report_deploy(wc).values()),
     output:
         parity=report(f"{paths.REPORT}/{paths.REPORT_FILES['parity']}", caption="../report/parity.rst",
-                      category="1. Parity and profiles", subcategory="tables", labels={"table": "parity of every artifact"}),
+                      category="1. Parity and profiles", subcategory="tables",
+                      labels={"table": "parity of every artifact"}),
         profiles=report(f"{paths.REPORT}/{paths.REPORT_FILES['profiles']}", caption="../report/profiles.rst",
                         category="1. Parity and profiles", subcategory="tables",
                         labels={"table": "mixed-precision profiles"}),

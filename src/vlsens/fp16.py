@@ -121,16 +121,16 @@ def range_fallbacks(model, absmax: dict[str, float], max_activation: float,
             arr = tensor_array(init, weights_dir)
             init_max[init.name] = float(np.abs(arr).max()) if arr.size else 0.0
             del arr
+    bounds = (("activation", absmax, max_activation), ("initializer", init_max, max_initializer))
     keep: dict[str, dict] = {}
     for node in model.graph.node:
-        for t in list(node.input) + list(node.output):
-            for kind, seen, bound in (("activation", absmax, max_activation), ("initializer", init_max, max_initializer)):
-                if t in seen and seen[t] > bound:
-                    keep[node.name] = {"reason": f"{kind} '{t}' reaches {seen[t]:.4g} > {bound:g}", "kind": kind,
-                                       "tensor": t, "observed": float(seen[t]), "bound": float(bound)}
-                    break
-            if node.name in keep:
-                break
+        over = ((kind, t, seen[t], bound) for t in (*node.input, *node.output) for kind, seen, bound in bounds
+                if t in seen and seen[t] > bound)
+        hit = next(over, None)  # the first tensor over its bound, in input/output order
+        if hit:
+            kind, t, value, bound = hit
+            keep[node.name] = {"reason": f"{kind} '{t}' reaches {value:.4g} > {bound:g}", "kind": kind,
+                               "tensor": t, "observed": float(value), "bound": float(bound)}
     return keep
 
 

@@ -52,6 +52,9 @@ DEPLOY_BENCHMARK = MODEL + "/benchmarks/deploy/deploy-{precision}.tsv"
 #: The report's files (rules/report.smk): per analysed graph and variant, per graph, per model.
 REPORT = MODEL + "/report"
 REPORT_FIGURES = REPORT + "/{graph}/{variant}"
+#: Figures of an analysed graph and variant (``ranked``: one per engine; ``engines``: where both ran).
+FIGURE_FILES = {"heatmap": "heatmap.png", "ranked": "ranked-{engine}.png", "pareto": "pareto.png",
+                "engines": "engines.png"}
 REPORT_FP16 = REPORT + "/{graph}/fp16-fallback.png"
 REPORT_FILES = {"latency": "latency.png", "parity": "parity.html", "profiles": "profiles.html"}
 LOGS = MODEL + "/logs/{graph}"

@@ -59,11 +59,11 @@ def report_targets(plan: Plan, towers) -> list[str]:
     for tower in towers:
         g = {"model": plan.model, "graph": tower.graph}
         for v in tower.analysed_variants():
-            fig = paths.fill(paths.REPORT_FIGURES, variant=v, **g)
+            fig = paths.files(paths.fill(paths.REPORT_FIGURES, variant=v, **g), paths.FIGURE_FILES)
             ran = [e for e in engines if v in engine_variants(tower, e)]
-            out += [f"{fig}/heatmap.png"] if "ort" in ran else []
-            out += [f"{fig}/ranked-{e}.png" for e in ran] + [f"{fig}/pareto.png"]
-            out += [f"{fig}/engines.png"] if len(ran) == 2 else []
+            out += [fig["heatmap"]] if "ort" in ran else []
+            out += [paths.fill(fig["ranked"], engine=e) for e in ran] + [fig["pareto"]]
+            out += [fig["engines"]] if len(ran) == 2 else []
             profiled = True
         if "fp16" in tower.variants():
             out.append(paths.fill(paths.REPORT_FP16, **g))
@@ -74,4 +74,5 @@ def report_targets(plan: Plan, towers) -> list[str]:
 
 def all_targets(plan: Plan, towers, report: bool = False) -> list[str]:
     towers = list(towers)
-    return [t for tower in towers for t in graph_targets(plan, tower)] + (report_targets(plan, towers) if report else [])
+    out = [t for tower in towers for t in graph_targets(plan, tower)]
+    return out + (report_targets(plan, towers) if report else [])

@@ -58,14 +58,10 @@ def patchify(pixel_values, geom: Geometry):
 
 
 def patchify_np(pixel_values: np.ndarray, geom: Geometry) -> tuple[np.ndarray, np.ndarray]:
-    """numpy :func:`patchify` for (B, C, H, W) images of one size: (patches, grid_thw)."""
-    p, m, t = geom.patch_size, geom.merge_size, geom.temporal_patch_size
-    b, c, h, w = pixel_values.shape
-    gh, gw = h // p, w // p
-    x = np.broadcast_to(pixel_values[:, None], (b, t, c, h, w))
-    x = x.reshape(b, t, c, gh // m, m, p, gw // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return (np.ascontiguousarray(x.reshape(b * gh * gw, c * t * p * p), dtype=np.float32),
-            np.array([[1, gh, gw]] * b, dtype=np.int64))
+    """numpy :func:`patchify` for (B, C, H, W) images of one size: (patches, grid_thw). A still
+    image is a clip of ``temporal_patch_size`` copies of itself (as the processor repeats it)."""
+    parts = [patchify_frames(np.repeat(img[None], geom.temporal_patch_size, axis=0), geom) for img in pixel_values]
+    return np.concatenate([p for p, _ in parts]), np.concatenate([g for _, g in parts])
 
 
 def patchify_frames(frames: np.ndarray, geom: "Geometry") -> tuple[np.ndarray, np.ndarray]:

@@ -171,14 +171,13 @@ def pareto(record: dict, out: str | Path, title: str) -> dict:
     trace = record["search"]["trace"]
     pts = [{"ops": t["int8_ops"] / n if n else 0.0, "weights": t.get("int8_weight_share"),
             "y": f(float(t[metric])), "meets": bool(t["meets"])} for t in trace]
-    floor = 1e-12 if log else None
-    if floor is not None:
-        for p in pts:
-            p["y"] = max(p["y"], floor)
+    floor = 1e-12 if log else -math.inf  # a perfect point still has a place on a log axis
+    for p in pts:
+        p["y"] = max(p["y"], floor)
     meeting = [(t, p) for t, p in zip(trace, pts) if p["meets"]]
     chosen = max(meeting, key=lambda tp: tp[0]["int8_ops"])[1] if meeting else {"ops": 0.0, "weights": 0.0, "y": None}
     built = {"ops": float(record["int8_op_share"]), "weights": float(record["int8_weight_share"]),
-             "y": max(f(float(record["measured"][metric])), floor or -math.inf)}
+             "y": max(f(float(record["measured"][metric])), floor)}
     panels = [("ops", "INT8 share of the quantizable ops")]
     if all(p["weights"] is not None for p in pts):
         panels.append(("weights", "INT8 share of the weights"))
@@ -200,7 +199,8 @@ def pareto(record: dict, out: str | Path, title: str) -> dict:
         ax.plot(xs[front], ys[front], "-", color="#999999", lw=1.2, label="frontier of the evaluations", zorder=1)
         ax.scatter(xs[ok], ys[ok], c=INT8_COLOUR, s=28, label="evaluated: meets the target", zorder=2)
         ax.scatter(xs[~ok], ys[~ok], c="#d62728", marker="x", s=34, label="evaluated: misses it", zorder=2)
-        ax.axhline(f(target), color="#333333", ls="--", lw=1.2, label=f"target {metric} {record['target']['direction']} {target:g}")
+        ax.axhline(f(target), color="#333333", ls="--", lw=1.2,
+                   label=f"target {metric} {record['target']['direction']} {target:g}")
         if chosen["y"] is not None:
             ax.scatter([chosen[key]], [chosen["y"]], s=160, facecolors="none", edgecolors="#1f77b4", linewidths=2,
                        label="chosen by the search", zorder=3)
@@ -247,7 +247,8 @@ def engines(ort_rows: list[dict], inc_rows: list[dict], record: dict, out: str |
     right.plot([1, n], [1, n], color="#999999", lw=1, ls="--", label="same rank")
     right.scatter([ro[o["op"]] for o, _ in common], [ri[o["op"]] for o, _ in common], s=22, c=INT8_COLOUR, alpha=0.8)
     for o, _ in top:
-        right.annotate(_short(o["op"]), (ro[o["op"]], ri[o["op"]]), fontsize=7, xytext=(4, 2), textcoords="offset points")
+        right.annotate(_short(o["op"]), (ro[o["op"]], ri[o["op"]]), fontsize=7, xytext=(4, 2),
+                       textcoords="offset points")
     right.set_xlabel("rank by ort (1 = most sensitive)")
     right.set_ylabel("rank by inc")
     right.invert_xaxis()
