@@ -1,4 +1,4 @@
-# vlsens: Qwen2.5-VL checkpoint -> verified ONNX models of the vision and text towers, FP16 and
+# vlsens: Qwen-VL checkpoint (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) -> verified ONNX models of the vision and text towers, FP16 and
 # simplified variants, calibration sets, per-op quantization sensitivity and mixed-precision
 # profiles. A table of contents: logic lives in src/vlsens/, rules in rules/ (one rule per stage,
 # over a {graph} wildcard: vision/<H>x<W>, vision/dynamic, text), entry points in workflow/scripts/.

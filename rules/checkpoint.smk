@@ -10,8 +10,9 @@ rule tiny_checkpoint:
     benchmark:
         paths.model_benchmark("tiny_checkpoint")
     wildcard_constraints:
-        model="tiny",
+        model="tiny|tiny-qwen2vl|tiny-qwen3vl",
     params:
+        preset=config["model"]["checkpoint"],
         seed=config["model"]["tiny"]["seed"],
         outlier=canonical(config["model"]["tiny"]["outlier"]),
         text_outlier=canonical(config["model"]["tiny"]["text_outlier"]),

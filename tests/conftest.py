@@ -22,7 +22,7 @@ PLANT = {"block": 2, "channels": 2, "scale": 1000.0}
 #: Engine inc's interpreter, as `make inc-env` (part of `make test`) builds it.
 INC_PYTHON = REPO / ".venv-inc" / "bin" / "python"
 #: One graph of each builtin tower: the generic stages are tested over all four.
-GRAPHS = ["vision/224x224", "vision/224x224-u8", "vision/dynamic", "text", "decoder"]
+GRAPHS = ["vision/224x224", "vision/224x224-u8", "vision/224x224-t2", "vision/dynamic", "text", "decoder"]
 
 
 def default_config(**changes) -> dict:

@@ -26,12 +26,13 @@ def test_default_config_plan():
     plan, towers = make_plan(_cfg())
     assert plan.model == "tiny" and plan.preset == "tiny"
     assert plan.checkpoint == "results/tiny/checkpoint"
-    assert list(towers) == ["vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/dynamic", "text", "decoder"]
+    assert list(towers) == ["vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/224x224-t2",
+                            "vision/dynamic", "text", "decoder"]
     assert [r.name for r in plan.parity_images] == ["astronaut.png", "coffee.png"]
     targets = all_targets(plan, towers.values())
     assert "results/tiny/vision/224x336/fp16-sim/model.onnx" in targets
     assert len([t for t in targets if t.startswith("results/tiny/vision/224x")
-                and t.endswith(("model.onnx", "parity.json")) and "/profile/" not in t]) == 16 + 4  # + u8: fp32, fp16
+                and t.endswith(("model.onnx", "parity.json")) and "/profile/" not in t]) == 16 + 4 + 4  # + u8, t2: fp32, fp16
     assert "results/tiny/text/fp32/parity.json" in targets and "results/tiny/calib/vision/224x224/calib.tar" in targets
 
 
@@ -195,3 +196,49 @@ def test_cluster_memory_and_runtime_per_rule_and_per_graph():
     assert not schema_errors(_cfg(cluster__mem_mb=table))
     assert schema_errors(_cfg(cluster__mem_mb={"default": 8000, "export": {"text": 24000}}))  # no default
     assert schema_errors(_cfg(cluster__mem_mb={"default": 8000, "export": {"default": 0}}))
+
+
+def test_family_size_rules_and_features_are_checked_when_the_dag_is_built():
+    """Qwen3-VL sides are multiples of 32 and the message says which family was detected; deploy
+    and video prompts are refused where they are not built."""
+    from vlsens.towers import configure
+
+    with pytest.raises(ConfigError, match=r"vision.sizes\[0\].*multiples of 32 \(Qwen3-VL \(detected from "
+                                          r"model.checkpoint\): patch 16.*224x320"):
+        configure(default_config(**{"model.checkpoint": "tiny-qwen3vl", "vision.sizes": ["224x336"],
+                                    "deploy.enabled": False}))
+    with pytest.raises(ConfigError, match=r"multiples of 28 \(Qwen2-VL"):
+        configure(default_config(**{"model.checkpoint": "tiny-qwen2vl", "vision.sizes": ["224x320"],
+                                    "deploy.enabled": False}))
+    with pytest.raises(ConfigError, match="deploy.enabled: .*Qwen2.5-VL only.*Qwen3-VL"):
+        configure(default_config(**{"model.checkpoint": "tiny-qwen3vl", "vision.sizes": ["224x224"],
+                                    "vision.dynamic.parity_cases": [["224x224"]], "vision.uint8.sizes": [],
+                                    "vision.video.sizes": [], "text.parity.video_cases": []}))
+    with pytest.raises(ConfigError, match="text.parity.video_cases: .*Qwen3-VL"):
+        configure(default_config(**{"model.checkpoint": "tiny-qwen3vl", "vision.sizes": ["224x224"],
+                                    "vision.dynamic.parity_cases": [["224x224"]], "vision.uint8.sizes": [],
+                                    "vision.video.sizes": [], "deploy.enabled": False}))
+    with pytest.raises(ConfigError, match="outlier.site: 'mlp' needs Qwen2.5-VL"):
+        configure(default_config(**{"model.checkpoint": "tiny-qwen2vl", "model.tiny.outlier.site": "mlp",
+                                    "deploy.enabled": False}))
+
+
+def test_family_configs_plan_their_presets():
+    import yaml
+
+    from vlsens.towers import configure
+
+    for preset in ("tiny-qwen2vl", "tiny-qwen3vl"):
+        overlay = yaml.safe_load((REPO / "config" / f"{preset}.yaml").read_text())
+        cfg = default_config()
+        for key, value in overlay.items():  # Snakemake's merge of --configfile onto config.yaml
+            cfg[key] = _merge(cfg[key], value)
+        plan, towers = configure(cfg)
+        assert plan.model == preset and plan.preset == preset
+        assert set(towers) == {"vision/224x224", "vision/224x224-u8", "vision/224x224-t2", "vision/dynamic", "text"}
+
+
+def _merge(base, over):
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **{k: _merge(base.get(k), v) for k, v in over.items()}}
+    return over

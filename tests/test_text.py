@@ -100,8 +100,8 @@ def test_embeds_graph_on_merged_vision_features_equals_pytorch(text_run):
     inputs = processor(text=texts, images=pil, return_tensors="pt", padding=True, do_resize=False)
     with torch.no_grad():
         expected = model(**inputs, use_cache=False).logits.numpy()
-    embeds, pos = merged_embeds(model, inputs)
-    mask = inputs["attention_mask"].numpy().astype(np.int64)
+    feeds = merged_embeds(model, inputs)
+    embeds, pos, mask = feeds["inputs_embeds"], feeds["position_ids"], feeds["attention_mask"]
     assert not np.array_equal(pos[0], pos[1])  # real 3-D positions (image rows/cols), not text ones
     s = ort.InferenceSession(str(text_run / "fp32" / "embeds.onnx"), providers=["CPUExecutionProvider"])
     got = s.run(None, {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": pos})[0]

@@ -130,6 +130,49 @@ def test_whole_dag_builds_verified_models(finished_run):
             assert ev["mean_kl"] >= 0 and ev["top1_agreement"] > 0.5
     assert json.loads((wd / "results" / "tiny" / "deploy" / "int8-mixed" / "eval.json").read_text())["target"]["met"]
     assert not [p for p in (wd / "results").rglob("*") if ".staging-" in p.name or ".tmp-" in p.name]
+    # text: the video+prompt case is gated in every variant; per-step video graph: one case per step
+    for variant in ("fp32", "fp16", "fp32-sim", "fp16-sim"):
+        rec = json.loads((text / variant / "parity.json").read_text())
+        assert [p["frames"] for p in rec["per_input"] if p["case"] == "video4+prompt"] == [4]
+    step = wd / "results" / "tiny" / "vision" / "224x224-t2"
+    for variant in ("fp32", "fp16"):
+        rec = json.loads((step / variant / "parity.json").read_text())
+        assert rec["passed"] and sorted(p["step"] for p in rec["per_input"]) == [0, 0, 1, 1]  # 2 clips x 2 steps
+        assert rec["input_shape"][0] == [1, 2, 3, 224, 224]
+    assert (wd / "results" / "tiny" / "calib" / "vision" / "224x224-t2" / "calib.tar").is_file()
+    assert "blocks.2/attn/qkv" in (wd / "results" / "tiny" / "sensitivity" / "vision" / "224x224-t2" / "fp32" /
+                                   "ort.csv").read_text().splitlines()[1]
+
+
+@pytest.mark.slow
+def test_video_clip_logits_onnx_only_equal_transformers(finished_run):
+    """Qwen2.5-VL video end to end with ONNX graphs only: a 4-frame clip (grid t = 2) through the
+    dynamic vision graph, its tokens in the video slots, the text graph, with the temporal rope
+    positions of second_per_grid_ts -- transformers' video forward logits. Positions computed with
+    another second_per_grid_ts miss them (the input is really used)."""
+    import numpy as np
+    import torch
+
+    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.images import open_rgb, resolve_images
+    from vlsens.metrics import compare
+    from vlsens.runtime import prompt_logits
+    from vlsens.towers.text import video_inputs
+
+    res = finished_run / "results" / "tiny"
+    ckpt = res / "checkpoint"
+    model, processor = load_model(ckpt, attn_implementation="eager"), load_processor(ckpt)
+    inputs = video_inputs(processor, open_rgb(resolve_images("builtin")[1]), "What moves?", 4, 224, 308)
+    assert inputs["video_grid_thw"].tolist() == [[2, 16, 22]] and inputs["second_per_grid_ts"].tolist() == [1.0]
+    with torch.no_grad():
+        expected = model(**inputs, use_cache=False).logits.numpy()
+    graphs = (res / "vision" / "dynamic" / "fp32" / "model.onnx", res / "text" / "fp32" / "embeds.onnx")
+    feeds = {k: v.numpy() for k, v in inputs.items()}
+    m = compare(prompt_logits(ckpt, *graphs, feeds, video=True), expected, None, True)
+    assert m["max_rel_error"] < 1e-4 and m["top1_agreement"] == 1.0, m
+    wrong = compare(prompt_logits(ckpt, *graphs, dict(feeds, second_per_grid_ts=np.array([3.0])), video=True),
+                    expected, None, True)
+    assert wrong["max_rel_error"] > 1e-3, wrong
 
 
 @pytest.mark.slow

@@ -28,7 +28,10 @@ from vlsens.fsutil import atomic_dir
 log = logging.getLogger(__name__)
 
 MODEL_TYPE = "qwen2_5_vl"
-PRESETS = ("tiny", "3b")
+#: preset -> the family (model_type) it is built as.
+PRESET_FAMILY = {"tiny": "qwen2_5_vl", "tiny-qwen2vl": "qwen2_vl", "tiny-qwen3vl": "qwen3_vl", "3b": "qwen2_5_vl"}
+PRESETS = tuple(PRESET_FAMILY)
+TINY_PRESETS = tuple(p for p in PRESETS if p.startswith("tiny"))
 
 #: Qwen2.5-VL special tokens, in the order the real tokenizer lists them.
 SPECIAL_TOKENS = (
@@ -105,6 +108,27 @@ TINY_TEXT = dict(
     max_position_embeddings=4096,
     rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0},
 )
+#: The other families' tiny presets: their real layouts at the same toy widths.
+#: Qwen2-VL: LayerNorm + QuickGELU vision blocks, full attention, ``embed_dim`` inside the tower and
+#: ``hidden_size`` = the LM's width out of the merger.
+TINY_VISION_QWEN2VL = dict(
+    depth=4, embed_dim=64, hidden_size=64, mlp_ratio=2, num_heads=4, patch_size=14, spatial_merge_size=2,
+    temporal_patch_size=2, in_channels=3, initializer_range=0.1,
+)
+#: Qwen3-VL: patch 16, a learned 8 x 8 position table (the real one is 48 x 48), DeepStack mergers
+#: after blocks 1 and 2 (added by the LM after its layers 0 and 1).
+TINY_VISION_QWEN3VL = dict(
+    depth=4, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64, num_position_embeddings=64,
+    deepstack_visual_indexes=[1, 2], patch_size=16, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+    initializer_range=0.1,
+)
+TINY_TEXT_QWEN3VL = dict(
+    TINY_TEXT, head_dim=16,
+    rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True,
+                     "rope_theta": 5000000.0},
+)
+TINY_ARCH = {"qwen2_5_vl": (TINY_VISION, TINY_TEXT), "qwen2_vl": (TINY_VISION_QWEN2VL, TINY_TEXT),
+             "qwen3_vl": (TINY_VISION_QWEN3VL, TINY_TEXT_QWEN3VL)}
 
 
 def build_tiny_tokenizer(vocab_size: int = 512):
@@ -134,14 +158,16 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
-def vl_config(tokenizer, vision: dict, text: dict, **top) -> Any:
-    """A Qwen2_5_VLConfig with the special token ids of ``tokenizer`` (``top``: more top-level keys)."""
-    from transformers import Qwen2_5_VLConfig
+def vl_config(tokenizer, vision: dict, text: dict, family: str = MODEL_TYPE, **top) -> Any:
+    """The ``family``'s config (Qwen2_5_VLConfig ...) with the special token ids of ``tokenizer``
+    (``top``: more top-level keys)."""
+    from vlsens.family import get
 
+    config_class = get(family).transformers_class("config_class")
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = dict(text, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
                 pad_token_id=ids["<|endoftext|>"])
-    return Qwen2_5_VLConfig(
+    return config_class(
         vision_config=vision,
         text_config=text,
         image_token_id=ids["<|image_pad|>"],
@@ -152,9 +178,10 @@ def vl_config(tokenizer, vision: dict, text: dict, **top) -> Any:
     )
 
 
-def tiny_config(tokenizer, vision: dict | None = None) -> Any:
-    """The Qwen2_5_VLConfig of the tiny preset, with token ids taken from ``tokenizer``."""
-    return vl_config(tokenizer, {**TINY_VISION, **(vision or {})}, dict(TINY_TEXT, vocab_size=len(tokenizer)),
+def tiny_config(tokenizer, vision: dict | None = None, family: str = MODEL_TYPE) -> Any:
+    """The config of the tiny preset of ``family``, with token ids taken from ``tokenizer``."""
+    tv, tt = TINY_ARCH[family]
+    return vl_config(tokenizer, {**tv, **(vision or {})}, dict(tt, vocab_size=len(tokenizer)), family,
                      tie_word_embeddings=False)
 
 
@@ -186,11 +213,16 @@ def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 10
             n = blk.norm1.weight.shape[0]
             idx = list(range(0, n, max(1, n // channels)))[:channels]
             blk.norm1.weight[idx] *= scale
+            if getattr(blk.norm1, "bias", None) is not None:  # LayerNorm (Qwen2-VL, Qwen3-VL)
+                blk.norm1.bias[idx] *= scale
             blk.attn.qkv.weight[:, idx] /= scale
             blk.attn.proj.weight *= gain
             blk.attn.proj.bias *= gain
         elif site == "mlp":
             mlp = blk.mlp
+            if not hasattr(mlp, "up_proj"):
+                raise ValueError("model.tiny.outlier.site: 'mlp' needs a gated vision MLP (Qwen2.5-VL's up_proj); "
+                                 "this family's MLP has an activation between its two layers: use 'attn'")
             n = mlp.up_proj.out_features
             idx = list(range(0, n, max(1, n // channels)))[:channels]
             mlp.up_proj.weight[idx, :] *= scale
@@ -242,17 +274,18 @@ def init_weights_numpy(model, seed: int) -> None:
 
 
 def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | None = None,
-                    text_outlier: dict | None = None):
-    """The tiny preset in memory: (model, tokenizer), random weights from ``seed``; ``outlier``
-    ({block, channels, scale, gain}) plants a sensitivity with :func:`plant_vision_outlier`;
-    ``vision`` overrides vision-config keys (benchmarks use real widths)."""
+                    text_outlier: dict | None = None, family: str = MODEL_TYPE):
+    """The tiny preset of ``family`` in memory: (model, tokenizer), random weights from ``seed``;
+    ``outlier`` ({block, channels, scale, gain}) plants a sensitivity with
+    :func:`plant_vision_outlier`; ``vision`` overrides vision-config keys (benchmarks use real widths)."""
     import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from vlsens.family import get
 
     tokenizer = build_tiny_tokenizer()
-    config = tiny_config(tokenizer, vision)
+    config = tiny_config(tokenizer, vision, family)
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    model = get(family).transformers_class()(config).eval()
     init_weights_numpy(model, seed)
     if outlier:
         plant_vision_outlier(model, int(outlier["block"]), int(outlier.get("channels", 2)),
@@ -265,14 +298,17 @@ def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | N
 
 
 def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, outlier: dict | None = None,
-                          vision: dict | None = None, text_outlier: dict | None = None) -> Path:
-    """Write the tiny preset as a complete HF checkpoint into ``out_dir`` (atomically)."""
+                          vision: dict | None = None, text_outlier: dict | None = None,
+                          preset: str = "tiny") -> Path:
+    """Write a tiny preset (``tiny``, ``tiny-qwen2vl``, ``tiny-qwen3vl``) as a complete HF
+    checkpoint into ``out_dir`` (atomically)."""
     out_dir = Path(out_dir)
-    model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier)
+    family = PRESET_FAMILY[preset]
+    model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier, family)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        _save_processor(tmp, tokenizer)
-        (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": "tiny", "seed": seed, "outlier": outlier,
+        _save_processor(tmp, tokenizer, family)
+        (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": preset, "seed": seed, "outlier": outlier,
                                                                 "text_outlier": text_outlier}) + "\n")
     log.info("tiny checkpoint written to %s (%d parameters)", out_dir, model.num_parameters())
     return out_dir
@@ -367,29 +403,44 @@ def build_3b_checkpoint(out_dir: str | Path, seed: int = 0, text_layers: int = 3
     return out_dir
 
 
-def _save_processor(tmp: Path, tokenizer) -> None:
+def _save_processor(tmp: Path, tokenizer, family: str = MODEL_TYPE) -> None:
+    """Tokenizer and image-processor config as the family's published checkpoints have them
+    (Qwen3-VL: patch 16, mean and std 0.5)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    from vlsens.family import get
+
     tokenizer.save_pretrained(tmp)
-    Qwen2VLImageProcessorPil().save_pretrained(tmp)
+    if family == "qwen3_vl":
+        proc = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
+                                        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    else:
+        proc = Qwen2VLImageProcessorPil()
+    proc.save_pretrained(tmp)
     # The real checkpoints name their processor class here, so AutoProcessor resolves it.
     pp = tmp / "preprocessor_config.json"
     data = json.loads(pp.read_text())
-    data["processor_class"] = "Qwen2_5_VLProcessor"
+    data["processor_class"] = get(family).processor_class
     pp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def check_tiny_outliers(tiny: dict) -> None:
-    """The tiny preset's planted outliers name an existing vision block / text layer."""
+def check_tiny_outliers(tiny: dict, preset: str = "tiny") -> None:
+    """The tiny preset's planted outliers name an existing vision block / text layer, at a site the
+    family's blocks have."""
     from vlsens.errors import ConfigError
 
+    vision, text_arch = TINY_ARCH[PRESET_FAMILY.get(preset, MODEL_TYPE)]
     outlier, text = tiny.get("outlier"), tiny.get("text_outlier")
-    if outlier and not 0 <= int(outlier["block"]) < TINY_VISION["depth"]:
+    if outlier and not 0 <= int(outlier["block"]) < vision["depth"]:
         raise ConfigError(f"model.tiny.outlier.block: {outlier['block']} is not a vision block "
-                          f"(0..{TINY_VISION['depth'] - 1}).")
-    if text and not 0 <= int(text["layer"]) < TINY_TEXT["num_hidden_layers"]:
+                          f"(0..{vision['depth'] - 1}).")
+    if outlier and outlier.get("site", "attn") == "mlp" and PRESET_FAMILY.get(preset) != MODEL_TYPE:
+        raise ConfigError(f"model.tiny.outlier.site: 'mlp' needs Qwen2.5-VL's gated vision MLP; the preset "
+                          f"'{preset}' ({PRESET_FAMILY[preset]}) has an activation between its MLP layers "
+                          "(the outlier would change the function): use 'attn'.")
+    if text and not 0 <= int(text["layer"]) < text_arch["num_hidden_layers"]:
         raise ConfigError(f"model.tiny.text_outlier.layer: {text['layer']} is not a text layer "
-                          f"(0..{TINY_TEXT['num_hidden_layers'] - 1}).")
+                          f"(0..{text_arch['num_hidden_layers'] - 1}).")
 
 
 # --------------------------------------------------------------------------------------------
@@ -397,7 +448,8 @@ def check_tiny_outliers(tiny: dict) -> None:
 # --------------------------------------------------------------------------------------------
 
 def check_checkpoint_dir(path: str | Path, key: str = "model.checkpoint") -> Path:
-    """Raise :class:`CheckpointError` unless ``path`` is a loadable Qwen2.5-VL safetensors checkpoint.
+    """Raise :class:`CheckpointError` unless ``path`` is a loadable safetensors checkpoint of a
+    supported family (:mod:`vlsens.family`).
 
     Cheap (reads ``config.json`` and lists files), so it runs when the DAG is built.
     """
@@ -416,9 +468,12 @@ def check_checkpoint_dir(path: str | Path, key: str = "model.checkpoint") -> Pat
         model_type = json.loads(cfg.read_text()).get("model_type")
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{key}: '{cfg}' is not valid JSON ({e}).") from e
-    if model_type != MODEL_TYPE:
+    from vlsens.family import FAMILIES
+
+    if model_type not in FAMILIES:
         raise CheckpointError(
-            f"{key}: '{path}' holds model_type '{model_type}', vlsens needs '{MODEL_TYPE}' (Qwen2.5-VL)."
+            f"{key}: '{path}' holds model_type '{model_type}'; vlsens takes "
+            + ", ".join(f"'{k}' ({f.title})" for k, f in FAMILIES.items()) + "."
         )
     if not any(p.glob("*.safetensors")):
         pickles = sorted(x.name for x in p.iterdir() if x.suffix in (".bin", ".pt", ".pth", ".ckpt"))
@@ -475,7 +530,8 @@ def safetensors_header(path: Path, key: str = "model.checkpoint") -> dict:
 
 def load_model(path: str | Path, attn_implementation: str | None = None, device: str = "cpu",
                part: str | None = None):
-    """Load Qwen2_5_VLForConditionalGeneration in float32 from safetensors, eval mode.
+    """Load the family's ``...ForConditionalGeneration`` (:mod:`vlsens.family`) in float32 from
+    safetensors, eval mode.
 
     ``part="vision"`` materialises the vision tower only (``model.model.visual``, with
     ``model.model.get_image_features`` working as usual); ``part="text"`` the language model and
@@ -484,9 +540,11 @@ def load_model(path: str | Path, attn_implementation: str | None = None, device:
     669 M) instead of the whole checkpoint in float32 (15 GB for 3B), the text export 4 bytes per
     text parameter (12.4 GB for 3B)."""
     import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from vlsens.family import family_of
 
     p = check_checkpoint_dir(path)
+    model_class = family_of(p).transformers_class()
     if part in ("vision", "text"):
         return _load_part(p, part, attn_implementation, device)
     if part is not None:
@@ -500,7 +558,7 @@ def load_model(path: str | Path, attn_implementation: str | None = None, device:
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        model, info = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(p), output_loading_info=True, **kwargs)
+        model, info = model_class.from_pretrained(str(p), output_loading_info=True, **kwargs)
     except Exception as e:  # safetensors and transformers raise their own types, naming no file
         raise CheckpointError(f"model.checkpoint: '{p}' cannot be loaded: {type(e).__name__}: {e}") from e
     problems = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
@@ -538,16 +596,19 @@ def _load_part(p: Path, part: str, attn_implementation: str | None, device: str)
     torch's meta device."""
     import torch
     from safetensors import safe_open
-    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoConfig
     from transformers.initialization import no_init_weights
 
+    from vlsens.family import family_of
+
+    model_class = family_of(p).transformers_class()
     config = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
     if attn_implementation:
         config._attn_implementation = attn_implementation
         for sub in (config.vision_config, config.text_config):
             sub._attn_implementation = attn_implementation
     with torch.device("meta"):
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = model_class(config)
     tied = bool(getattr(config, "tie_word_embeddings", False) or getattr(config.text_config, "tie_word_embeddings", False))
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)
@@ -611,22 +672,26 @@ def load_image_processor(path: str | Path):
     return AutoImageProcessor.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
 
 
-def _image_text_processor_class():
-    from transformers import Qwen2_5_VLProcessor
+def _image_text_processor_class(family: str = MODEL_TYPE):
     from transformers.processing_utils import ProcessorMixin
 
-    class ImageTextProcessor(Qwen2_5_VLProcessor):
-        """Qwen2_5_VLProcessor without its video sub-processor.
+    from vlsens.family import get
+
+    base = get(family).transformers_class("processor_class")
+
+    class ImageTextProcessor(base):
+        """The family's processor (``Qwen2_5_VLProcessor`` ...) without its video sub-processor.
 
         transformers' video processor needs torchvision, which has no CPU build; images and text
-        go through the very same ``Qwen2_5_VLProcessor.__call__`` code.
+        go through the very same ``__call__`` code.
         """
 
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
-            self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
-            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            for name, token in (("image", "<|image_pad|>"), ("video", "<|video_pad|>"),
+                                ("vision_start", "<|vision_start|>"), ("vision_end", "<|vision_end|>")):
+                tok = getattr(tokenizer, f"{name}_token", None) or token
+                setattr(self, f"{name}_token", tok)
+                setattr(self, f"{name}_token_id", tokenizer.convert_tokens_to_ids(tok))
             ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
     return ImageTextProcessor
@@ -635,17 +700,19 @@ def _image_text_processor_class():
 def load_processor(path: str | Path):
     """The checkpoint's processor: ``AutoProcessor`` where it loads, else the image+text processor.
 
-    ``AutoProcessor`` needs torchvision for Qwen2.5-VL's video processor; on hosts without it the
-    same image processor and tokenizer are combined by :func:`_image_text_processor_class`.
+    ``AutoProcessor`` needs torchvision for the video processor; on hosts without it the same
+    image processor and tokenizer are combined by :func:`_image_text_processor_class`.
     """
     from transformers import AutoProcessor, AutoTokenizer
+
+    from vlsens.family import family_of
 
     try:
         return AutoProcessor.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (ImportError, ModuleNotFoundError) as e:
         log.info("AutoProcessor unavailable (%s); using image processor + tokenizer", str(e).strip()[:80])
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    cls = _image_text_processor_class()
+    cls = _image_text_processor_class(family_of(path).model_type)
     return cls(load_image_processor(path), tokenizer, chat_template=getattr(tokenizer, "chat_template", None))
 
 

@@ -115,13 +115,14 @@ def model_name(config: dict) -> str:
     return name
 
 
-def check_sizes(sizes: list, key: str = "vision.sizes") -> list[str]:
-    """Sizes in their canonical form; each a valid ``HxW``, none twice."""
+def check_sizes(sizes: list, key: str = "vision.sizes", rule: dict | None = None) -> list[str]:
+    """Sizes in their canonical form; each a valid ``HxW`` (``rule``: the family's
+    :func:`vlsens.family.size_rule`), none twice."""
     if not sizes:
         raise ConfigError(f"{key}: give at least one size, e.g. [224x224, 224x336].")
     out = []
     for i, s in enumerate(sizes):
-        h, w = parse_size(str(s), key=f"{key}[{i}]")
+        h, w = parse_size(str(s), key=f"{key}[{i}]", **(rule or {}))
         out.append(size_str(h, w))
     dup = {s for s in out if out.count(s) > 1}
     if dup:
@@ -170,7 +171,7 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
     name = model_name(config)
     if ckpt in PRESETS:
         preset, ckpt_dir = ckpt, f"results/{name}/checkpoint"
-        check_tiny_outliers(config["model"]["tiny"])
+        check_tiny_outliers(config["model"]["tiny"], ckpt)
     else:
         preset = None
         path = Path(ckpt)

@@ -118,3 +118,57 @@ class Chat:
 
     def __call__(self, text: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> str:
         return self.tokenizer.decode(self.tokens(text, images, max_new_tokens, **search))
+
+
+def rope_positions(checkpoint: str | Path, inputs: dict) -> np.ndarray:
+    """The 3-D mRoPE ``position_ids`` (3, B, S) of processor-style ``inputs`` (``input_ids``,
+    ``attention_mask``, ``mm_token_type_ids``, grids, ``second_per_grid_ts``), by transformers' own
+    ``get_rope_index`` on a weightless model (torch's meta device: index arithmetic only)."""
+    import torch
+    from transformers import AutoConfig
+
+    from vlsens.family import family_of
+
+    config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
+    with torch.device("meta"):
+        model = family_of(checkpoint).transformers_class()(config)
+    t = {k: torch.as_tensor(np.asarray(v)) for k, v in inputs.items()
+         if k in ("input_ids", "attention_mask", "mm_token_type_ids", "image_grid_thw", "video_grid_thw",
+                  "second_per_grid_ts")}
+    pos, _ = model.model.get_rope_index(**t)
+    return pos.numpy().astype(np.int64)
+
+
+def prompt_logits(checkpoint: str | Path, vision_graph: str | Path, text_graph: str | Path, inputs: dict,
+                  video: bool = False, zero_deepstack: bool = False, threads: int = 0) -> np.ndarray:
+    """Logits of a multimodal prompt with ONNX graphs only: the dynamic vision graph on the
+    processor's patches (``pixel_values`` / ``image_grid_thw``, or with ``video``
+    ``pixel_values_videos`` / ``video_grid_thw``), its tokens written into the image (video) token
+    slots of the checkpoint's embedding table, :func:`rope_positions`, and the text graph
+    ``embeds.onnx``. Qwen3-VL's DeepStack maps go in as ``deepstack_embeds``
+    (``zero_deepstack``: zeros, to show what dropping them costs)."""
+    from transformers import AutoConfig
+
+    from vlsens.checkpoint import embedding_table
+    from vlsens.family import deepstack_count, dense_deepstack, split_features
+
+    config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
+    pv, grid = (inputs["pixel_values_videos"], inputs["video_grid_thw"]) if video else \
+        (inputs["pixel_values"], inputs["image_grid_thw"])
+    feats = _session(vision_graph, threads).run(None, graph_inputs(np.asarray(pv, np.float32), np.asarray(grid),
+                                                                    config.vision_config))[0]
+    k = deepstack_count(config.vision_config)
+    main, maps = split_features(feats, k)
+    ids = np.asarray(inputs["input_ids"], dtype=np.int64)
+    slots = ids == int(config.video_token_id if video else config.image_token_id)
+    if int(slots.sum()) != len(main):
+        raise ValueError(f"{int(slots.sum())} placeholder tokens for {len(main)} vision tokens")
+    embeds = embedding_table(checkpoint)[ids]
+    embeds[slots] = main
+    feed = {"inputs_embeds": embeds.astype(np.float32),
+            "attention_mask": np.asarray(inputs["attention_mask"], dtype=np.int64),
+            "position_ids": rope_positions(checkpoint, inputs)}
+    if k:
+        dense = dense_deepstack(maps, slots)
+        feed["deepstack_embeds"] = np.zeros_like(dense) if zero_deepstack else dense
+    return _session(text_graph, threads).run(None, feed)[0]

@@ -1,4 +1,5 @@
-"""Image sizes ``HxW``: parsing and the patch-geometry check (patch 14 x merge 2 = 28 pixels)."""
+"""Image sizes ``HxW``: parsing and the patch-geometry check (patch x merge 2: 28 pixels for
+Qwen2-VL and Qwen2.5-VL, 32 for Qwen3-VL; :mod:`vlsens.family`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from vlsens.errors import ConfigError
 SIZE_RE = re.compile(r"^(\d+)x(\d+)$")
 
 
-def parse_size(text: str, key: str = "vision.sizes", factor: int = 28) -> tuple[int, int]:
+def parse_size(text: str, key: str = "vision.sizes", factor: int = 28, family: str = "") -> tuple[int, int]:
     """Parse ``HxW`` and check that both sides are positive multiples of ``factor``.
 
-    The error names the key, the value, and the nearest valid sizes.
+    The error names the key, the value, the family (``family``: its title, when known) and the
+    nearest valid sizes.
     """
     m = SIZE_RE.match(str(text).strip())
     if not m:
@@ -23,7 +25,7 @@ def parse_size(text: str, key: str = "vision.sizes", factor: int = 28) -> tuple[
     near = nearest_valid_sizes(h, w, factor)
     raise ConfigError(
         f"{key}: size '{text}' is invalid: height and width must be positive multiples of {factor} "
-        f"(patch 14 x merge 2). Nearest valid sizes: {', '.join(near)}."
+        f"({family + ': ' if family else ''}patch {factor // 2} x merge 2). Nearest valid sizes: {', '.join(near)}."
     )
 
 

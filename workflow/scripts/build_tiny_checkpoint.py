@@ -4,4 +4,5 @@ from vlsens.checkpoint import build_tiny_checkpoint
 from vlsens.scripting import run
 
 run(snakemake, lambda sm: build_tiny_checkpoint(  # noqa: F821
-    sm.output.checkpoint, seed=sm.params.seed, outlier=sm.params.outlier, text_outlier=sm.params.text_outlier))
+    sm.output.checkpoint, seed=sm.params.seed, outlier=sm.params.outlier, text_outlier=sm.params.text_outlier,
+    preset=sm.params.preset))

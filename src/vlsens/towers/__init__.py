@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 BUILTIN = {
     "vision_fixed": "vlsens.towers.vision_fixed:FixedVision",
     "vision_uint8": "vlsens.towers.vision_uint8:Uint8Vision",
+    "vision_video": "vlsens.towers.vision_video:VideoStepVision",
     "vision_dynamic": "vlsens.towers.vision_dynamic:DynamicVision",
     "text": "vlsens.towers.text:Text",
     "decoder": "vlsens.towers.decoder:Decoder",

@@ -55,6 +55,13 @@ class Tower:
         self.config = config
         self.spec = spec or {}
 
+    @property
+    def size_rule(self) -> dict:
+        """``parse_size`` keywords of the configured model's family (sides: multiples of 28 or 32)."""
+        from vlsens.family import size_rule
+
+        return size_rule(self.config)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.graph!r})"
 

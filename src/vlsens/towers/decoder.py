@@ -40,7 +40,7 @@ import numpy as np
 from vlsens.calibration import CalibrationSet
 from vlsens.cases import Case, Cases
 from vlsens.config import check_variants
-from vlsens.errors import VlsensError
+from vlsens.errors import ConfigError, VlsensError
 from vlsens.prompts import BUILTIN_PROMPTS
 from vlsens.samples import Samples
 from vlsens.sizes import parse_size
@@ -211,8 +211,8 @@ def compute_decoder_reference(checkpoint, image_refs, prompts, repeats, height: 
     if image_refs:
         image = open_rgb(image_refs[0])
         inputs = multimodal_inputs(processor, [image], prompts[1:2], height, width)
-        embeds, pos = merged_embeds(model, inputs)
-        mask = inputs["attention_mask"].numpy().astype(np.int64)
+        feeds = merged_embeds(model, inputs)
+        embeds, pos, mask = feeds["inputs_embeds"], feeds["position_ids"], feeds["attention_mask"]
         meta = {"image": image_refs[0].name, "image_size": [height, width]}
         for c in _prefill_and_step(model, embeds, mask, pos, "image+prompt", meta):
             cases.add(c)
@@ -245,6 +245,14 @@ class Decoder(Tower):
         return self.config["deploy"]["decoder"]
 
     def check(self, plan) -> None:
+        from vlsens.family import for_config
+
+        fam = for_config(self.config)
+        if not fam.deploy:
+            raise ConfigError(
+                f"deploy.enabled: the deploy folder (onnxruntime-genai type qwen2_5_vl) is built for Qwen2.5-VL only; "
+                f"model.checkpoint is {fam.title} ({fam.model_type}). Set deploy.enabled: false; the ONNX graphs, "
+                "sensitivity and profiles of this family are built without it.")
         check_variants(self.variants(), self.analysed_variants(), "deploy.decoder.variants",
                        "deploy.decoder.sensitivity_variants")
 
@@ -279,7 +287,7 @@ class Decoder(Tower):
         return self.text.calibration_inputs(model, manifests)
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
-        h, w = parse_size(settings["image_size"], key="text.parity.image_size")
+        h, w = parse_size(settings["image_size"], key="text.parity.image_size", **self.size_rule)
         return compute_decoder_reference(checkpoint, images, BUILTIN_PROMPTS, settings["repeats"], h, w)
 
     def export(self, checkpoint, cases, workdir, settings):

@@ -50,7 +50,20 @@ log = logging.getLogger(__name__)
 
 GRAPHS = {"model.onnx": ("input_ids", "attention_mask"),
           "embeds.onnx": ("inputs_embeds", "attention_mask", "position_ids")}
-SOURCE = "transformers Qwen2_5_VLForConditionalGeneration logits (PyTorch, float32, eager), real tokens only"
+#: Qwen3-VL's embeds graph also takes the DeepStack maps, dense (K, B, S, D), zero off the visual tokens.
+DEEPSTACK = "deepstack_embeds"
+SOURCE = "transformers {cls} logits (PyTorch, float32, eager), real tokens only"
+
+
+def graph_inputs(deepstack: int) -> dict[str, tuple[str, ...]]:
+    """Input names of each graph file (``deepstack``: the number of DeepStack maps, 0 but Qwen3-VL)."""
+    return {**GRAPHS, "embeds.onnx": GRAPHS["embeds.onnx"] + ((DEEPSTACK,) if deepstack else ())}
+
+
+def deepstack_of(model) -> int:
+    from vlsens.family import deepstack_count
+
+    return deepstack_count(model.config.vision_config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,10 +105,16 @@ def _wrappers(model):
     import torch
 
     lm, head = model.model.language_model, model.lm_head
+    k = deepstack_of(model)
+    if k:
+        # DeepStack as a dense add: transformers adds map i at the visual positions after layer i
+        # (hidden[mask] += map); the graph's input is zero elsewhere, so adding it everywhere is the same.
+        lm._deepstack_process = lambda hidden, _mask, embeds: hidden + embeds
 
-    def logits(embeds, attention_mask, position_ids):
+    def logits(embeds, attention_mask, position_ids, deepstack=None):
         mask = causal_padding_mask(attention_mask, embeds.dtype)
-        out = lm(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        extra = {} if deepstack is None else {"deepstack_visual_embeds": [deepstack[i] for i in range(k)]}
+        out = lm(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids, use_cache=False, **extra)
         return head(out.last_hidden_state)
 
     # Attribute names give the exported nodes transformers-like names
@@ -116,15 +135,23 @@ def _wrappers(model):
         def forward(self, inputs_embeds, attention_mask, position_ids):
             return logits(inputs_embeds, attention_mask, position_ids)
 
-    return {"model.onnx": Ids().eval(), "embeds.onnx": Embeds().eval()}
+    class EmbedsDeepStack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.language_model, self.lm_head = lm, head
+
+        def forward(self, inputs_embeds, attention_mask, position_ids, deepstack_embeds):
+            return logits(inputs_embeds, attention_mask, position_ids, deepstack_embeds)
+
+    return {"model.onnx": Ids().eval(), "embeds.onnx": (EmbedsDeepStack() if k else Embeds()).eval()}
 
 
 # ----------------------------------------------------------------------------------------------
 # Reference
 
 
-def chat_prompt(processor, prompt: str, with_image: bool) -> str:
-    content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": prompt}]
+def chat_prompt(processor, prompt: str, with_image: bool, media: str = "image") -> str:
+    content = ([{"type": media}] if with_image else []) + [{"type": "text", "text": prompt}]
     return processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                          add_generation_prompt=True)
 
@@ -149,30 +176,92 @@ def multimodal_inputs(processor, images, prompts: Sequence[str], height: int, wi
     return processor(text=texts, images=pil, return_tensors="pt", padding=True, do_resize=False)
 
 
-def merged_embeds(model, inputs) -> tuple[np.ndarray, np.ndarray]:
-    """``inputs_embeds`` with the vision features in the image-token slots and the 3-D mRoPE
-    position ids, computed with transformers' own functions (the pieces the embeds graph leaves
-    outside)."""
+#: Frames per second the synthetic clips stand for (Qwen2.5-VL's default video sampling rate).
+VIDEO_FPS = 2.0
+
+
+def video_inputs(processor, image, prompt: str, frames: int, height: int, width: int) -> dict:
+    """Model inputs for a video+prompt chat: a clip of ``frames`` shifted copies of ``image``
+    (:func:`vlsens.images.shifted_clip`), each frame through the image processor and laid out as
+    the video processor does (:func:`vlsens.vision.patchify_frames`: ``grid_t = frames / 2``), the
+    chat template's video placeholder expanded to the clip's merged tokens, and -- as the
+    Qwen2.5-VL processor computes it -- ``second_per_grid_ts = temporal_patch_size / fps``
+    (:data:`VIDEO_FPS`), which sets the temporal rope positions. Torch tensors, batch 1."""
     import torch
+
+    from vlsens.images import shifted_clip
+    from vlsens.vision import Geometry, patchify_frames, preprocess_nchw
+
+    ip = processor.image_processor
+    geom = Geometry(int(ip.patch_size), int(ip.merge_size), int(ip.temporal_patch_size))
+    clip = shifted_clip(image, frames, height, width, resample=getattr(ip, "resample", None))
+    pv, grid = patchify_frames(np.concatenate([preprocess_nchw(ip, [f], height, width) for f in clip]), geom)
+    n_tokens = int(grid.prod()) // geom.merge_size ** 2
+    tok = processor.tokenizer
+    text = chat_prompt(processor, prompt, True, media="video").replace(processor.video_token,
+                                                                       processor.video_token * n_tokens)
+    ids = tok([text], return_tensors="np")["input_ids"].astype(np.int64)
+    mm = np.where(ids == processor.video_token_id, 2, np.where(ids == processor.image_token_id, 1, 0))
+    out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.ones(ids.shape, dtype=torch.int64),
+           "mm_token_type_ids": torch.from_numpy(mm.astype(np.int64)),
+           "pixel_values_videos": torch.from_numpy(pv), "video_grid_thw": torch.from_numpy(grid)}
+    if "second_per_grid_ts" in getattr(processor, "model_input_names", []):
+        out["second_per_grid_ts"] = torch.tensor([geom.temporal_patch_size / VIDEO_FPS] * len(grid))
+    return out
+
+
+def merged_embeds(model, inputs, video: bool = False) -> dict[str, np.ndarray]:
+    """The embeds graph's inputs for processor output ``inputs``: ``inputs_embeds`` with the vision
+    features in the image-token slots (``video``: the video-token slots of
+    ``pixel_values_videos``), the 3-D mRoPE ``position_ids`` (with ``second_per_grid_ts`` for
+    video), the ``attention_mask`` and, for Qwen3-VL, the dense ``deepstack_embeds`` -- computed
+    with transformers' own functions (the pieces the embeds graph leaves outside)."""
+    import torch
+
+    from vlsens.family import dense_deepstack
 
     m = model.model
     with torch.no_grad():
         embeds = m.get_input_embeddings()(inputs["input_ids"])
-        feats = m.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
-        image_embeds = torch.cat(feats.pooler_output, dim=0).to(embeds.dtype)
-        mask, _ = m.get_placeholder_mask(inputs["input_ids"], inputs_embeds=embeds, image_features=image_embeds)
-        embeds = embeds.masked_scatter(mask, image_embeds)
-        pos, _ = m.get_rope_index(inputs["input_ids"], image_grid_thw=inputs["image_grid_thw"],
-                                  attention_mask=inputs["attention_mask"],
-                                  mm_token_type_ids=inputs["mm_token_type_ids"])
-    return embeds.numpy().astype(np.float32), pos.numpy().astype(np.int64)
+        if video:
+            feats = m.get_video_features(inputs["pixel_values_videos"], inputs["video_grid_thw"], return_dict=True)
+        else:
+            feats = m.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
+        vis = torch.cat(feats.pooler_output, dim=0).to(embeds.dtype)
+        masks = m.get_placeholder_mask(inputs["input_ids"], inputs_embeds=embeds,
+                                       **({"video_features": vis} if video else {"image_features": vis}))
+        mask = masks[1] if video else masks[0]
+        embeds = embeds.masked_scatter(mask, vis)
+        rope = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in inputs}
+        pos, _ = m.get_rope_index(inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                  mm_token_type_ids=inputs["mm_token_type_ids"], **rope)
+    out = {"inputs_embeds": embeds.numpy().astype(np.float32),
+           "attention_mask": inputs["attention_mask"].numpy().astype(np.int64),
+           "position_ids": pos.numpy().astype(np.int64)}
+    if deepstack_of(model):
+        maps = [torch.cat(list(f), dim=0).numpy() for f in feats.deepstack_features]
+        out[DEEPSTACK] = dense_deepstack(maps, mask[..., 0].numpy())
+    return out
+
+
+def text_only_feeds(model, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """The embeds graph's inputs for a text-only batch (DeepStack maps all zero: no visual token)."""
+    import torch
+
+    with torch.no_grad():
+        embeds = model.model.language_model.embed_tokens(torch.from_numpy(ids)).numpy().astype(np.float32)
+    out = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": text_position_ids_np(mask)}
+    if k := deepstack_of(model):
+        out[DEEPSTACK] = np.zeros((k, *embeds.shape), dtype=np.float32)
+    return out
 
 
 def compute_text_reference(checkpoint: str | Path, image_refs, prompts: Sequence[str], lengths: Sequence[int],
-                           height: int = 224, width: int = 224) -> Cases:
+                           height: int = 224, width: int = 224, clips: Sequence = ()) -> Cases:
     """transformers' logits for: text-only batches at each of ``lengths`` (prompt repeats, left
-    padded, two prompts of different lengths per batch; ``model.onnx``) and an image+prompt batch
-    (two images; ``embeds.onnx``). Only real tokens count."""
+    padded, two prompts of different lengths per batch; ``model.onnx``), an image+prompt batch
+    (two images; ``embeds.onnx``) and, per clip ``(frames, (H, W))``, a video+prompt sequence
+    (:func:`video_inputs`; ``embeds.onnx``). Only real tokens count."""
     import torch
 
     from vlsens.checkpoint import load_model, load_processor
@@ -181,7 +270,7 @@ def compute_text_reference(checkpoint: str | Path, image_refs, prompts: Sequence
     # Without images the vision tower is not needed: it is not loaded (4 bytes a parameter saved).
     model = load_model(checkpoint, attn_implementation="eager", part=None if image_refs else "text")
     processor = load_processor(checkpoint)
-    cases = Cases(source=SOURCE)
+    cases = Cases(source=SOURCE.format(cls=type(model).__name__))
     for n in lengths:
         batch = text_batch(processor, prompts[:2], repeat=n)
         ids, mask = (torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask"))
@@ -195,12 +284,18 @@ def compute_text_reference(checkpoint: str | Path, image_refs, prompts: Sequence
         inputs = multimodal_inputs(processor, images, prompts[:len(images)], height, width)
         with torch.no_grad():  # the model's own multimodal forward: it merges and positions itself
             logits = model(**inputs, use_cache=False).logits
-        embeds, pos = merged_embeds(model, inputs)
-        mask = inputs["attention_mask"].numpy().astype(np.int64)
-        cases.add(Case("image+prompt", "embeds.onnx",
-                       {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": pos},
-                       logits.numpy(), mask.astype(bool), logits=True,
-                       meta={"images": [r.name for r in image_refs[:2]], "image_size": [height, width]}))
+        feeds = merged_embeds(model, inputs)
+        cases.add(Case("image+prompt", "embeds.onnx", feeds, logits.numpy(), feeds["attention_mask"].astype(bool),
+                       logits=True, meta={"images": [r.name for r in image_refs[:2]], "image_size": [height, width]}))
+    for n_frames, (h, w) in clips:
+        inputs = video_inputs(processor, open_rgb(image_refs[0]), prompts[0], n_frames, h, w)
+        with torch.no_grad():
+            logits = model(**inputs, use_cache=False).logits
+        feeds = merged_embeds(model, inputs, video=True)
+        cases.add(Case(f"video{n_frames}+prompt", "embeds.onnx", feeds, logits.numpy(),
+                       feeds["attention_mask"].astype(bool), logits=True,
+                       meta={"images": [image_refs[0].name], "frames": n_frames, "image_size": [h, w],
+                             "second_per_grid_ts": [float(x) for x in inputs.get("second_per_grid_ts", [])]}))
     return cases
 
 
@@ -213,7 +308,7 @@ def _export_one(module, example: tuple, names: Sequence[str], path: Path, export
 
     dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
            "inputs_embeds": {0: "batch", 1: "sequence"}, "position_ids": {1: "batch", 2: "sequence"},
-           "logits": {0: "batch", 1: "sequence"}}
+           DEEPSTACK: {1: "batch", 2: "sequence"}, "logits": {0: "batch", 1: "sequence"}}
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         if exporter == "legacy":
@@ -223,7 +318,8 @@ def _export_one(module, example: tuple, names: Sequence[str], path: Path, export
         elif exporter == "dynamo":
             batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence")
             shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq},
-                      "inputs_embeds": {0: batch, 1: seq}, "position_ids": {1: batch, 2: seq}}
+                      "inputs_embeds": {0: batch, 1: seq}, "position_ids": {1: batch, 2: seq},
+                      DEEPSTACK: {1: batch, 2: seq}}
             prog = torch.onnx.export(module, example, dynamo=True, opset_version=opset, input_names=list(names),
                                      output_names=["logits"], dynamic_shapes={k: shapes[k] for k in names},
                                      external_data=True)
@@ -241,7 +337,6 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
     """Feeds for ``embeds.onnx``, one sequence per sample: merged ``inputs_embeds`` (real vision
     features for image+prompt samples), ``attention_mask``, 3-D ``position_ids``; real tokens
     count. Manifest entries: prompt, image (+ sha256), tokens."""
-    import torch
 
     from vlsens.checkpoint import load_model, load_processor
     from vlsens.images import header, open_rgb
@@ -255,7 +350,6 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
     split = {"calib": sorted(order[:n_calib]), "eval": sorted(order[n_calib:n_calib + n_eval])}
     model = load_model(checkpoint, attn_implementation="eager")
     processor = load_processor(checkpoint)
-    lm = model.model.language_model
     splits, entries = {}, []
     progress = Progress("calibration", n_calib + n_eval, "samples")
     for name, idx in split.items():
@@ -264,15 +358,12 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
             s = samples[i]
             if s.image is not None:
                 inputs = multimodal_inputs(processor, [open_rgb(s.image)], [s.prompt], height, width)
-                embeds, pos = merged_embeds(model, inputs)
-                mask = inputs["attention_mask"].numpy().astype(np.int64)
+                feed = merged_embeds(model, inputs)
             else:
                 batch = text_batch(processor, [s.prompt])
-                mask = batch["attention_mask"]
-                with torch.no_grad():
-                    embeds = lm.embed_tokens(torch.from_numpy(batch["input_ids"])).numpy().astype(np.float32)
-                pos = text_position_ids_np(mask)
-            feeds.append({"inputs_embeds": embeds, "attention_mask": mask, "position_ids": pos})
+                feed = text_only_feeds(model, batch["input_ids"], batch["attention_mask"])
+            mask = feed["attention_mask"]
+            feeds.append(feed)
             names.append(s.name)
             progress.step()
             entries.append({
@@ -307,7 +398,15 @@ class Text(Tower):
 
     def check(self, plan) -> None:
         for sub in ("parity", "calibration"):
-            parse_size(str(self.section[sub]["image_size"]), key=f"text.{sub}.image_size")
+            parse_size(str(self.section[sub]["image_size"]), key=f"text.{sub}.image_size", **self.size_rule)
+        from vlsens.family import for_config
+
+        for i, clip in enumerate(self.section["parity"]["video_cases"]):
+            parse_size(str(clip["size"]), key=f"text.parity.video_cases[{i}].size", **self.size_rule)
+            if for_config(self.config).model_type == "qwen3_vl":
+                raise ConfigError("text.parity.video_cases: video+prompt parity is built for Qwen2-VL and Qwen2.5-VL; "
+                                  "Qwen3-VL's prompt carries frame timestamps its processor writes (not built); "
+                                  "set text.parity.video_cases: [] for this checkpoint.")
         check_variants(self.variants(), self.analysed_variants(), "text.variants", "text.sensitivity.variants")
         cal = self.section["calibration"]
         samples = load_prompt_samples(str(cal["prompts"]), plan.calib_images, key="text.calibration.prompts")
@@ -327,7 +426,8 @@ class Text(Tower):
 
     def reference_settings(self) -> dict:
         p = self.section["parity"]
-        return {"repeats": list(p["repeats"]), "image_size": p["image_size"]}
+        return {"repeats": list(p["repeats"]), "image_size": p["image_size"],
+                "clips": [[int(c["frames"]), str(c["size"])] for c in p["video_cases"]]}
 
     def export_settings(self) -> dict:
         return {"exporter": self.section["exporter"], "fallback": self.section["fallback"],
@@ -345,8 +445,10 @@ class Text(Tower):
         return out
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
-        h, w = parse_size(settings["image_size"], key="text.parity.image_size")
-        return compute_text_reference(checkpoint, images, BUILTIN_PROMPTS, settings["repeats"], h, w)
+        h, w = parse_size(settings["image_size"], key="text.parity.image_size", **self.size_rule)
+        clips = [(n, parse_size(s, key="text.parity.video_cases", **self.size_rule))
+                 for n, s in settings.get("clips", [])]
+        return compute_text_reference(checkpoint, images, BUILTIN_PROMPTS, settings["repeats"], h, w, clips)
 
     def export(self, checkpoint, cases, workdir, settings):
         """Both graphs with ``exporter``; the other exporter is tried when it fails (``fallback``)
@@ -359,9 +461,10 @@ class Text(Tower):
         exporter, opset = settings["exporter"], settings["opset"]
         model = load_model(checkpoint, attn_implementation="eager", part="text")
         wrappers = _wrappers(model)
+        names = graph_inputs(deepstack_of(model))
         examples = {}
         for c in cases:
-            examples.setdefault(c.graph, tuple(torch.from_numpy(c.inputs[k]) for k in GRAPHS[c.graph]))
+            examples.setdefault(c.graph, tuple(torch.from_numpy(c.inputs[k]) for k in names[c.graph]))
         order = [exporter] + ([e for e in ("legacy", "dynamo") if e != exporter] if settings["fallback"] else [])
         staged, used = {}, {}
         for graph, module in wrappers.items():
@@ -369,7 +472,7 @@ class Text(Tower):
             for exp in order:
                 raw = workdir / f"raw-{exp}" / graph
                 try:
-                    _export_one(module, examples[graph], GRAPHS[graph], raw, exp, opset)
+                    _export_one(module, examples[graph], names[graph], raw, exp, opset)
                     staged[graph] = resave(raw, workdir / graph)
                     used[graph] = {"exporter": exp, "failed": errors}
                     break
@@ -387,6 +490,6 @@ class Text(Tower):
 
         images = load_images(image_refs(inputs["images"]), settings["skip_unreadable"])[0]
         samples = load_prompt_samples(str(settings["prompts"]), images)
-        h, w = parse_size(settings["image_size"], key="text.calibration.image_size")
+        h, w = parse_size(settings["image_size"], key="text.calibration.image_size", **self.size_rule)
         return text_calibration(checkpoint, samples, h, w, settings["num_calib"], settings["num_eval"],
                                 settings["seed"])

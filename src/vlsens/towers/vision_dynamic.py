@@ -1,6 +1,11 @@
 """Tower ``vision_dynamic``: one vision graph for every image size (and several images per call),
 ``vision/dynamic``.
 
+Qwen2-VL has no windows (inputs ``patches``, ``position_ids``, ``cu_seqlens``); Qwen3-VL adds the
+bilinear taps into its learned position table (``pos_indices``, ``pos_weights``, (N, 4) each, by
+transformers' ``get_vision_interpolation_indices_and_weights``) and returns its DeepStack maps
+next to the merged tokens (:mod:`vlsens.family`). The table below is Qwen2.5-VL's.
+
 The stock encoder does not export this way: the window index, cu_seqlens and
 rotary positions are computed from ``grid_thw`` in Python, and its eager attention loops over
 windows with ``torch.split(lengths.tolist())``; tracing bakes all of that for one size. The graph
@@ -60,20 +65,48 @@ INPUTS = ("patches", "position_ids", "window_index", "cu_seqlens", "cu_window_se
 OUTPUT = "vision_features"
 
 
+def vision_kind(vision_config) -> str:
+    """The family of a vision config: windows (Qwen2.5-VL), a position table (Qwen3-VL) or neither
+    (Qwen2-VL)."""
+    if getattr(vision_config, "num_position_embeddings", None):
+        return "qwen3_vl"
+    return "qwen2_5_vl" if getattr(vision_config, "fullatt_block_indexes", None) is not None else "qwen2_vl"
+
+
+def input_names(vision_config) -> tuple[str, ...]:
+    """The dynamic graph's inputs for this family: Qwen2.5-VL's windows need ``window_index`` and
+    ``cu_window_seqlens``; Qwen2-VL has neither; Qwen3-VL adds its position-table taps
+    (``pos_indices``, ``pos_weights``: (N, 4) bilinear taps into the learned table)."""
+    kind = vision_kind(vision_config)
+    if kind == "qwen2_5_vl":
+        return INPUTS
+    if kind == "qwen2_vl":
+        return ("patches", "position_ids", "cu_seqlens")
+    return ("patches", "position_ids", "cu_seqlens", "pos_indices", "pos_weights")
+
+
 def index_inputs(grid_thw: np.ndarray, vision_config) -> dict[str, np.ndarray]:
     """The index inputs of the dynamic graph for ``grid_thw`` (images x (t, h, w)), computed by
     transformers' own helpers (the same code the stock encoder runs)."""
     import torch
-    from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+    from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpolation_indices_and_weights,
+                                           get_vision_position_ids, get_vision_window_index)
 
     g = torch.as_tensor(np.asarray(grid_thw, dtype=np.int64))
     merge = int(vision_config.spatial_merge_size)
-    pos = get_vision_position_ids(g, merge)
-    cu = get_vision_cu_seqlens(g)
-    win, cu_win = get_vision_window_index(g, spatial_merge_size=merge, window_size=int(vision_config.window_size),
-                                          patch_size=int(vision_config.patch_size))
-    return {"position_ids": pos.numpy().astype(np.int64), "window_index": win.numpy().astype(np.int64),
-            "cu_seqlens": cu.numpy().astype(np.int64), "cu_window_seqlens": cu_win.numpy().astype(np.int64)}
+    out = {"position_ids": get_vision_position_ids(g, merge).numpy().astype(np.int64),
+           "cu_seqlens": get_vision_cu_seqlens(g).numpy().astype(np.int64)}
+    kind = vision_kind(vision_config)
+    if kind == "qwen2_5_vl":
+        win, cu_win = get_vision_window_index(g, spatial_merge_size=merge, window_size=int(vision_config.window_size),
+                                              patch_size=int(vision_config.patch_size))
+        out.update(window_index=win.numpy().astype(np.int64), cu_window_seqlens=cu_win.numpy().astype(np.int64))
+    elif kind == "qwen3_vl":  # as Qwen3VLVisionModel.forward calls it
+        idx, w = get_vision_interpolation_indices_and_weights(
+            g, num_grid_per_side=int(int(vision_config.num_position_embeddings) ** 0.5), mode="bilinear",
+            align_corners=True, spatial_merge_size=merge)
+        out.update(pos_indices=idx.numpy().astype(np.int64), pos_weights=w.numpy().astype(np.float32))
+    return {k: out[k] for k in input_names(vision_config) if k != "patches"}
 
 
 def graph_inputs(pixel_values: np.ndarray, grid_thw: np.ndarray, vision_config) -> dict[str, np.ndarray]:
@@ -82,6 +115,8 @@ def graph_inputs(pixel_values: np.ndarray, grid_thw: np.ndarray, vision_config) 
 
 
 def window_len(vision_config) -> int:
+    if getattr(vision_config, "window_size", None) is None:
+        return 0
     return (int(vision_config.window_size) // int(vision_config.patch_size)) ** 2
 
 
@@ -104,7 +139,11 @@ def dynamic_module(visual):
     cfg = visual.config
     unit = int(cfg.spatial_merge_size) ** 2
     slots = window_len(cfg)
-    fullatt = {int(i) for i in cfg.fullatt_block_indexes}
+    kind = vision_kind(cfg)
+    names = input_names(cfg)
+    windows = kind == "qwen2_5_vl"
+    fullatt = {int(i) for i in cfg.fullatt_block_indexes} if windows else set(range(len(visual.blocks)))
+    deepstack = [int(i) for i in getattr(cfg, "deepstack_visual_indexes", None) or []]
 
     class Attention(torch.nn.Module):
         def __init__(self, attn, full: bool):
@@ -140,41 +179,75 @@ def dynamic_module(visual):
             super().__init__()
             self.patch_embed, self.rotary_pos_emb, self.merger = visual.patch_embed, visual.rotary_pos_emb, visual.merger
             self.blocks = torch.nn.ModuleList([Block(b, i in fullatt) for i, b in enumerate(visual.blocks)])
+            if kind == "qwen3_vl":
+                self.pos_embed, self.deepstack_merger_list = visual.pos_embed, visual.deepstack_merger_list
 
-        def forward(self, patches, position_ids, window_index, cu_seqlens, cu_window_seqlens):
+        def forward(self, x: dict):
+            patches, position_ids, cu_seqlens = x["patches"], x["position_ids"], x["cu_seqlens"]
             h = self.patch_embed(patches)
             d = h.shape[-1]
-            h = h.reshape(-1, unit, d)[window_index].reshape(-1, d)  # window order, as the stock encoder
+            if kind == "qwen3_vl":  # the learned table, bilinear taps (as Qwen3VLVisionModel.forward)
+                h = h + (self.pos_embed(x["pos_indices"]) * x["pos_weights"][:, :, None]).sum(1).to(h.dtype)
             cos, sin = self.rotary_pos_emb(h, position_ids)
-            cos = cos.reshape(-1, unit, cos.shape[-1])[window_index].reshape(-1, cos.shape[-1])
-            sin = sin.reshape(-1, unit, sin.shape[-1])[window_index].reshape(-1, sin.shape[-1])
             ones = torch.ones_like(position_ids[:, 0])
             ar = ones.cumsum(0) - 1  # 0..N-1 without a data-dependent arange
-            # full attention: additive block-diagonal mask, one block per image
+            slot_tok = win_mask = token_slot = None
+            if windows:
+                window_index, cu_window_seqlens = x["window_index"], x["cu_window_seqlens"]
+                h = h.reshape(-1, unit, d)[window_index].reshape(-1, d)  # window order, as the stock encoder
+                cos = cos.reshape(-1, unit, cos.shape[-1])[window_index].reshape(-1, cos.shape[-1])
+                sin = sin.reshape(-1, unit, sin.shape[-1])[window_index].reshape(-1, sin.shape[-1])
+                # windows: token -> slot maps
+                starts, lens = cu_window_seqlens[:-1], cu_window_seqlens[1:] - cu_window_seqlens[:-1]
+                j = torch.arange(slots, dtype=starts.dtype)
+                valid = j[None, :] < lens[:, None]
+                slot_tok = torch.where(valid, starts[:, None] + j[None, :],
+                                       torch.zeros_like(starts)[:, None]).reshape(-1)
+                win = _segment_ids(cu_window_seqlens, ones * 0)
+                token_slot = win * slots + (ar - starts[win])
+                win_mask = torch.where(valid, 0.0, -1e30).to(h.dtype)[:, None, None, :]
+            # full attention: additive block-diagonal mask, one block per image (or video frame step)
             img = _segment_ids(cu_seqlens, ones * 0)
             full_mask = torch.where(img[:, None] == img[None, :], 0.0, -1e30).to(h.dtype)[None, None]
-            # windows: token -> slot maps
-            starts, lens = cu_window_seqlens[:-1], cu_window_seqlens[1:] - cu_window_seqlens[:-1]
-            j = torch.arange(slots, dtype=starts.dtype)
-            valid = j[None, :] < lens[:, None]
-            slot_tok = torch.where(valid, starts[:, None] + j[None, :], torch.zeros_like(starts)[:, None]).reshape(-1)
-            win = _segment_ids(cu_window_seqlens, ones * 0)
-            token_slot = win * slots + (ar - starts[win])
-            win_mask = torch.where(valid, 0.0, -1e30).to(h.dtype)[:, None, None, :]
-            for blk in self.blocks:
+            maps = []
+            for i, blk in enumerate(self.blocks):
                 h = blk(h, cos, sin, full_mask, slot_tok, win_mask, token_slot)
-            merged = self.merger(h)
-            reverse = torch.zeros_like(window_index).scatter(0, window_index, ar[: window_index.shape[0]])
-            return merged[reverse]
+                if i in deepstack:
+                    maps.append(self.deepstack_merger_list[deepstack.index(i)](h))
+            merged = torch.cat([self.merger(h), *maps], dim=-1) if maps else self.merger(h)
+            if windows:
+                reverse = torch.zeros_like(window_index).scatter(0, window_index, ar[: window_index.shape[0]])
+                merged = merged[reverse]
+            return merged
 
-    class DynamicVision(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.visual = Visual()
+    # One forward signature per family (the exporter names the graph inputs after it).
+    if kind == "qwen2_5_vl":
+        class DynamicVision(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.visual = Visual()
 
-        def forward(self, patches, position_ids, window_index, cu_seqlens, cu_window_seqlens):
-            return self.visual(patches, position_ids, window_index, cu_seqlens, cu_window_seqlens)
+            def forward(self, patches, position_ids, window_index, cu_seqlens, cu_window_seqlens):
+                return self.visual({"patches": patches, "position_ids": position_ids, "window_index": window_index,
+                                    "cu_seqlens": cu_seqlens, "cu_window_seqlens": cu_window_seqlens})
+    elif kind == "qwen2_vl":
+        class DynamicVision(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.visual = Visual()
 
+            def forward(self, patches, position_ids, cu_seqlens):
+                return self.visual({"patches": patches, "position_ids": position_ids, "cu_seqlens": cu_seqlens})
+    else:
+        class DynamicVision(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.visual = Visual()
+
+            def forward(self, patches, position_ids, cu_seqlens, pos_indices, pos_weights):
+                return self.visual({"patches": patches, "position_ids": position_ids, "cu_seqlens": cu_seqlens,
+                                    "pos_indices": pos_indices, "pos_weights": pos_weights})
+    assert names == tuple(DynamicVision.forward.__code__.co_varnames[1:len(names) + 1])
     return DynamicVision().eval()
 
 
@@ -211,18 +284,18 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
 
     model = load_model(checkpoint, attn_implementation="eager", part="vision")
     proc = load_image_processor(checkpoint)
-    out = Cases(source="transformers Qwen2_5_VLModel.get_image_features on the processor's patches "
+    from vlsens.towers.vision_fixed import image_features
+
+    out = Cases(source=f"transformers {type(model.model).__name__}.get_image_features on the processor's patches "
                        "(PyTorch, float32)")
     for sizes in cases:
         refs = [image_refs[i % len(image_refs)] for i in range(len(sizes))]
         parts = [processor_inputs(proc, [open_rgb(r)], h, w) for r, (h, w) in zip(refs, sizes)]
         pv = np.concatenate([p["pixel_values"] for p in parts])
         grid = np.concatenate([p["image_grid_thw"] for p in parts])
-        with torch.no_grad():
-            feats = model.model.get_image_features(pixel_values=torch.from_numpy(pv),
-                                                   image_grid_thw=torch.from_numpy(grid)).pooler_output
+        feats = image_features(model, torch.from_numpy(pv), torch.from_numpy(grid))
         out.add(Case(case_name(sizes), "model.onnx", graph_inputs(pv, grid, model.config.vision_config),
-                     torch.cat(list(feats)).float().numpy(),
+                     np.concatenate(feats),
                      meta={"patches": int(pv.shape[0]), "images": [r.name for r in refs],
                            "grid_thw": grid.tolist()}))
     geom = Geometry.from_config(model.config.vision_config)
@@ -230,11 +303,9 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
         ref = image_refs[0]
         frames = shifted_clip(open_rgb(ref), n_frames, h, w, resample=getattr(proc, "resample", None))
         pv, grid = patchify_frames(np.concatenate([preprocess_nchw(proc, [f], h, w) for f in frames]), geom)
-        with torch.no_grad():
-            feats = model.model.get_video_features(pixel_values_videos=torch.from_numpy(pv),
-                                                   video_grid_thw=torch.from_numpy(grid)).pooler_output
+        feats = image_features(model, torch.from_numpy(pv), torch.from_numpy(grid), video=True)
         out.add(Case(f"clip-{n_frames}x{h}x{w}", "model.onnx", graph_inputs(pv, grid, model.config.vision_config),
-                     torch.cat(list(feats)).float().numpy(),
+                     np.concatenate(feats),
                      meta={"patches": int(pv.shape[0]), "images": [ref.name], "frames": n_frames,
                            "grid_thw": grid.tolist()}))
     if clips:
@@ -257,14 +328,14 @@ class DynamicVision(Tower):
 
     def sizes(self) -> list[str]:
         """The fixed sizes whose calibration images make this graph's calibration set."""
-        return check_sizes(list(self.config["vision"]["sizes"]))
+        return check_sizes(list(self.config["vision"]["sizes"]), rule=self.size_rule)
 
     def check(self, plan) -> None:
         for i, case in enumerate(self.section["parity_cases"]):
             for j, size in enumerate(case):
-                parse_size(str(size), key=f"vision.dynamic.parity_cases[{i}][{j}]")
+                parse_size(str(size), key=f"vision.dynamic.parity_cases[{i}][{j}]", **self.size_rule)
         for i, clip in enumerate(self.section["video_cases"]):
-            parse_size(str(clip["size"]), key=f"vision.dynamic.video_cases[{i}].size")
+            parse_size(str(clip["size"]), key=f"vision.dynamic.video_cases[{i}].size", **self.size_rule)
         check_variants(self.variants(), self.analysed_variants(), "vision.dynamic.variants",
                        "vision.dynamic.sensitivity_variants")
 
@@ -289,8 +360,9 @@ class DynamicVision(Tower):
                         for s in self.sizes()] for split in ("calib", "eval")}
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
-        cases = [[parse_size(s, key="vision.dynamic.parity_cases") for s in case] for case in settings["cases"]]
-        clips = [(n, parse_size(s, key="vision.dynamic.video_cases")) for n, s in settings.get("clips", [])]
+        rule = self.size_rule
+        cases = [[parse_size(s, key="vision.dynamic.parity_cases", **rule) for s in case] for case in settings["cases"]]
+        clips = [(n, parse_size(s, key="vision.dynamic.video_cases", **rule)) for n, s in settings.get("clips", [])]
         return compute_reference(checkpoint, images, cases, clips)
 
     def export(self, checkpoint, cases, workdir, settings):
@@ -304,15 +376,17 @@ class DynamicVision(Tower):
         opset = settings["opset"]
         model = load_model(checkpoint, attn_implementation="eager", part="vision")
         module = dynamic_module(model.model.visual)
+        names = input_names(model.config.vision_config)
         example = max(cases, key=lambda c: c.name.count("+"))
         dyn = {"patches": {0: "patches"}, "position_ids": {0: "patches"}, "window_index": {0: "tokens"},
-               "cu_seqlens": {0: "images_plus_1"}, "cu_window_seqlens": {0: "windows_plus_1"}, OUTPUT: {0: "tokens"}}
+               "cu_seqlens": {0: "images_plus_1"}, "cu_window_seqlens": {0: "windows_plus_1"},
+               "pos_indices": {0: "patches"}, "pos_weights": {0: "patches"}, OUTPUT: {0: "tokens"}}
         raw = workdir / "raw" / "model.onnx"
         raw.parent.mkdir(parents=True)
         with torch.no_grad():
-            torch.onnx.export(module, tuple(torch.from_numpy(example.inputs[k]) for k in INPUTS), str(raw),
-                              dynamo=False, opset_version=opset, input_names=list(INPUTS), output_names=[OUTPUT],
-                              dynamic_axes=dyn, do_constant_folding=True)
+            torch.onnx.export(module, tuple(torch.from_numpy(example.inputs[k]) for k in names), str(raw),
+                              dynamo=False, opset_version=opset, input_names=list(names), output_names=[OUTPUT],
+                              dynamic_axes={k: dyn[k] for k in (*names, OUTPUT)}, do_constant_folding=True)
         del model, module
         staged = resave(raw, workdir / "model.onnx")
         return {"model.onnx": staged}, {"exporter": "torch.onnx.export(dynamo=False)", "opset": opset,

@@ -2,13 +2,14 @@
 
 The graph takes ``pixel_values``, a float32 ``(batch, 3, H, W)`` batch normalized by the
 checkpoint's image processor (``vision.batch_size`` images per call), and returns
-``vision_features`` ``(batch, H*W/784, out_hidden_size)``: the merged tokens the language model
-reads. Patchify, ``grid_thw``, window index, ``cu_seqlens`` and rotary tables are inside the graph,
+``vision_features`` ``(batch, H*W/factor^2, out_hidden_size)``: the merged tokens the language
+model reads (factor 28; Qwen3-VL: 32, and its DeepStack maps side by side on the feature axis,
+:mod:`vlsens.family`). Patchify, ``grid_thw``, window index, ``cu_seqlens`` and rotary tables are inside the graph,
 baked for that size by tracing the stock encoder (the TorchScript exporter; the dynamo exporter
 trips on the data-dependent window index).
 
 Reference: one case per parity image, transformers' own path end to end (processor patches ->
-``Qwen2_5_VLModel.get_image_features``); the graph gets the same pixels as an NCHW image, so the
+the family's ``get_image_features``); the graph gets the same pixels as an NCHW image, so the
 gate also checks the in-graph patchify. Calibration: images through the processor at exactly
 H x W, split by content into disjoint calibration and evaluation sets (stacked layout, plus the
 NPU archive).
@@ -37,6 +38,31 @@ log = logging.getLogger(__name__)
 INPUT, OUTPUT = "pixel_values", "vision_features"
 
 
+def joined_features(out):
+    """The vision tower's output as one tensor: the merged tokens, then (Qwen3-VL) each DeepStack
+    map, side by side on the feature axis (:func:`vlsens.family.split_features` splits them)."""
+    import torch
+
+    extra = list(getattr(out, "deepstack_features", None) or [])
+    return torch.cat([out.pooler_output, *extra], dim=-1) if extra else out.pooler_output
+
+
+def image_features(model, pixel_values, grid_thw, video: bool = False) -> list[np.ndarray]:
+    """transformers' ``get_image_features`` (``video``: ``get_video_features``) per image or clip,
+    as numpy: merged tokens (and DeepStack maps joined as :func:`joined_features` does)."""
+    import torch
+
+    with torch.no_grad():
+        if video:
+            out = model.model.get_video_features(pixel_values_videos=pixel_values, video_grid_thw=grid_thw,
+                                                 return_dict=True)
+        else:
+            out = model.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid_thw, return_dict=True)
+    per = [list(out.pooler_output)]
+    per += [list(maps) for maps in (getattr(out, "deepstack_features", None) or [])]
+    return [torch.cat([p[i] for p in per], dim=-1).float().cpu().numpy() for i in range(len(per[0]))]
+
+
 def fixed_size_module(visual, height: int, width: int, batch: int):
     """An ``nn.Module``: (batch, 3, H, W) normalized images -> (batch, tokens, out_hidden) features.
 
@@ -58,7 +84,7 @@ def fixed_size_module(visual, height: int, width: int, batch: int):
 
         def forward(self, pixel_values):
             patches = patchify(pixel_values, geom)
-            merged = self.visual(patches, grid_thw=self.grid_thw).pooler_output
+            merged = joined_features(self.visual(patches, grid_thw=self.grid_thw))
             return merged.reshape(batch, geom.tokens(height, width), merged.shape[-1])
 
     return FixedSizeVision().eval()
@@ -76,14 +102,10 @@ def compute_reference(checkpoint: str | Path, refs: Sequence[ImageRef], height: 
     model = load_model(checkpoint, device=device, part="vision")
     geom = Geometry.from_config(model.config.vision_config)
     inp = processor_inputs(processor, [open_rgb(r) for r in refs], height, width)
-    with torch.no_grad():
-        out = model.model.get_image_features(
-            pixel_values=torch.from_numpy(inp["pixel_values"]).to(device),
-            image_grid_thw=torch.from_numpy(inp["image_grid_thw"]).to(device),
-        )
-    feats = [f.float().cpu().numpy()[None] for f in out.pooler_output]
+    feats = [f[None] for f in image_features(model, torch.from_numpy(inp["pixel_values"]).to(device),
+                                             torch.from_numpy(inp["image_grid_thw"]).to(device))]
     pixels = unpatchify(inp["pixel_values"], inp["image_grid_thw"], geom)
-    cases = Cases(source="transformers Qwen2_5_VLModel.get_image_features (PyTorch, float32)")
+    cases = Cases(source=f"transformers {type(model.model).__name__}.get_image_features (PyTorch, float32)")
     for r, x, f in zip(refs, pixels, feats):
         cases.add(Case(r.name, "model.onnx", {INPUT: x[None]}, f, meta={"image": r.name, "sha256": r.sha256()}))
     return cases
@@ -98,11 +120,13 @@ class FixedVision(Tower):
 
     @classmethod
     def graphs(cls, config, spec=None) -> list[str]:
-        return [f"vision/{s}" for s in check_sizes(list(config["vision"]["sizes"]))]
+        from vlsens.family import size_rule
+
+        return [f"vision/{s}" for s in check_sizes(list(config["vision"]["sizes"]), rule=size_rule(config))]
 
     @property
     def size(self) -> tuple[int, int]:
-        return parse_size(self.graph.split("/", 1)[1])
+        return parse_size(self.graph.split("/", 1)[1], **self.size_rule)
 
     def check(self, plan) -> None:
         check_variants(self.variants(), self.analysed_variants(), "vision.variants", "sensitivity.variants")

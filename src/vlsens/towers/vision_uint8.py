@@ -73,11 +73,13 @@ class Uint8Vision(FixedVision):
     @classmethod
     def graphs(cls, config, spec=None) -> list[str]:
         sizes = list(config["vision"]["uint8"]["sizes"])
-        return [f"vision/{s}{SUFFIX}" for s in check_sizes(sizes, "vision.uint8.sizes")] if sizes else []
+        from vlsens.family import size_rule
+
+        return [f"vision/{s}{SUFFIX}" for s in check_sizes(sizes, "vision.uint8.sizes", size_rule(config))] if sizes else []
 
     @property
     def size(self) -> tuple[int, int]:
-        return parse_size(self.graph.split("/", 1)[1].removesuffix(SUFFIX))
+        return parse_size(self.graph.split("/", 1)[1].removesuffix(SUFFIX), **self.size_rule)
 
     def check(self, plan) -> None:
         check_variants(self.variants(), self.analysed_variants(), "vision.uint8.variants",
