@@ -49,7 +49,8 @@ def planned(workdir, overrides=None) -> tuple[set[str], str]:
     return {r for r, _ in jobs}, out
 
 
-GRAPHS = {"vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/dynamic", "text", "decoder"}
+GRAPHS = {"vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/224x224-t2", "vision/dynamic", "text",
+          "decoder"}
 REPORT_RULES = {"report_heatmap", "report_ranked", "report_pareto", "report_engines", "report_fp16", "report_latency",
                 "report_tables"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
@@ -185,9 +186,9 @@ def test_every_record_matches_its_schema(finished_run):
 
     found = records.records_under(finished_run / "results")
     kinds = Counter(records.schema_name(p) for p in found)
-    # parity: 4 + 4 + 2 (224x224-u8) + 4 + 4 + 2 variant folders; calibration sets, engines,
-    # rankings and profiles per analysed graph and variant
-    assert kinds == {"parity": 20, "manifest": 6, "engine": 9, "ort": 9, "eval": 9, "inc": 2, "compare": 2,
+    # parity: 4 + 4 + 2 (224x224-u8) + 2 (224x224-t2) + 4 + 4 + 2 variant folders; calibration
+    # sets, engines, rankings and profiles per analysed graph and variant
+    assert kinds == {"parity": 22, "manifest": 7, "engine": 10, "ort": 10, "eval": 10, "inc": 2, "compare": 2,
                      "deploy_parity": 3, "deploy_eval": 3}, kinds
     assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
     for name, key in (("parity.json", "passed"), ("ort.json", "ops"), ("manifest.json", "counts"),

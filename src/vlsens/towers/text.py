@@ -7,7 +7,10 @@ sequence axes and ``logits`` (B, S, vocab) as output:
 ``embeds.onnx``  ``inputs_embeds`` (B, S, hidden) float32, ``attention_mask`` (B, S) int64,
                  ``position_ids`` (3, B, S) int64 -- vision features are merged outside (the
                  checkpoint's own placeholder tokens replaced by the vision graph's output),
-                 with the matching 3-D mRoPE positions (``get_rope_index``).
+                 with the matching 3-D mRoPE positions (``get_rope_index``). Qwen3-VL's also
+                 takes ``deepstack_embeds`` (K, B, S, hidden) float32: its vision tower's DeepStack
+                 maps at the visual token positions, zero elsewhere (:mod:`vlsens.family`); the
+                 wrapper adds map i after decoder layer i, as transformers does at those positions.
 
 Robust to the known export failure: public reports of "blocked upstream" text export trace it to
 transformers' mask creation (``_Map_base::at`` / ``unordered_map::at`` in the TorchScript exporter,
@@ -20,7 +23,9 @@ real tokens as no padding.
 Parity: against transformers' full ``Qwen2_5_VLForConditionalGeneration`` forward (its own mask
 creation, eager attention) at two sequence lengths with left padding, padded positions excluded;
 and the embeds graph on image+prompt inputs whose reference is the model's own multimodal forward
-(processor output in, transformers merges and positions itself).
+(processor output in, transformers merges and positions itself), and on video+prompt inputs
+(``text.parity.video_cases``: a synthetic clip, :func:`video_inputs`, Qwen2.5-VL's
+``second_per_grid_ts`` in the temporal positions).
 
 Calibration (``embeds.onnx``, which the sensitivity engine and the profile take): one sequence
 per prompt sample (:mod:`vlsens.prompts`) through the checkpoint's processor and chat template;
