@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -120,6 +121,7 @@ def main() -> None:
                              f"{exp['seconds']:.0f}", f"{exp['peak_mib'] / 1024:.1f}", f"{exp['max_rel_error']:.1e}"))
                 print(" | ".join(rows[-1]), flush=True)
             print(f"({name}: checkpoint built in {built:.0f} s)", flush=True)
+            shutil.rmtree(Path(tmp) / name)  # a few GB per tower
     head = ("tower", "vision params", "graph", "reference s", "peak GB", "export+gate s", "peak GB", "max rel err")
     print()
     print("| " + " | ".join(head) + " |")
