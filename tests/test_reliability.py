@@ -39,11 +39,11 @@ def smk(workdir, *args, env=None, configfile="config.yaml", timeout=900):
 
 
 def small_config(checkpoint, **changes) -> dict:
-    """One size, fp32 + fp16, engine ort, no text, uint8 or dynamic graph or deploy folders;
+    """One size, fp32 + fp16, engine ort, no text, uint8, video-step or dynamic graph or deploy folders;
     ``changes`` as dotted keys."""
     return default_config(**{"model.checkpoint": str(checkpoint), "vision.sizes": [SIZE],
                              "vision.variants": ["fp32", "fp16"], "vision.dynamic.enabled": False,
-                             "vision.uint8.sizes": [],
+                             "vision.uint8.sizes": [], "vision.video.sizes": [],
                              "text.enabled": False, "deploy.enabled": False, "sensitivity.variants": ["fp32"], "sensitivity.shards": 1,
                              **changes})
 
