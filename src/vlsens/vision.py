@@ -47,12 +47,19 @@ class Geometry:
 # --------------------------------------------------------------------------------------------
 
 def patchify(pixel_values, geom: Geometry):
-    """(B, C, H, W) normalized images -> (B*gh*gw, C*T*p*p) patches in the processor's order."""
-    p, m, t = geom.patch_size, geom.merge_size, geom.temporal_patch_size
+    """(B, C, H, W) normalized images -> (B*gh*gw, C*T*p*p) patches in the processor's order
+    (a still image is its own frame ``temporal_patch_size`` times)."""
     b, c, h, w = pixel_values.shape
+    return patchify_clip(pixel_values.unsqueeze(1).expand(b, geom.temporal_patch_size, c, h, w), geom)
+
+
+def patchify_clip(frames, geom: Geometry):
+    """(B, T, C, H, W) normalized frames, T = ``temporal_patch_size`` (one temporal step each) ->
+    (B*gh*gw, C*T*p*p) patches in the video processor's order."""
+    p, m = geom.patch_size, geom.merge_size
+    b, t, c, h, w = frames.shape
     gh, gw = h // p, w // p
-    x = pixel_values.unsqueeze(1).expand(b, t, c, h, w)
-    x = x.reshape(b, t, c, gh // m, m, p, gw // m, m, p)
+    x = frames.reshape(b, t, c, gh // m, m, p, gw // m, m, p)
     x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     return x.reshape(b * gh * gw, c * t * p * p)
 
@@ -112,6 +119,15 @@ def processor_inputs(image_processor, images: Sequence, height: int, width: int)
     out = image_processor(images=resized, do_resize=False, return_tensors="np")
     return {"pixel_values": np.asarray(out["pixel_values"], dtype=np.float32),
             "image_grid_thw": np.asarray(out["image_grid_thw"], dtype=np.int64)}
+
+
+def clip_frames(image_processor, image, frames: int, height: int, width: int) -> np.ndarray:
+    """(frames, 3, H, W) normalized frames of a synthetic clip of ``image``
+    (:func:`vlsens.images.shifted_clip`), each frame through the image processor at exactly H x W."""
+    from vlsens.images import shifted_clip
+
+    clip = shifted_clip(image, frames, height, width, resample=getattr(image_processor, "resample", None))
+    return np.concatenate([preprocess_nchw(image_processor, [f], height, width) for f in clip])
 
 
 def preprocess_nchw(image_processor, images: Sequence, height: int, width: int) -> np.ndarray:

@@ -25,6 +25,7 @@ config (``towers: [{class: "module:Class", ...}]``) and imported from the Python
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -55,9 +56,10 @@ class Tower:
         self.config = config
         self.spec = spec or {}
 
-    @property
+    @cached_property
     def size_rule(self) -> dict:
-        """``parse_size`` keywords of the configured model's family (sides: multiples of 28 or 32)."""
+        """``parse_size`` keywords of the configured model's family (sides: multiples of 28 or 32;
+        a local checkpoint's config.json is read once per tower)."""
         from vlsens.family import size_rule
 
         return size_rule(self.config)

@@ -194,13 +194,11 @@ def video_inputs(processor, image, prompt: str, frames: int, height: int, width:
     (:data:`VIDEO_FPS`), which sets the temporal rope positions. Torch tensors, batch 1."""
     import torch
 
-    from vlsens.images import shifted_clip
-    from vlsens.vision import Geometry, patchify_frames, preprocess_nchw
+    from vlsens.vision import Geometry, clip_frames, patchify_frames
 
     ip = processor.image_processor
     geom = Geometry(int(ip.patch_size), int(ip.merge_size), int(ip.temporal_patch_size))
-    clip = shifted_clip(image, frames, height, width, resample=getattr(ip, "resample", None))
-    pv, grid = patchify_frames(np.concatenate([preprocess_nchw(ip, [f], height, width) for f in clip]), geom)
+    pv, grid = patchify_frames(clip_frames(ip, image, frames, height, width), geom)
     n_tokens = int(grid.prod()) // geom.merge_size ** 2
     tok = processor.tokenizer
     text = chat_prompt(processor, prompt, True, media="video").replace(processor.video_token,
@@ -406,12 +404,13 @@ class Text(Tower):
             parse_size(str(self.section[sub]["image_size"]), key=f"text.{sub}.image_size", **self.size_rule)
         from vlsens.family import for_config
 
-        for i, clip in enumerate(self.section["parity"]["video_cases"]):
+        clips = self.section["parity"]["video_cases"]
+        for i, clip in enumerate(clips):
             parse_size(str(clip["size"]), key=f"text.parity.video_cases[{i}].size", **self.size_rule)
-            if for_config(self.config).model_type == "qwen3_vl":
-                raise ConfigError("text.parity.video_cases: video+prompt parity is built for Qwen2-VL and Qwen2.5-VL; "
-                                  "Qwen3-VL's prompt carries frame timestamps its processor writes (not built); "
-                                  "set text.parity.video_cases: [] for this checkpoint.")
+        if clips and for_config(self.config).model_type == "qwen3_vl":
+            raise ConfigError("text.parity.video_cases: video+prompt parity is built for Qwen2-VL and Qwen2.5-VL; "
+                              "Qwen3-VL's prompt carries frame timestamps its processor writes (not built); "
+                              "set text.parity.video_cases: [] for this checkpoint.")
         check_variants(self.variants(), self.analysed_variants(), "text.variants", "text.sensitivity.variants")
         cal = self.section["calibration"]
         samples = load_prompt_samples(str(cal["prompts"]), plan.calib_images, key="text.calibration.prompts")

@@ -220,34 +220,14 @@ def dynamic_module(visual):
                 merged = merged[reverse]
             return merged
 
-    # One forward signature per family (the exporter names the graph inputs after it).
-    if kind == "qwen2_5_vl":
-        class DynamicVision(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.visual = Visual()
+    class DynamicVision(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.visual = Visual()
 
-            def forward(self, patches, position_ids, window_index, cu_seqlens, cu_window_seqlens):
-                return self.visual({"patches": patches, "position_ids": position_ids, "window_index": window_index,
-                                    "cu_seqlens": cu_seqlens, "cu_window_seqlens": cu_window_seqlens})
-    elif kind == "qwen2_vl":
-        class DynamicVision(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.visual = Visual()
+        def forward(self, *inputs):  # in the order of input_names(cfg): the exporter names them
+            return self.visual(dict(zip(names, inputs)))
 
-            def forward(self, patches, position_ids, cu_seqlens):
-                return self.visual({"patches": patches, "position_ids": position_ids, "cu_seqlens": cu_seqlens})
-    else:
-        class DynamicVision(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.visual = Visual()
-
-            def forward(self, patches, position_ids, cu_seqlens, pos_indices, pos_weights):
-                return self.visual({"patches": patches, "position_ids": position_ids, "cu_seqlens": cu_seqlens,
-                                    "pos_indices": pos_indices, "pos_weights": pos_weights})
-    assert names == tuple(DynamicVision.forward.__code__.co_varnames[1:len(names) + 1])
     return DynamicVision().eval()
 
 
@@ -279,8 +259,8 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
     import torch
 
     from vlsens.checkpoint import load_image_processor, load_model
-    from vlsens.images import open_rgb, shifted_clip
-    from vlsens.vision import Geometry, patchify_frames, preprocess_nchw, processor_inputs
+    from vlsens.images import open_rgb
+    from vlsens.vision import Geometry, clip_frames, patchify_frames, processor_inputs
 
     model = load_model(checkpoint, attn_implementation="eager", part="vision")
     proc = load_image_processor(checkpoint)
@@ -301,8 +281,7 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
     geom = Geometry.from_config(model.config.vision_config)
     for n_frames, (h, w) in clips:
         ref = image_refs[0]
-        frames = shifted_clip(open_rgb(ref), n_frames, h, w, resample=getattr(proc, "resample", None))
-        pv, grid = patchify_frames(np.concatenate([preprocess_nchw(proc, [f], h, w) for f in frames]), geom)
+        pv, grid = patchify_frames(clip_frames(proc, open_rgb(ref), n_frames, h, w), geom)
         feats = image_features(model, torch.from_numpy(pv), torch.from_numpy(grid), video=True)
         out.add(Case(f"clip-{n_frames}x{h}x{w}", "model.onnx", graph_inputs(pv, grid, model.config.vision_config),
                      np.concatenate(feats),

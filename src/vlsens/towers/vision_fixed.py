@@ -210,3 +210,35 @@ class FixedVision(Tower):
                                 "sha256": shas[i], **header(refs[i])})
         return CalibrationSet(splits, samples, {"height": h, "width": w, "seed": settings["seed"]}, stacked=True)
 
+
+
+class SectionVision(FixedVision):
+    """A fixed-size graph kind with its own config section ``vision.<section>`` (``sizes``,
+    ``variants``, ``sensitivity_variants``) and graph names ``vision/<H>x<W><suffix>``: the
+    uint8-input and video-step towers."""
+
+    section: str = ""
+    suffix: str = ""
+
+    @classmethod
+    def graphs(cls, config, spec=None) -> list[str]:
+        from vlsens.family import size_rule
+
+        sizes = list(config["vision"][cls.section]["sizes"])
+        if not sizes:
+            return []
+        return [f"vision/{s}{cls.suffix}" for s in check_sizes(sizes, f"vision.{cls.section}.sizes", size_rule(config))]
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return parse_size(self.graph.split("/", 1)[1].removesuffix(self.suffix), **self.size_rule)
+
+    def check(self, plan) -> None:
+        check_variants(self.variants(), self.analysed_variants(), f"vision.{self.section}.variants",
+                       f"vision.{self.section}.sensitivity_variants")
+
+    def variants(self) -> list[str]:
+        return list(self.config["vision"][self.section]["variants"])
+
+    def analysed_variants(self) -> list[str]:
+        return list(self.config["vision"][self.section]["sensitivity_variants"])

@@ -18,11 +18,9 @@ from typing import Sequence
 import numpy as np
 
 from vlsens.cases import Case, Cases
-from vlsens.config import check_sizes, check_variants
 from vlsens.errors import VlsensError
 from vlsens.images import open_rgb, resize_exact
-from vlsens.sizes import parse_size
-from vlsens.towers.vision_fixed import INPUT, FixedVision, compute_reference
+from vlsens.towers.vision_fixed import INPUT, SectionVision, compute_reference
 
 IMAGE = "image"
 SUFFIX = "-u8"
@@ -64,32 +62,12 @@ def uint8_module(fixed, processor):
     return fixed
 
 
-class Uint8Vision(FixedVision):
+class Uint8Vision(SectionVision):
     kind = "vision_uint8"
+    section, suffix = "uint8", SUFFIX
     pattern = r"vision/[0-9]+x[0-9]+-u8"
     engines = ("ort",)
     input_name = IMAGE
-
-    @classmethod
-    def graphs(cls, config, spec=None) -> list[str]:
-        sizes = list(config["vision"]["uint8"]["sizes"])
-        from vlsens.family import size_rule
-
-        return [f"vision/{s}{SUFFIX}" for s in check_sizes(sizes, "vision.uint8.sizes", size_rule(config))] if sizes else []
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return parse_size(self.graph.split("/", 1)[1].removesuffix(SUFFIX), **self.size_rule)
-
-    def check(self, plan) -> None:
-        check_variants(self.variants(), self.analysed_variants(), "vision.uint8.variants",
-                       "vision.uint8.sensitivity_variants")
-
-    def variants(self) -> list[str]:
-        return list(self.config["vision"]["uint8"]["variants"])
-
-    def analysed_variants(self) -> list[str]:
-        return list(self.config["vision"]["uint8"]["sensitivity_variants"])
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         """The fixed-size graph's cases (transformers on the processor's path), each fed the uint8

@@ -10,7 +10,7 @@ step's merged tokens ``(batch, H*W/factor^2, out_hidden)`` (Qwen3-VL: with its D
 side by side, :func:`vlsens.family.split_features`).
 
 Reference: per parity image a clip of ``vision.video.frames`` shifted frames
-(:func:`vlsens.images.shifted_clip`), transformers' ``get_video_features`` on the *whole* clip, cut
+(:func:`vlsens.vision.clip_frames`), transformers' ``get_video_features`` on the *whole* clip, cut
 into its steps: case *i* feeds frames 2i, 2i+1 and expects the clip's step-*i* tokens, so the gate
 proves that step-by-step encoding equals the whole-clip forward. Calibration: one 2-frame clip per
 calibration image (the same split as the still-image graphs), also as the NPU ``.tar``.
@@ -23,70 +23,37 @@ from typing import Sequence
 import numpy as np
 
 from vlsens.cases import Case, Cases
-from vlsens.config import check_sizes, check_variants
-from vlsens.images import open_rgb, shifted_clip
-from vlsens.sizes import parse_size
-from vlsens.towers.vision_fixed import FixedVision, image_features
-from vlsens.vision import Geometry, patchify_frames, preprocess_nchw
+from vlsens.images import open_rgb
+from vlsens.towers.vision_fixed import SectionVision, image_features
+from vlsens.vision import Geometry, clip_frames, patchify_clip, patchify_frames
 
 FRAMES = "frames"
 SUFFIX = "-t2"
-
-
-def clip_frames(processor, image, frames: int, height: int, width: int) -> np.ndarray:
-    """(frames, 3, H, W) normalized frames of a shifted clip of ``image`` (the processor's path per frame)."""
-    clip = shifted_clip(image, frames, height, width, resample=getattr(processor, "resample", None))
-    return np.concatenate([preprocess_nchw(processor, [f], height, width) for f in clip])
 
 
 def step_module(fixed):
     """``fixed`` (one normalized NCHW image in, repeated over the temporal patch) taking two real
     frames ``(batch, 2, 3, H, W)``: the patchify is the video processor's, the rest is ``fixed``'s
     (same op names as the still-image graph)."""
-
     from vlsens.towers.vision_fixed import joined_features
 
     visual, grid = fixed.visual, fixed.grid_thw
     geom = Geometry.from_config(visual.config)
 
     def forward(frames):
-        b, t, c, h, w = frames.shape
-        p, m = geom.patch_size, geom.merge_size
-        x = frames.reshape(b, t, c, h // p // m, m, p, w // p // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-        patches = x.reshape(-1, c * t * p * p)
-        merged = joined_features(visual(patches, grid_thw=grid))
-        return merged.reshape(b, -1, merged.shape[-1])
+        merged = joined_features(visual(patchify_clip(frames, geom), grid_thw=grid))
+        return merged.reshape(frames.shape[0], -1, merged.shape[-1])
 
     fixed.forward = forward
     return fixed
 
 
-class VideoStepVision(FixedVision):
+class VideoStepVision(SectionVision):
     kind = "vision_video"
+    section, suffix = "video", SUFFIX
     pattern = r"vision/[0-9]+x[0-9]+-t2"
     engines = ("ort",)  # one 5-D input; INC's adaptor is set up for NCHW images
     input_name = FRAMES
-
-    @classmethod
-    def graphs(cls, config, spec=None) -> list[str]:
-        from vlsens.family import size_rule
-
-        sizes = list(config["vision"]["video"]["sizes"])
-        return [f"vision/{s}{SUFFIX}" for s in check_sizes(sizes, "vision.video.sizes", size_rule(config))] if sizes else []
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return parse_size(self.graph.split("/", 1)[1].removesuffix(SUFFIX), **self.size_rule)
-
-    def check(self, plan) -> None:
-        check_variants(self.variants(), self.analysed_variants(), "vision.video.variants",
-                       "vision.video.sensitivity_variants")
-
-    def variants(self) -> list[str]:
-        return list(self.config["vision"]["video"]["variants"])
-
-    def analysed_variants(self) -> list[str]:
-        return list(self.config["vision"]["video"]["sensitivity_variants"])
 
     def reference_settings(self) -> dict:
         return {"frames": int(self.config["vision"]["video"]["frames"])}
