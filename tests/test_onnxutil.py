@@ -67,3 +67,33 @@ def test_save_with_external_data_round_trips(tmp_path):
         np.testing.assert_array_equal(got[k], v)
     assert data_path(dst).stat().st_size >= INLINE_MAX_BYTES
     onnx.checker.check_model(str(dst))
+
+
+def test_onnx_writer_appends_and_check_compact_refuses_it(tmp_path):
+    """onnx's external-data writer appends to an existing data file of the same name (how ORT's
+    quantizer saves): the second model's data file then holds the first one's bytes too. Every
+    vlsens writer checks its output and refuses that; its own writer starts each file empty."""
+    import copy
+
+    import pytest
+
+    from vlsens.errors import ArtifactError
+    from vlsens.onnxutil import check_compact
+
+    model, _ = _model(np.random.default_rng(2))
+    dst = tmp_path / "model.onnx"
+    for _ in range(2):
+        onnx.save_model(copy.deepcopy(model), str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="model.onnx.data", size_threshold=0)
+    referenced = (64 * 32 + 32 * 8) * 4 + 4 * 8
+    assert data_path(dst).stat().st_size == 2 * referenced  # the first copy stayed in the file
+    with pytest.raises(ArtifactError, match=rf"{referenced} of its {2 * referenced} bytes are referenced by no tensor"):
+        check_compact(dst)
+    for _ in range(2):
+        save_with_external_data(copy.deepcopy(model), dst)
+    assert check_compact(dst) == data_path(dst).stat().st_size  # compact, written twice
+    # a tensor pointing past the end of its file is an incomplete model
+    with open(data_path(dst), "r+b") as f:
+        f.truncate(data_path(dst).stat().st_size - 8)
+    with pytest.raises(ArtifactError, match="incomplete"):
+        check_compact(dst)

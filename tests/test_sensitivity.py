@@ -167,3 +167,20 @@ def test_weights_only_leaves_attention_matmuls_out(planted):
     assert 0 < len(weighted) < len(every)
     assert all(o.weight_params > 0 for o in weighted)
     assert {o.name for o in every} - {o.name for o in weighted} == {o.name for o in every if not o.weight_params}
+
+
+def test_quantizing_twice_at_one_path_writes_one_model(planted, tmp_path):
+    """quantize_static saves through onnx's appending writer; vlsens.quant.quantize starts from an
+    empty data file, so a rebuild at the same path holds one model's bytes (and checks it)."""
+    from vlsens.onnxutil import check_compact, data_path
+    from vlsens.quant import quantize
+
+    eng = Engine(planted / "engine")
+    names = [o.name for o in eng.ops]
+    out = tmp_path / "model.onnx"
+    quantize(eng.float_model, out, names, eng.settings, eng.cache)
+    first = data_path(out).stat().st_size
+    quantize(eng.float_model, out, names[: len(names) // 2], eng.settings, eng.cache)
+    assert check_compact(out) == data_path(out).stat().st_size
+    float_bytes = data_path(eng.float_model).stat().st_size
+    assert first < float_bytes and data_path(out).stat().st_size < float_bytes

@@ -161,7 +161,7 @@ def save_streamed(model, weights_dir: str | Path, dst: str | Path, was_float: se
     from onnx.external_data_helper import _get_initializer_tensors, uses_external_data
     from onnxconverter_common.float16 import convert_np_to_float16
 
-    from vlsens.onnxutil import DataFile, data_path
+    from vlsens.onnxutil import DataFile, check_compact, data_path
 
     dst = Path(dst)
     tensors = list(_get_initializer_tensors(model))
@@ -182,6 +182,7 @@ def save_streamed(model, weights_dir: str | Path, dst: str | Path, was_float: se
             out.add(t, [buf])
             del buf
     onnx.save_model(model, str(dst))
+    check_compact(dst, model)
     return dst
 
 

@@ -72,6 +72,51 @@ def is_large_inline(tensor) -> bool:
     return tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= INLINE_MAX_BYTES
 
 
+def external_extents(model, base: str | Path) -> dict[Path, list[tuple[int, int]]]:
+    """``{data file: [(offset, length), ...]}`` of every tensor of ``model`` (a ModelProto loaded
+    without weights) stored outside the graph file, locations resolved against ``base``."""
+    out: dict[Path, list[tuple[int, int]]] = {}
+    for t in _external_tensors(model):
+        path, offset, length = _external_range(t, Path(base))
+        out.setdefault(path, []).append((offset, length))
+    return out
+
+
+def check_compact(model_path: str | Path, model=None) -> int:
+    """Raise :class:`~vlsens.errors.ArtifactError` unless the model's own data file
+    (``<model>.data``) holds exactly the bytes its tensors reference: the union of their extents
+    covers the file from its first to its last byte (no unreferenced bytes, e.g. an earlier model
+    appended to by a writer that does not truncate), and no tensor of any data file it reads
+    reaches past that file's end. Reads only the graph (``model``: it, already loaded). Returns
+    the data file's size."""
+    import onnx
+
+    from vlsens.errors import ArtifactError
+
+    model_path = Path(model_path)
+    if model is None:
+        model = onnx.load(str(model_path), load_external_data=False)
+    own = data_path(model_path)
+    extents = external_extents(model, model_path.parent)
+    for path, spans in extents.items():
+        size = path.stat().st_size if path.exists() else -1
+        end = max(o + n for o, n in spans)
+        if end > size:
+            raise ArtifactError(f"{model_path}: a tensor reaches byte {end} of {path}, which has {max(size, 0)} bytes; "
+                                "the model is incomplete.")
+    size = own.stat().st_size if own.exists() else 0
+    covered, reach = 0, 0
+    for o, n in sorted(extents.get(own, [])):
+        if o + n > reach:
+            covered += o + n - max(o, reach)
+            reach = o + n
+    if covered != size:
+        raise ArtifactError(f"{own}: {size - covered} of its {size} bytes are referenced by no tensor of {model_path} "
+                            "(a writer appended to an existing data file, or left padding); vlsens writes every data "
+                            "file compact. Re-run the job that wrote it.")
+    return size
+
+
 def save_with_external_data(model, dst: str | Path) -> Path:
     """Save a ModelProto (external data already loaded into it) as ``dst`` + ``dst.data``.
 
@@ -89,6 +134,7 @@ def save_with_external_data(model, dst: str | Path) -> Path:
         for t in big:
             out.move_out(t)
     onnx.save_model(model, str(dst))
+    check_compact(dst, model)
     return dst
 
 
@@ -156,6 +202,7 @@ def resave(src: str | Path, dst: str | Path) -> Path:
             else:
                 out.add(t, _chunks(path, offset, length))
     onnx.save_model(model, str(dst))
+    check_compact(dst, model)
     return dst
 
 
@@ -191,6 +238,7 @@ def copy_model(src: str | Path, dst: str | Path, model=None) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     copy_file(data_path(src), data_path(dst))
     onnx.save_model(model, str(dst))
+    check_compact(dst, model)
     return dst
 
 

@@ -30,16 +30,30 @@ class QuantSettings:
     weight_type: str = "int8"
     per_channel: bool = True
     calibrate_method: str = "minmax"
+    #: 7-bit weights (ORT's guard against u8 x s8 saturation on CPUs without VNNI)
+    reduce_range: bool = False
+    #: activations symmetric around zero (TensorRT)
+    activation_symmetric: bool = False
+    #: the deployment target (vlsens.quant_target) and its saturation guard, recorded with the settings
+    target: str = "ort-cpu"
+    guard: str = "none"
+    guard_why: str = ""
 
     @classmethod
     def from_config(cls, cfg: dict) -> "QuantSettings":
-        """From ``sensitivity.*`` (schema defaults filled) or a record's ``settings``."""
+        """From :func:`vlsens.quant_target.resolve` (``sensitivity.*`` for the run's ``quant.target``)
+        or a record's ``settings``; keys older records lack take their defaults."""
         return cls(
             op_types=tuple(cfg["op_types"]),
             activation_type=cfg["activation_type"],
             weight_type=cfg["weight_type"],
             per_channel=bool(cfg["per_channel"]),
             calibrate_method=cfg["calibrate_method"],
+            reduce_range=bool(cfg.get("reduce_range", False)),
+            activation_symmetric=bool(cfg.get("activation_symmetric", False)),
+            target=str(cfg.get("target", "ort-cpu")),
+            guard=str(cfg.get("guard", "none")),
+            guard_why=str(cfg.get("guard_why", "")),
         )
 
     def as_dict(self) -> dict:
@@ -54,11 +68,12 @@ class QuantSettings:
             quant_format=QuantFormat.QDQ,
             op_types_to_quantize=list(self.op_types),
             per_channel=self.per_channel,
+            reduce_range=self.reduce_range,
             activation_type=getattr(QuantType, _QTYPES[self.activation_type]),
             weight_type=getattr(QuantType, _QTYPES[self.weight_type]),
             calibrate_method=getattr(CalibrationMethod, _METHODS[self.calibrate_method]),
             use_external_data_format=True,
-            extra_options={},
+            extra_options={"ActivationSymmetric": True} if self.activation_symmetric else {},
         )
 
 
@@ -173,11 +188,18 @@ def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str
     by :func:`calibrate`, beforehand) and reused."""
     from onnxruntime.quantization import quantize_static
 
+    from vlsens.onnxutil import check_compact, data_path
+
     out_model = Path(out_model)
     out_model.parent.mkdir(parents=True, exist_ok=True)
+    # ORT saves through onnx's external-data writer, which appends to a data file of the same name
+    # (a second build at one path would carry the first one's bytes): start from nothing.
+    out_model.unlink(missing_ok=True)
+    data_path(out_model).unlink(missing_ok=True)
     logging.getLogger().setLevel(max(logging.getLogger().level, logging.INFO))
     quantize_static(str(float_model), str(out_model), reader, nodes_to_quantize=list(nodes),
                     calibration_cache_path=str(cache), **settings.kwargs())
+    check_compact(out_model)
     return out_model
 
 

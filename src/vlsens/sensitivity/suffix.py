@@ -301,6 +301,7 @@ def build(switch_model: str | Path, probe_model: str | Path, switches, max_cuts:
     import onnx
 
     from vlsens.fsutil import atomic_file
+    from vlsens.onnxutil import check_compact
     from vlsens.sensitivity.switch import _element_types
 
     switch_model, probe_model = Path(switch_model), Path(probe_model)
@@ -310,6 +311,7 @@ def build(switch_model: str | Path, probe_model: str | Path, switches, max_cuts:
     segment_model(model, sp, elem)
     with atomic_file(switch_model) as tmp:
         onnx.save_model(model, str(tmp))
+    check_compact(switch_model)
     add_probe_outputs(model, sp, elem)
     with atomic_file(probe_model) as tmp:
         onnx.save_model(model, str(tmp))
