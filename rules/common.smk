@@ -18,6 +18,7 @@ from vlsens import towers as towers_registry
 from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
 from vlsens.errors import ConfigError
 from vlsens.inputs import write_manifests
+from vlsens.quant_target import check_profile_objective as _check_objective, resolve as _resolve_quant
 from vlsens.resources import cluster_value
 from vlsens.targets import all_targets
 from vlsens.versions import provenance as _provenance
@@ -30,6 +31,11 @@ except WorkflowError:
     raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
 try:
     PLAN, TOWERS = towers_registry.configure(config, workdir=Path.cwd())
+    # The deployment target's quantization settings, resolved once (the CPU is read here).
+    QUANT = _resolve_quant(config)
+    for _graph, _tower in TOWERS.items():
+        if _tower.analysed_variants():
+            _check_objective(_tower.profile_settings()["objective"], QUANT, f"{_graph}: profile.objective")
     _deploy.check_config(config)
     if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
         _deploy.check_runtime(config)
@@ -193,8 +199,9 @@ def tolerance(variant):
 
 
 def quant_settings():
-    s = config["sensitivity"]
-    return canonical({k: s[k] for k in ("op_types", "activation_type", "weight_type", "per_channel", "calibrate_method")})
+    """``sensitivity.*`` for ``quant.target`` (vlsens.quant_target.resolve): a param of every engine
+    rule, so a change of target or saturation guard re-runs the analysis and the profiles."""
+    return canonical(QUANT)
 
 
 def tower_settings(stage):

@@ -39,6 +39,15 @@ def default_config(**changes) -> dict:
     return with_defaults(cfg)
 
 
+def run_settings(**changes):
+    """The quantization settings a run of the default config uses on this machine
+    (``quant.target`` ort-cpu, ``quant.saturation`` auto: vlsens.quant_target.resolve)."""
+    from vlsens.quant import QuantSettings
+    from vlsens.quant_target import resolve
+
+    return QuantSettings.from_config(resolve(default_config(**changes)))
+
+
 def tower_of(graph: str, **changes):
     from vlsens import towers
 
@@ -154,13 +163,12 @@ def _pipeline(root, outlier):
     """The planted preset at 224x224: fp32 export -> calibration -> ort engine (3 shards) -> ort.csv."""
     from vlsens.checkpoint import build_tiny_checkpoint
     from vlsens.images import resolve_images
-    from vlsens.quant import QuantSettings
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, outlier=outlier)
     build_graph("vision/224x224", ckpt, root, resolve_images("builtin")[:2])
     prepare(root / "fp32" / "model.onnx", root / "calib" / "calib.npz", root / "calib" / "eval.npz", root / "engine",
-            QuantSettings())
+            run_settings())
     shards = [root / "shards" / f"ort.{i}-of-3.csv" for i in range(3)]
     for i, p in enumerate(shards):
         run_shard(root / "engine", root / "calib" / "eval.npz", i, 3, p)

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import TOL_FP16, TOL_FP32
+from conftest import TOL_FP16, TOL_FP32, run_settings
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,6 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
     from conftest import default_config
     from vlsens import deploy, variants
     from vlsens.profile import build_profile
-    from vlsens.quant import QuantSettings
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     cfg = default_config()
@@ -113,7 +112,7 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
         if not b.folder("fp16").exists():
             variants.fp16(b.folder("fp32"), b.reference, b.folder("fp16"), TOL_FP16, 512, 65504)
         eng, work = b.root / "engine-deploy", root / name
-        prepare(b.model("fp32", analysed=True), b.calib / "calib.npz", b.calib / "eval.npz", eng, QuantSettings())
+        prepare(b.model("fp32", analysed=True), b.calib / "calib.npz", b.calib / "eval.npz", eng, run_settings())
         shard = work / "ort.0-of-1.csv"
         run_shard(eng, b.calib / "eval.npz", 0, 1, shard)
         gather(eng, b.calib / "eval.npz", [shard], work / "ort.csv", work / "ort.json")

@@ -5,7 +5,7 @@ from vlsens.versions import _module_file, _vlsens_imports
 
 LAYERS = {
     "floor": "errors job faults device fsutil paths sizes images prompts inputs versions metrics onnxutil",
-    "plan": "checkpoint family config",
+    "plan": "checkpoint family config quant_target",
     "data": "cases samples calibration",
     "towers": "towers towers.base towers.vision_fixed towers.vision_uint8 towers.vision_video towers.vision_dynamic towers.text towers.decoder vision genai",
     "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.suffix sensitivity.engine "

@@ -115,7 +115,12 @@ def eval_record(metric="cosine", value=0.999, direction=">="):
     return {"target": {"metric": metric, "value": value, "direction": direction}, "status": "met",
             "quantizable_ops": 8, "int8_ops": 7, "int8_op_share": 7 / 8, "int8_weight_share": 0.6,
             "measured": {"cosine": 0.99948, "kl": 9.1e-6}, "search": {"evaluations": len(trace), "trace": trace},
-            "latency_ms": {"fp32": 4.9, "fp16": 5.5, "int8_mixed": 5.4}, "model_bytes": 640000}
+            "latency_ms": {"fp32": 4.9, "fp16": 5.5, "int8_mixed": 5.4}, "model_bytes": 640000,
+            "builds": [{"int8_ops": 7, "int8_weight_share": 0.6, "cosine": 0.99948, "kl": 9.1e-6, "meets": True,
+                        "latency_ms": 5.4, "reason": "the search's choice"},
+                       {"int8_ops": 5, "int8_weight_share": 0.4, "cosine": 0.99990, "kl": 2e-6, "meets": True,
+                        "latency_ms": 4.6, "reason": "latency candidate"}],
+            "speedup": {"vs_fp32": 4.9 / 5.4}, "quant_target": {"name": "ort-cpu", "measured_on": ["CPUExecutionProvider"]}}
 
 
 @pytest.mark.parametrize("metric,value,direction", [("cosine", 0.999, ">="), ("kl", 1e-4, "<=")])
@@ -131,12 +136,19 @@ def test_pareto_marks_the_chosen_and_the_built_point(tmp_path, metric, value, di
     assert [p["meets"] for p in res["points"]] == [False, True, True, True]
 
 
-def test_pareto_without_weight_shares_draws_one_panel(tmp_path):
+def test_pareto_draws_a_panel_per_axis_it_has_data_for(tmp_path):
     rec = eval_record()
+    figures.pareto(rec, tmp_path / "p3.png", "t")
+    three = png_pixels(tmp_path / "p3.png").shape[1]
     for t in rec["search"]["trace"]:
         del t["int8_weight_share"]
-    figures.pareto(rec, tmp_path / "p.png", "t")
-    assert png_pixels(tmp_path / "p.png").shape[1] < 700  # one panel, not two
+    res = figures.pareto(rec, tmp_path / "p2.png", "t")
+    assert [b["latency"] for b in res["builds"]] == [5.4, 4.6] and res["built"]["latency"] == 5.4
+    two = png_pixels(tmp_path / "p2.png").shape[1]
+    del rec["latency_ms"], rec["builds"]
+    figures.pareto(rec, tmp_path / "p1.png", "t")
+    one = png_pixels(tmp_path / "p1.png").shape[1]
+    assert one < 700 < two < three  # shares of ops / of weights / latency
 
 
 def test_engine_agreement_scatter(run_files, tmp_path):

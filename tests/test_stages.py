@@ -11,11 +11,10 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import TOL_FP16, TOL_FP32
+from conftest import TOL_FP16, TOL_FP32, run_settings
 from vlsens import parity, stages, variants
 from vlsens.cases import Cases
 from vlsens.errors import ParityError
-from vlsens.quant import QuantSettings
 from vlsens.samples import Samples
 from vlsens.sensitivity.ranking import read_csv
 
@@ -161,7 +160,7 @@ def engine(built, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("engine")
     ev = built.calib / "eval.npz"
-    prepare(built.model(analysed=True), built.calib / "calib.npz", ev, root / "engine", QuantSettings())
+    prepare(built.model(analysed=True), built.calib / "calib.npz", ev, root / "engine", run_settings())
     shards = [root / f"ort.{i}-of-3.csv" for i in range(3)]
     for i, p in enumerate(shards):
         run_shard(root / "engine", ev, i, 3, p)

@@ -8,13 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TOL_FP32, build_graph, tower_of
+from conftest import TOL_FP32, build_graph, tower_of, run_settings
 from vlsens import stages
 from vlsens.cases import Cases
 from vlsens.errors import ConfigError
 from vlsens.images import resolve_images
 from vlsens.prompts import BUILTIN_PROMPTS, load_prompt_samples
-from vlsens.quant import QuantSettings
 from vlsens.samples import Samples
 from vlsens.sensitivity.ranking import read_csv
 from vlsens.towers.text import causal_padding_mask, text_position_ids
@@ -185,7 +184,7 @@ def text_sens(text_run, text_cal):
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     eng = text_run / "engine"
-    prepare(text_run / "fp32" / "embeds.onnx", text_cal / "calib.npz", text_cal / "eval.npz", eng, QuantSettings())
+    prepare(text_run / "fp32" / "embeds.onnx", text_cal / "calib.npz", text_cal / "eval.npz", eng, run_settings())
     shards = [text_run / "shards" / f"ort.{i}-of-2.csv" for i in range(2)]
     for i, p in enumerate(shards):
         run_shard(eng, text_cal / "eval.npz", i, 2, p)

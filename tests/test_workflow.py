@@ -146,6 +146,42 @@ def test_whole_dag_builds_verified_models(finished_run):
 
 
 @pytest.mark.slow
+def test_profiles_ship_what_the_search_chose_and_every_file_is_compact(finished_run):
+    """Every profile of the default run: the search's estimate is the built model's value in the
+    target's arithmetic (|gap| <= 1e-4 in cosine, <= 10 % of the target for KL), at most one rebuild,
+    the shipped INT8 weight share >= 90 % of the search's choice, fewer bytes than float; every ONNX
+    file of the run (all stages) holds exactly its referenced bytes; INT8-mixed deploy folder
+    smaller than the fp32 one."""
+    from vlsens.onnxutil import check_compact, data_path
+    from vlsens.quant_target import cpu_features
+
+    res = finished_run / "results" / "tiny"
+    models = sorted(res.rglob("*.onnx"))
+    assert len(models) > 60
+    for m in models:
+        check_compact(m)
+    profiles = sorted((res / "profile").rglob("eval.json"))
+    assert len(profiles) == 10
+    for p in profiles:
+        ev = json.loads(p.read_text())
+        t = ev["target"]
+        assert ev["status"] == "met" and ev["meets_target"], p
+        assert ev["settings"]["target"] == "ort-cpu"
+        assert ev["settings"]["guard"] == ("reduce_range" if cpu_features()["u8s8_saturates"] else "none")
+        bound = 1e-4 if t["metric"] == "cosine" else 0.1 * t["value"]
+        assert abs(ev["estimate_gap"]) <= bound, (p, ev["estimate_gap"])
+        assert ev["rebuilds"] <= 1, p
+        assert ev["int8_weight_share"] >= 0.9 * ev["search_choice"]["int8_weight_share"], p
+        assert 0 < ev["model_bytes"] < ev["float_model_bytes"], p
+        assert ev["model_bytes"] == sum(f.stat().st_size for f in (p.parent / "model.onnx", data_path(p.parent / "model.onnx")))
+        if ev["variant"] == "fp32":  # the fused integer kernels ran (FP16 Q/DQ graphs: see README)
+            assert ev["session"] == "default", p
+    size = {prec: sum(f.stat().st_size for f in (res / "deploy" / prec).iterdir() if ".onnx" in f.name)
+            for prec in ("fp32", "int8-mixed")}
+    assert size["int8-mixed"] < size["fp32"], size
+
+
+@pytest.mark.slow
 def test_video_clip_logits_onnx_only_equal_transformers(finished_run):
     """Qwen2.5-VL video end to end with ONNX graphs only: a 4-frame clip (grid t = 2) through the
     dynamic vision graph, its tokens in the video slots, the text graph, with the temporal rope

@@ -200,7 +200,13 @@ def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 10
     ``site="mlp"``: the same across the MLP (``up_proj`` rows x ``scale``, ``down_proj`` columns /
     ``scale``); the outlier tensor is then quantized both as ``up_proj``'s output and as
     ``down_proj``'s input. ``gain`` scales the planted op's output weights (the attention ``proj``
-    or ``down_proj``) so the block matters next to the residual stream. Returns the channels.
+    or ``down_proj``) so the block matters next to the residual stream.
+
+    ``site="proj"``: the attention output (``proj``'s input) carries the outlier: ``channels`` of
+    the value rows of ``attn.qkv`` (weight and bias) x ``scale``, the same input columns of
+    ``attn.proj`` / ``scale`` (attention is linear in the values, so the function is unchanged).
+    That tensor is a MatMul's output and ``proj``'s input, so it is quantized twice (as the
+    ``attn.mlp`` case). Returns the channels.
     """
     import torch
 
@@ -218,6 +224,15 @@ def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 10
             blk.attn.qkv.weight[:, idx] /= scale
             blk.attn.proj.weight *= gain
             blk.attn.proj.bias *= gain
+        elif site == "proj":
+            dim = blk.attn.proj.in_features
+            idx = list(range(0, dim, max(1, dim // channels)))[:channels]
+            rows = [2 * dim + i for i in idx]  # qkv's output is (q, k, v) x heads x head_dim
+            blk.attn.qkv.weight[rows, :] *= scale
+            blk.attn.qkv.bias[rows] *= scale
+            blk.attn.proj.weight[:, idx] /= scale
+            blk.attn.proj.weight *= gain
+            blk.attn.proj.bias *= gain
         elif site == "mlp":
             mlp = blk.mlp
             if not hasattr(mlp, "up_proj"):
@@ -233,7 +248,7 @@ def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 10
             if mlp.down_proj.bias is not None:
                 mlp.down_proj.bias *= gain
         else:
-            raise ValueError(f"model.tiny.outlier.site: '{site}' (attn, mlp)")
+            raise ValueError(f"model.tiny.outlier.site: '{site}' (attn, proj, mlp)")
     return idx
 
 

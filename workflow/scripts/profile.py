@@ -10,7 +10,8 @@ def main(sm):
     s = sm.params.settings
     build_profile(Path(sm.input.meta).parent, sm.input.ranking, sm.input.eval, sm.params.models,
                   Path(sm.output.eval).parent, s["metric"], float(s["target"]), s["max_evals"], sm.wildcards.variant,
-                  sm.threads, fail_if_unreachable=s["fail_if_unreachable"])
+                  sm.threads, fail_if_unreachable=s["fail_if_unreachable"], objective=s["objective"],
+                  latency_runs=s["latency_runs"])
 
 
 run(snakemake, main)  # noqa: F821

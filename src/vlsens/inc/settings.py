@@ -129,6 +129,7 @@ def inc_config(model, settings, n_calib: int, confidence: int, max_trials: int, 
         log.warning("INC turns Gemm into MatMul+Add before quantizing: MatMul ops are scored too")
     return PostTrainingQuantConfig(
         approach="static", quant_format="QDQ", quant_level=1, calibration_sampling_size=[n_calib],
+        reduce_range=bool(getattr(settings, "reduce_range", False)),
         op_type_dict=op_type_dict,
         tuning_criterion=TuningCriterion(strategy="mse_v2", max_trials=max_trials,
                                          strategy_kwargs={"confidence_batches": confidence}),

@@ -162,9 +162,12 @@ _AXIS = {
 
 
 def pareto(record: dict, out: str | Path, title: str) -> dict:
-    """The profile search's evaluations: INT8 share of the ops (left) and of the weights (right)
-    against the metric (drawn so that better is up), the target line, the search's chosen point and
-    the built model's measured point. Returns the plotted points."""
+    """The profile search's evaluations: INT8 share of the ops (left) and of the weights (middle)
+    against the metric (drawn so that better is up), the target line, the search's chosen point,
+    every model built on the way and the shipped one (measured in the target's arithmetic); and
+    the latency panel (right): every timed build against the metric, FP32 and FP16 as vertical
+    lines, so whether the shipped model is worth deploying is read off one axis. Returns the
+    plotted points."""
     metric, target = record["target"]["metric"], float(record["target"]["value"])
     f, label, log, lower_better = _AXIS[metric]
     n = int(record["quantizable_ops"])
@@ -177,12 +180,28 @@ def pareto(record: dict, out: str | Path, title: str) -> dict:
     meeting = [(t, p) for t, p in zip(trace, pts) if p["meets"]]
     chosen = max(meeting, key=lambda tp: tp[0]["int8_ops"])[1] if meeting else {"ops": 0.0, "weights": 0.0, "y": None}
     built = {"ops": float(record["int8_op_share"]), "weights": float(record["int8_weight_share"]),
-             "y": max(f(float(record["measured"][metric])), floor)}
+             "y": max(f(float(record["measured"][metric])), floor),
+             "latency": (record.get("latency_ms") or {}).get("int8_mixed")}
+    builds = [{"ops": b["int8_ops"] / n if n else 0.0, "weights": b["int8_weight_share"],
+               "y": max(f(float(b[metric])), floor), "meets": bool(b["meets"]), "latency": b.get("latency_ms")}
+              for b in record.get("builds", [])]
     panels = [("ops", "INT8 share of the quantizable ops")]
     if all(p["weights"] is not None for p in pts):
         panels.append(("weights", "INT8 share of the weights"))
-    fig = _figure(5.2 * len(panels), 4.4)
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    timed = [b for b in builds if b["latency"] is not None]
+    lat = record.get("latency_ms") or {}
+    with_latency = bool(timed or built["latency"])
+    fig = _figure(4.6 * (len(panels) + with_latency), 4.6)
+    axes = fig.subplots(1, len(panels) + with_latency, squeeze=False)[0]
+
+    def y_axis(ax):
+        if log:
+            ax.set_yscale("log")
+        if lower_better:
+            ax.invert_yaxis()  # better is up
+        ax.set_ylabel(f"{label}{' (log)' if log else ''}, better ↑")
+        ax.grid(alpha=0.3)
+
     for ax, (key, xlabel) in zip(axes, panels):
         xs = np.array([p[key] for p in pts])
         ys = np.array([p["y"] for p in pts])
@@ -197,27 +216,47 @@ def pareto(record: dict, out: str | Path, title: str) -> dict:
                 best = y
         front = sorted(front, key=lambda i: xs[i])
         ax.plot(xs[front], ys[front], "-", color="#999999", lw=1.2, label="frontier of the evaluations", zorder=1)
-        ax.scatter(xs[ok], ys[ok], c=INT8_COLOUR, s=28, label="evaluated: meets the target", zorder=2)
-        ax.scatter(xs[~ok], ys[~ok], c="#d62728", marker="x", s=34, label="evaluated: misses it", zorder=2)
+        ax.scatter(xs[ok], ys[ok], c=INT8_COLOUR, s=28, label="estimated: meets the target", zorder=2)
+        ax.scatter(xs[~ok], ys[~ok], c="#d62728", marker="x", s=34, label="estimated: misses it", zorder=2)
         ax.axhline(f(target), color="#333333", ls="--", lw=1.2,
                    label=f"target {metric} {record['target']['direction']} {target:g}")
         if chosen["y"] is not None:
             ax.scatter([chosen[key]], [chosen["y"]], s=160, facecolors="none", edgecolors="#1f77b4", linewidths=2,
                        label="chosen by the search", zorder=3)
+        others = [b for b in builds if (b[key], b["y"]) != (built[key], built["y"])]
+        if others:
+            ax.scatter([b[key] for b in others], [b["y"] for b in others], marker="D", s=30, facecolors="none",
+                       edgecolors="#555555", label="other built models (measured)", zorder=3)
         ax.scatter([built[key]], [built["y"]], marker="*", s=240, c="#ffbf00", edgecolors="black", linewidths=0.8,
-                   label="built model (measured)", zorder=4)
-        if log:
-            ax.set_yscale("log")
-        if lower_better:
-            ax.invert_yaxis()  # better is up
+                   label="shipped model (measured)", zorder=4)
+        y_axis(ax)
         ax.set_xlim(-0.03, 1.03)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(f"{label}{' (log)' if log else ''}, better ↑")
-        ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="lower left")
+    if with_latency:
+        ax = axes[-1]
+        labelled = set()
+        for b in timed:
+            kind = "built, meets the target" if b["meets"] else "built, misses it"
+            ax.scatter([b["latency"]], [b["y"]], marker="D" if b["meets"] else "x", s=34,
+                       c=INT8_COLOUR if b["meets"] else "#d62728", zorder=2,
+                       label=None if kind in labelled else kind)
+            labelled.add(kind)
+        if built["latency"] is not None:
+            ax.scatter([built["latency"]], [built["y"]], marker="*", s=240, c="#ffbf00", edgecolors="black",
+                       linewidths=0.8, label=f"shipped: {built['latency']:.3g} ms", zorder=4)
+        for base, colour in (("fp32", "#7570b3"), ("fp16", "#66a61e")):
+            if lat.get(base):
+                ax.axvline(float(lat[base]), color=colour, lw=1.4, ls="-.", label=f"{base}: {float(lat[base]):.3g} ms")
+        ax.axhline(f(target), color="#333333", ls="--", lw=1.2)
+        y_axis(ax)
+        sp = (record.get("speedup") or {}).get("vs_fp32")
+        ax.set_xlabel(f"latency (ms, {record.get('quant_target', {}).get('measured_on', ['?'])[0]})"
+                      + (f"; {sp:.2f}x vs fp32" if sp else ""))
+        ax.legend(fontsize=7, loc="lower left")
     fig.suptitle(title, fontsize=10)
     _save(fig, out)
-    return {"points": pts, "chosen": chosen, "built": built, "target": f(target)}
+    return {"points": pts, "chosen": chosen, "built": built, "builds": builds, "target": f(target)}
 
 
 def engines(ort_rows: list[dict], inc_rows: list[dict], record: dict, out: str | Path, title: str) -> int:

@@ -9,8 +9,8 @@ from pathlib import Path
 from vlsens.fsutil import atomic_file
 
 PARITY_COLUMNS = ["artifact", "variant", "gate", "max rel error", "min cosine", "passed"]
-PROFILE_COLUMNS = ["graph", "base", "target", "measured", "status", "INT8 ops", "INT8 weights",
-                   "latency fp32 / int8-mixed (ms)", "size (MB)"]
+PROFILE_COLUMNS = ["graph", "base", "target", "quant target", "estimate → built", "builds", "status", "INT8 ops",
+                   "INT8 weights", "latency fp32 / int8-mixed (ms)", "speed-up vs fp32", "size (MB)"]
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; font-size: 14px; margin: 1em; color: #222; }
@@ -64,10 +64,15 @@ def profile_row(key: str, ev: dict) -> dict:
     lat = ev.get("latency_ms", {})
     sign = {">=": "≥", "<=": "≤"}.get(t["direction"], t["direction"])
     return {"graph": graph, "base": variant, "target": f"{t['metric']} {sign} {t['value']:g}",
+            "quant target": (ev.get("quant_target") or {}).get("name", "–"),
             "measured": ev["measured"][t["metric"]], "status": ev["status"],
             "INT8 ops": f"{ev['int8_ops']} / {ev['quantizable_ops']} ({ev['int8_op_share']:.0%})",
             "INT8 weights": f"{ev['int8_weight_share']:.0%}",
+            "estimate → built": (f"{_fmt(ev['estimate'][t['metric']], 6)} → {_fmt(ev['measured'][t['metric']], 6)}"
+                                 if ev.get("estimate") else "–"),
+            "builds": len(ev.get("builds", [])),
             "latency fp32 / int8-mixed (ms)": f"{_fmt(lat.get('fp32'), 3)} / {_fmt(lat.get('int8_mixed'), 3)}",
+            "speed-up vs fp32": (ev.get("speedup") or {}).get("vs_fp32"),
             "size (MB)": ev["model_bytes"] / 1e6}
 
 

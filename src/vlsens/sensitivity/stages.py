@@ -26,6 +26,7 @@ from vlsens.artifacts import file_entries, verify
 from vlsens.fsutil import file_sha256, savez_stream, staging_dir, write_json
 from vlsens.paths import ENGINE_FILES
 from vlsens.quant import QuantSettings, calibrate, prepare_float_model, quantize, select_ops
+from vlsens.quant_target import arithmetic_note, cpu_features
 from vlsens.samples import FeedReader, Samples
 from vlsens.sensitivity.engine import Engine, SwitchEngine, engine_sensitivity, float_pass
 from vlsens.sensitivity.ranking import rank_rows, read_csv, shard, write_csv
@@ -76,6 +77,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         "switches": switches.to_json(),
         "suffix": suffix.to_json() if suffix is not None else None,
         "settings": settings.as_dict(),
+        "cpu": cpu_features(),
         "eval_images": evals.count,
         "calib_images": calib.count,
         "seconds": {"calibrate_and_quantize": t_q - t_cal, "switch_model": t_sw - t_q,
@@ -130,6 +132,8 @@ def gather(engine_dir: str | Path, eval_npz: str | Path, shard_csvs: Sequence[st
         "ops": len(ranked),
         "all_int8": all_int8,
         "settings": eng.meta["settings"],
+        "arithmetic": arithmetic_note(eng.meta["settings"]),
+        "cpu": eng.meta.get("cpu") or cpu_features(),
         "eval_images": eng.meta["eval_images"],
         "eval_sha256": file_sha256(eval_npz),
         "calib_images": eng.meta["calib_images"],
