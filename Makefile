@@ -64,6 +64,7 @@ bench: install inc-env
 	$(BIN)/python bench/bench_spine.py
 	$(BIN)/python bench/bench_sensitivity.py
 	$(BIN)/python bench/bench_dynamic.py
+	$(BIN)/python bench/bench_profile.py
 	$(BIN)/python bench/bench_deploy.py --results results/tiny   # after make run
 
 # Real size: the whole DAG on the 3b preset (config/scale.yaml), then its per-stage table with

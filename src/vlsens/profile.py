@@ -475,11 +475,13 @@ def explain(rows: dict, ranking: list[str], chosen: list[str], traces: dict, bui
         else:  # chosen by the search, back to float after the built model missed
             ok = [b for b in repairs if b.meets and name not in set(b.ops)]
             bad = [b for b in builds if not b.meets and name in set(b.ops)]
-            if ok and bad:
-                out[name] = (f"{head}; chosen by the search, back to float after building: with it INT8 the built "
-                             f"model measured {metric} {_fmt(bad[-1].measured[metric])} (misses), with it and the "
-                             f"{ok[0].extra.get('dropped', '?')} most sensitive chosen ops in float "
-                             f"{_fmt(ok[0].measured[metric])}")
+            if ok and bad:  # the two builds closest to the boundary the repair found
+                ok_b = min(ok, key=lambda b: b.extra.get("dropped", 0))
+                bad_b = max(bad, key=lambda b: b.extra.get("dropped") or 0)
+                out[name] = (f"{head}; chosen by the search, back to float after building: with the "
+                             f"{bad_b.extra.get('dropped') or 0} most sensitive chosen ops in float (it INT8) the built "
+                             f"model measured {metric} {_fmt(bad_b.measured[metric])}, which misses; with the "
+                             f"{ok_b.extra.get('dropped')} most sensitive (it among them) {_fmt(ok_b.measured[metric])}")
             elif bad:
                 out[name] = (f"{head}; chosen by the first search, whose built model measured {metric} "
                              f"{_fmt(bad[0].measured[metric])} (misses); the search for the shifted target left it in float")
