@@ -80,7 +80,8 @@ def run_transformers(args) -> dict:
     import torch
     from PIL import Image
 
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
 
     torch.set_num_threads(args.threads)
     model = load_model(args.checkpoint, attn_implementation="sdpa")
@@ -105,7 +106,8 @@ def run_nocache(args) -> dict:
     """vlsens' text graph without a cache: every step re-runs the whole sequence (text only)."""
     import numpy as np
 
-    from vlsens.checkpoint import embedding_table, load_processor
+    from vlsens.loading import embedding_table
+    from vlsens.processor import load_processor
     from vlsens.onnxutil import make_session
     from vlsens.towers.text import text_position_ids_np
 

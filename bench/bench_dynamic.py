@@ -52,7 +52,7 @@ print(json.dumps({"tokens": int(out.shape[0]), "session_s": t1 - t0, "run_s": t2
 
 def vision_3b() -> dict:
     """The whole Qwen2.5-VL-3B vision tower: 32 blocks, full attention in 7, 15, 23, 31."""
-    from vlsens.checkpoint import REAL_3B_VISION
+    from vlsens.presets.tables import REAL_3B_VISION
 
     return dict(REAL_3B_VISION, initializer_range=0.02)
 
@@ -65,7 +65,8 @@ def real_vision(depth: int) -> dict:
 def export(tower: str, vision: dict | None, work: Path) -> tuple[Path, Path]:
     import torch
 
-    from vlsens.checkpoint import build_tiny_checkpoint, load_model
+    from vlsens.loading import load_model
+    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.towers.vision_dynamic import INPUTS, OUTPUT, dynamic_module, graph_inputs
     from vlsens.onnxutil import resave
 

@@ -101,7 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.stage:
         return stage(args)
-    from vlsens.checkpoint import build_tiny_checkpoint
+    from vlsens.presets.build import build_tiny_checkpoint
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="vlsens-families-") as tmp:

@@ -46,7 +46,7 @@ def vitb_vision(depth: int) -> dict:
 
 def vision_3b() -> dict:
     """The published Qwen2.5-VL-3B vision tower (32 blocks, full attention in 7, 15, 23, 31)."""
-    from vlsens.checkpoint import REAL_3B_VISION
+    from vlsens.presets.tables import REAL_3B_VISION
 
     return dict(REAL_3B_VISION, initializer_range=0.02)
 
@@ -88,7 +88,7 @@ def run_tower(name: str, vision: dict | None, work: Path, size: tuple[int, int],
     import yaml
 
     from vlsens import stages, towers
-    from vlsens.checkpoint import build_tiny_checkpoint
+    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.config import with_defaults
     from vlsens.images import resolve_images
     from vlsens.inputs import write_manifests

@@ -31,7 +31,7 @@ sys.path.insert(0, {src!r})
 args = json.loads({args!r})
 stage = args["stage"]
 if stage == "checkpoint":
-    from vlsens.checkpoint import build_tiny_checkpoint
+    from vlsens.presets.build import build_tiny_checkpoint
     job = lambda: build_tiny_checkpoint(args["ckpt"], seed=0)
 else:
     import yaml

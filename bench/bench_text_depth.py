@@ -48,7 +48,7 @@ def step(name: str, work: Path, args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     facts: dict = {}
     if name == "checkpoint":
-        from vlsens.checkpoint import build_3b_checkpoint
+        from vlsens.presets.build import build_3b_checkpoint
 
         build_3b_checkpoint(ckpt, seed=0, text_layers=args.layers)
     elif name == "reference":
@@ -60,7 +60,7 @@ def step(name: str, work: Path, args: argparse.Namespace) -> dict:
     elif name == "export":
         import torch
 
-        from vlsens.checkpoint import load_model
+        from vlsens.loading import load_model
         from vlsens.onnxutil import check_model, resave
         from vlsens.towers.text import GRAPHS, _export_one, _wrappers
 

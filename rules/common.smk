@@ -14,9 +14,9 @@ if _SRC not in sys.path:
 
 from vlsens import deploy as _deploy
 from vlsens import paths
-from vlsens import towers as towers_registry
 from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
 from vlsens.errors import ConfigError
+from vlsens.plan import configure
 from vlsens.inputs import write_manifests
 from vlsens.quant_target import check_profile_objective as _check_objective, resolve as _resolve_quant
 from vlsens.resources import cluster_value
@@ -30,7 +30,7 @@ except WorkflowError:
     # Snakemake's message buries the key in a dump of the whole schema: name it first, one line each.
     raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
 try:
-    PLAN, TOWERS = towers_registry.configure(config, workdir=Path.cwd())
+    PLAN, TOWERS = configure(config, workdir=Path.cwd())
     # The deployment target's quantization settings, resolved once (the CPU is read here).
     QUANT = _resolve_quant(config)
     for _graph, _tower in TOWERS.items():

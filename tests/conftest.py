@@ -56,7 +56,7 @@ def tower_of(graph: str, **changes):
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory) -> Path:
-    from vlsens.checkpoint import build_tiny_checkpoint
+    from vlsens.presets.build import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
 
@@ -161,7 +161,7 @@ def pickle_only_ckpt(tiny_ckpt, tmp_path) -> Path:
 
 def _pipeline(root, outlier):
     """The planted preset at 224x224: fp32 export -> calibration -> ort engine (3 shards) -> ort.csv."""
-    from vlsens.checkpoint import build_tiny_checkpoint
+    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.images import resolve_images
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 

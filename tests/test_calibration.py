@@ -47,7 +47,7 @@ def test_split_is_disjoint_and_complete(calib_224):
 
 
 def test_tensors_equal_the_processor_output(calib_224, tiny_ckpt):
-    from vlsens.checkpoint import load_image_processor
+    from vlsens.processor import load_image_processor
 
     m = json.loads((calib_224 / "manifest.json").read_text())
     evals = [i for i in m["samples"] if i["split"] == "eval"]

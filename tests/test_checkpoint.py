@@ -6,13 +6,10 @@ import json
 import pytest
 import torch
 
-from vlsens.checkpoint import (
-    build_tiny_checkpoint,
-    check_checkpoint_dir,
-    load_model,
-    load_processor,
-    make_tiny_model,
-)
+from vlsens.checkpoint import check_checkpoint_dir
+from vlsens.loading import load_model
+from vlsens.presets.build import build_tiny_checkpoint, make_tiny_model
+from vlsens.processor import load_processor
 from vlsens.errors import CheckpointError
 
 
@@ -110,7 +107,8 @@ def test_3b_preset_is_the_published_architecture():
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vlsens.checkpoint import build_tiny_tokenizer, real_3b_config
+    from vlsens.presets.build import real_3b_config
+    from vlsens.presets.tokenizer import build_tiny_tokenizer
 
     with torch.device("meta"):
         model = Qwen2_5_VLForConditionalGeneration(real_3b_config(build_tiny_tokenizer(), 36))
@@ -125,7 +123,7 @@ def test_3b_preset_is_the_published_architecture():
 def test_vision_only_loading_equals_the_full_model(tiny_ckpt):
     import torch
 
-    from vlsens.checkpoint import load_model
+    from vlsens.loading import load_model
 
     full = load_model(tiny_ckpt)
     vision = load_model(tiny_ckpt, part="vision")

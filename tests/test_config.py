@@ -9,7 +9,7 @@ import yaml
 from conftest import REPO, default_config
 from vlsens.errors import ConfigError
 from vlsens.targets import all_targets
-from vlsens.towers import configure
+from vlsens.plan import configure
 
 
 def _cfg(**changes):
@@ -201,7 +201,7 @@ def test_cluster_memory_and_runtime_per_rule_and_per_graph():
 def test_family_size_rules_and_features_are_checked_when_the_dag_is_built():
     """Qwen3-VL sides are multiples of 32 and the message says which family was detected; deploy
     and video prompts are refused where they are not built."""
-    from vlsens.towers import configure
+    from vlsens.plan import configure
 
     with pytest.raises(ConfigError, match=r"vision.sizes\[0\].*multiples of 32 \(Qwen3-VL \(detected from "
                                           r"model.checkpoint\): patch 16.*224x320"):
@@ -226,7 +226,7 @@ def test_family_size_rules_and_features_are_checked_when_the_dag_is_built():
 def test_family_configs_plan_their_presets():
     import yaml
 
-    from vlsens.towers import configure
+    from vlsens.plan import configure
 
     for preset in ("tiny-qwen2vl", "tiny-qwen3vl"):
         overlay = yaml.safe_load((REPO / "config" / f"{preset}.yaml").read_text())

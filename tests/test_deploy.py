@@ -155,7 +155,8 @@ def test_fp32_folder_generates_what_transformers_generates(folders, tiny_ckpt, p
     import torch
     from PIL import Image
 
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
 
     cases = _cases(parity_refs, tmp_path)
     assert [len(c["images"]) for c in cases] == [0, 1, 2]
@@ -237,7 +238,8 @@ def test_chat_runs_a_folder_like_transformers(folders, tiny_ckpt, parity_refs, t
     import torch
     from PIL import Image
 
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
     from vlsens.runtime import Chat
 
     case = _cases(parity_refs, tmp_path)[1]

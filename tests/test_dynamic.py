@@ -23,7 +23,8 @@ def dyn(graph_builder):
 def test_rewrite_equals_transformers_encoder(tiny_ckpt):
     import torch
 
-    from vlsens.checkpoint import load_image_processor, load_model
+    from vlsens.loading import load_model
+    from vlsens.processor import load_image_processor
     from vlsens.vision import processor_inputs
 
     model = load_model(tiny_ckpt, attn_implementation="eager")
@@ -75,7 +76,7 @@ def test_patchify_frames_is_the_video_processors_layout(tiny_ckpt):
     """Two copies of one image patchify exactly as the image processor's still image (which it
     repeats over the temporal patch axis); four frames give grid_t 2 with frames 2 and 3 in the
     second step, at temporal positions 0 and 1; an odd count repeats the last frame."""
-    from vlsens.checkpoint import load_image_processor
+    from vlsens.processor import load_image_processor
     from vlsens.vision import Geometry, patchify_frames, preprocess_nchw, processor_inputs
 
     proc = load_image_processor(tiny_ckpt)
@@ -119,7 +120,7 @@ def test_dynamic_graph_equals_fixed_size_graph(dyn, fp32_224, reference_224, tin
 def test_vision_encoder_runtime_any_size(dyn, tiny_ckpt):
     import torch
 
-    from vlsens.checkpoint import load_model
+    from vlsens.loading import load_model
     from vlsens.runtime import VisionEncoder
 
     enc = VisionEncoder(dyn.model(), tiny_ckpt)

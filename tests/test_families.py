@@ -34,7 +34,8 @@ def family_run(request, tmp_path_factory):
 
 def _models(family_run):
     """transformers' model (eager) and processor of the run's checkpoint."""
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
 
     res, _ = family_run
     ckpt = res / "checkpoint"
@@ -130,7 +131,7 @@ def test_family_presets_preserve_the_function_and_plant_the_outlier(tmp_path):
     (function-preserving), and the planted vision channel is ~1000x the others at qkv's input."""
     import torch
 
-    from vlsens.checkpoint import make_tiny_model
+    from vlsens.presets.build import make_tiny_model
 
     for preset, family in FAMILIES.items():
         plain, tok = make_tiny_model(0, family=family)

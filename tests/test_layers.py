@@ -5,12 +5,12 @@ from vlsens.versions import _module_file, _vlsens_imports
 
 LAYERS = {
     "floor": "errors job faults device fsutil paths sizes images prompts inputs versions metrics onnxutil",
-    "plan": "checkpoint family config quant_target",
-    "data": "cases samples calibration",
+    "plan": "presets presets.tables family checkpoint loading processor config quant_target",
+    "data": "presets.tokenizer presets.plant presets.build cases samples calibration",
     "towers": "towers towers.base towers.vision_fixed towers.vision_uint8 towers.vision_video towers.vision_dynamic towers.text towers.decoder vision genai",
     "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.suffix sensitivity.engine "
               "sensitivity.ranking sensitivity.stages sensitivity.baseline profile compare inc inc.settings inc.names "
-              "inc.capture inc.stages inc.env records targets resources scripting",
+              "inc.capture inc.stages inc.env records plan targets resources scripting",
     "application": "runtime deploy report report.tables report.figures report.build",
 }
 LEVEL = {f"vlsens.{m}": i for i, names in enumerate(LAYERS.values()) for m in names.split()}
@@ -32,3 +32,51 @@ def test_generic_stages_import_no_tower():
     stages = [m for m, level in LEVEL.items() if level == LEVEL["vlsens.parity"]]
     for m in stages:
         assert not _vlsens_imports(_module_file(m)) & TOWERS, m
+
+
+def test_the_package_has_no_import_cycle():
+    """Imports inside functions count too: a cycle hidden in a function is still a cycle."""
+    graph = {m: {i for i in _vlsens_imports(_module_file(m)) if i in LEVEL and i != m} for m in LEVEL}
+    done, path = set(), []
+
+    def visit(m):
+        if m in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(m):] + [m]))
+        if m in done:
+            return
+        path.append(m)
+        for i in sorted(graph[m]):
+            visit(i)
+        path.pop()
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m)
+
+
+def test_editing_preset_code_reruns_nothing_of_a_real_checkpoint(monkeypatch):
+    """The rerun trigger hashes every vlsens module a job's script (and its tower) imports: an edit
+    to a preset's architecture, tokenizer, planted outlier or writer must change no hash of a job
+    that runs on a user's own checkpoint (only the preset-building rules import them)."""
+    from pathlib import Path
+
+    import vlsens.towers
+    from vlsens.versions import script_code_version
+
+    scripts = sorted(p for p in (Path(__file__).resolve().parents[1] / "workflow" / "scripts").glob("*.py")
+                     if not p.name.startswith(("build_", "_")))
+    assert len(scripts) >= 10, scripts
+    towers = sorted({path.partition(":")[0] for path in vlsens.towers.BUILTIN.values()})
+    assert len(towers) >= 6, towers
+    jobs = [(s, t) for s in scripts for t in towers]
+    before = {(s.name, t): script_code_version(s, t) for s, t in jobs}
+    preset_modules = [m for m in LEVEL if m.startswith("vlsens.presets.")]
+    assert {"vlsens.presets.tables", "vlsens.presets.plant", "vlsens.presets.build", "vlsens.presets.tokenizer"} <= set(preset_modules)
+    monkeypatch.setenv("VLSENS_VERSION_OVERRIDES", ",".join(f"{m}=edited" for m in preset_modules))
+    after = {(s.name, t): script_code_version(s, t) for s, t in jobs}
+    assert after == before
+    # and the hash does see such an edit where the code is used: the preset's own rule
+    build = Path(__file__).resolve().parents[1] / "workflow" / "scripts" / "build_tiny_checkpoint.py"
+    edited = script_code_version(build)
+    monkeypatch.delenv("VLSENS_VERSION_OVERRIDES")
+    assert script_code_version(build) != edited

@@ -22,7 +22,7 @@ SIZE = "308x196"
 @pytest.fixture(scope="module")
 def held_out(tmp_path_factory):
     """The held-out planted tower through export, calibration and the ort engine (run settings)."""
-    from vlsens.checkpoint import build_tiny_checkpoint
+    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.images import resolve_images
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 

@@ -55,7 +55,7 @@ def write_config(workdir, cfg, name="config.yaml"):
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     """Two local checkpoints of the same architecture (seeds 0 and 1)."""
-    from vlsens.checkpoint import build_tiny_checkpoint
+    from vlsens.presets.build import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("ckpts")
     return (build_tiny_checkpoint(root / "a", seed=0, outlier=PLANT),
@@ -335,7 +335,8 @@ def test_7_job_killed_mid_write_of_a_large_model_breaks_no_other_rule(tmp_path):
     weights): the FP16 job is SIGKILLed with half of its data file written, as the OOM killer
     would. The other jobs of that run still finish; the re-run removes the leftover, completes,
     and leaves no link into a published data file."""
-    from vlsens.checkpoint import REAL_3B_VISION, build_tiny_checkpoint
+    from vlsens.presets.build import build_tiny_checkpoint
+    from vlsens.presets.tables import REAL_3B_VISION
 
     vision = dict(REAL_3B_VISION, depth=2, fullatt_block_indexes=[1], initializer_range=0.02)
     ckpt = build_tiny_checkpoint(tmp_path / "wide", seed=0, vision=vision)

@@ -24,7 +24,7 @@ TEXT_PLANT = {"layer": 1, "channels": 2, "scale": 1000.0}
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
     """The text graph of a checkpoint with a planted text layer: reference, fp32, calibration."""
-    from vlsens.checkpoint import build_tiny_checkpoint
+    from vlsens.presets.build import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("text")
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, text_outlier=TEXT_PLANT)
@@ -86,7 +86,8 @@ def test_embeds_graph_on_merged_vision_features_equals_pytorch(text_run):
     import onnxruntime as ort
     import torch
 
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
     from vlsens.images import open_rgb, resize_exact
     from vlsens.towers.text import chat_prompt, merged_embeds
 
@@ -141,7 +142,7 @@ def text_cal(text_run):
 def test_text_calibration_carries_vision_features(text_cal, text_run):
     import torch
 
-    from vlsens.checkpoint import load_model
+    from vlsens.loading import load_model
 
     man = json.loads((text_cal / "manifest.json").read_text())
     assert man["counts"] == {"calib": 6, "eval": 3}

@@ -51,7 +51,7 @@ def test_reference_cases_are_the_processor_pixels(reference_224, tiny_ckpt, pari
     """Each case's NCHW input patchifies back to exactly the processor's pixel_values."""
     import torch
 
-    from vlsens.checkpoint import load_image_processor
+    from vlsens.processor import load_image_processor
     from vlsens.images import open_rgb
     from vlsens.vision import Geometry, patchify, processor_inputs
 

@@ -13,7 +13,7 @@ from vlsens.vision import Geometry, patchify, preprocess_nchw, processor_inputs,
 @pytest.mark.parametrize("h,w", [(224, 224), (224, 336), (308, 252)])
 def test_patchify_equals_hf_image_processor(tiny_ckpt, parity_refs, h, w):
     """Our in-graph patchify of an independently normalized image == the processor's patches."""
-    from vlsens.checkpoint import load_image_processor
+    from vlsens.processor import load_image_processor
 
     proc = load_image_processor(tiny_ckpt)
     imgs = [open_rgb(r) for r in parity_refs]

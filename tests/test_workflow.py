@@ -190,7 +190,8 @@ def test_video_clip_logits_onnx_only_equal_transformers(finished_run):
     import numpy as np
     import torch
 
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
     from vlsens.images import open_rgb, resolve_images
     from vlsens.metrics import compare
     from vlsens.runtime import prompt_logits

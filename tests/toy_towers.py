@@ -17,7 +17,7 @@ from vlsens.towers.base import Tower
 
 
 def _merger(checkpoint):
-    from vlsens.checkpoint import load_model
+    from vlsens.loading import load_model
 
     return load_model(checkpoint).model.visual.merger.eval()
 

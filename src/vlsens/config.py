@@ -1,4 +1,4 @@
-"""The config, checked, and the plan derived from it: the bottom of the workflow.
+"""The config, checked: schema, defaults, the checks a schema cannot express.
 
 The JSON schema (``workflow/schemas/config.schema.yaml``) checks types and holds every default
 (:func:`with_defaults` fills them, as Snakemake's ``validate`` does); this module checks what a
@@ -14,33 +14,17 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlsens.checkpoint import PRESETS, check_checkpoint_dir, check_tiny_outliers
-from vlsens.errors import CheckpointError, ConfigError, ImageError
+from vlsens.presets import PRESETS
+from vlsens.errors import ConfigError, ImageError
 from vlsens.images import ImageRef, resolve_images
 from vlsens.sizes import parse_size, size_str
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 VARIANTS = ("fp32", "fp16", "fp32-sim", "fp16-sim")
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
-
-
-@dataclass
-class Plan:
-    """What the workflow reads from outside ``results/``, derived from a checked config."""
-
-    model: str
-    checkpoint: str  # directory the rules read
-    preset: str | None  # set when the checkpoint is built by the workflow
-    parity_images: list[ImageRef] = field(default_factory=list)
-    calib_images: list[ImageRef] = field(default_factory=list)
-    engines: list[str] = field(default_factory=list)
-    inc_tune: bool = False
-    prompt_file: str | None = None  # text.calibration.prompts when it is a JSONL (not builtin)
-    prompt_images: list[ImageRef] = field(default_factory=list)  # the images that JSONL names
 
 
 def load_schema(path: str | Path = SCHEMA) -> dict:
@@ -159,49 +143,6 @@ def _images(spec, key: str) -> list[ImageRef]:
         return resolve_images(spec, key=key)
     except ImageError as e:
         raise ConfigError(str(e)) from e
-
-
-def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
-    """Check ``config`` (schema-valid; defaults are filled here too) and derive the :class:`Plan`."""
-    from vlsens.prompts import load_prompt_samples
-
-    config = with_defaults(config)
-    workdir = Path(workdir)
-    ckpt = str(config["model"]["checkpoint"])
-    name = model_name(config)
-    if ckpt in PRESETS:
-        preset, ckpt_dir = ckpt, f"results/{name}/checkpoint"
-        check_tiny_outliers(config["model"]["tiny"], ckpt)
-    else:
-        preset = None
-        path = Path(ckpt)
-        try:
-            check_checkpoint_dir(path if path.is_absolute() else workdir / path, key="model.checkpoint")
-        except CheckpointError as e:
-            raise ConfigError(str(e)) from e
-        ckpt_dir = ckpt
-    check_tolerances(config)
-    n = int(config["parity"]["num_images"])
-    images = _images(config["parity"]["images"], "parity.images")
-    if len(images) < n:
-        raise ConfigError(f"parity.num_images: {n} requested but parity.images yields only {len(images)} image(s).")
-    cal = config["calibration"]
-    calib = _images(cal["images"], "calibration.images")
-    need = int(cal["num_calib"]) + int(cal["num_eval"])
-    if len(calib) < need:
-        raise ConfigError(
-            f"calibration.num_calib + calibration.num_eval = {need}, but calibration.images yields only "
-            f"{len(calib)} image(s); lower them or add images."
-        )
-    sens = config["sensitivity"]
-    prompt_file, prompt_images = None, []
-    spec = str(config["text"]["calibration"]["prompts"])
-    if config["text"]["enabled"] and spec != "builtin":
-        samples = load_prompt_samples(spec, calib, key="text.calibration.prompts")
-        found = {str(x.image.path): x.image for x in samples if x.image is not None}
-        prompt_file, prompt_images = spec, [found[k] for k in sorted(found)]
-    return Plan(name, ckpt_dir, preset, images[:n], calib, list(sens["engines"]), bool(sens["inc"]["tune"]),
-                prompt_file, prompt_images)
 
 
 def check_images(manifests: dict[str, str], config: dict) -> list[str]:

@@ -173,7 +173,8 @@ def transformers_generate(checkpoint, cases: list[dict], max_new_tokens: int) ->
     import torch
     from PIL import Image
 
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
 
     model = load_model(checkpoint, attn_implementation="eager")
     processor = load_processor(checkpoint)
@@ -241,7 +242,7 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
              runtime: GenAIFolder | None = None) -> dict:
     """``eval.json`` of a folder (see the module docs); raises VlsensError when the fp32 folder's
     tokens differ from transformers'. ``runtime``: the folder already loaded."""
-    from vlsens.checkpoint import load_processor
+    from vlsens.processor import load_processor
 
     processor = load_processor(checkpoint)
     folder_rt = runtime or GenAIFolder(folder)
@@ -316,7 +317,7 @@ def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict],
     import onnxruntime as ort
     import torch
 
-    from vlsens.checkpoint import load_model
+    from vlsens.loading import load_model
     from vlsens.metrics import compare
 
     model = load_model(checkpoint, attn_implementation="eager", part="vision")

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from vlsens.errors import CheckpointError
+from vlsens.presets import PRESET_FAMILY
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,6 @@ def family_of(checkpoint: str | Path, key: str = "model.checkpoint") -> Family:
 def for_config(config: dict) -> Family:
     """The family of the configured model: a preset's own, else the checkpoint directory's
     ``config.json`` (a relative path is read from the working directory, as the workflow does)."""
-    from vlsens.checkpoint import PRESET_FAMILY
-
     ckpt = str(config["model"]["checkpoint"])
     if ckpt in PRESET_FAMILY:
         return FAMILIES[PRESET_FAMILY[ckpt]]

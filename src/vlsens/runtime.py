@@ -37,7 +37,8 @@ class VisionEncoder:
     def __init__(self, model: str | Path, checkpoint: str | Path, threads: int = 0, device: str = "auto"):
         from transformers import AutoConfig
 
-        from vlsens.checkpoint import check_checkpoint_dir, load_image_processor
+        from vlsens.checkpoint import check_checkpoint_dir
+        from vlsens.processor import load_image_processor
 
         check_checkpoint_dir(checkpoint)
         self.config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
@@ -149,7 +150,7 @@ def prompt_logits(checkpoint: str | Path, vision_graph: str | Path, text_graph: 
     (``zero_deepstack``: zeros, to show what dropping them costs)."""
     from transformers import AutoConfig
 
-    from vlsens.checkpoint import embedding_table
+    from vlsens.loading import embedding_table
     from vlsens.family import deepstack_count, dense_deepstack, split_features
 
     config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)

@@ -9,7 +9,7 @@ INC's own fallback run when asked for, and the profile.
 from __future__ import annotations
 
 from vlsens import paths
-from vlsens.config import Plan
+from vlsens.plan import Plan
 
 ENGINES = ("ort", "inc")
 

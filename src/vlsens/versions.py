@@ -18,7 +18,7 @@ from pathlib import Path
 
 #: Libraries each stage's output depends on.
 STAGE_LIBRARIES = {
-    # the tiny preset draws its weights with numpy (vlsens.checkpoint.init_weights_numpy)
+    # the tiny preset draws its weights with numpy (vlsens.presets.build.init_weights_numpy)
     "checkpoint": ("transformers", "tokenizers", "safetensors", "numpy"),
     "reference": ("torch", "transformers", "pillow", "numpy"),
     "calibration": ("transformers", "pillow", "numpy"),  # the image processor's PIL path, no torch

@@ -24,7 +24,7 @@ def kept_in_float(profile_yaml: str | Path | None) -> set[str]:
 
 
 def planted_sites(preset: dict) -> dict[str, tuple[int, str]]:
-    """Where a tiny preset (its ``vlsens_preset.json``, :func:`vlsens.checkpoint.build_tiny_checkpoint`)
+    """Where a tiny preset (its ``vlsens_preset.json``, :func:`vlsens.presets.build.build_tiny_checkpoint`)
     planted its outliers: per tower kind (``vision``, ``text``), the block and the ranking role of
     the op that reads the outlier tensor (``attn.qkv`` for site attn, ``mlp.down_proj`` for an MLP)."""
     sites = {}

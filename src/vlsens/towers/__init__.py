@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from vlsens.errors import ConfigError
 
 if TYPE_CHECKING:
-    from vlsens.config import Plan
     from vlsens.towers.base import Tower
 
 #: kind -> "module:Class", in the order their graphs are listed.
@@ -67,19 +66,6 @@ def active(config: dict) -> dict[str, "Tower"]:
                                   f"{cls.__name__}")
             out[graph] = cls(graph, config, spec)
     return out
-
-
-def configure(config: dict, workdir=".") -> tuple["Plan", dict[str, "Tower"]]:
-    """Everything the DAG is built from, checked: the plan (:func:`vlsens.config.make_plan`) and
-    every configured graph's tower, each having checked its own keys."""
-    from vlsens.config import make_plan, with_defaults
-
-    config = with_defaults(config)
-    plan = make_plan(config, workdir)
-    towers = active(config)
-    for t in towers.values():
-        t.check(plan)
-    return plan, towers
 
 
 def for_graph(config: dict, graph: str) -> "Tower":

@@ -189,7 +189,8 @@ def _prefill_and_step(model, embeds, mask, pos, name: str, meta: dict) -> list[C
 def compute_decoder_reference(checkpoint, image_refs, prompts, repeats, height: int, width: int) -> Cases:
     import torch
 
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
     from vlsens.images import open_rgb
     from vlsens.towers.text import merged_embeds, multimodal_inputs, text_batch, text_position_ids_np
 
@@ -293,7 +294,7 @@ class Decoder(Tower):
     def export(self, checkpoint, cases, workdir, settings):
         import json
 
-        from vlsens.checkpoint import embedding_table
+        from vlsens.loading import embedding_table
         from vlsens.onnxutil import resave, save_with_external_data
 
         workdir = Path(workdir)

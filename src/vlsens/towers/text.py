@@ -267,7 +267,8 @@ def compute_text_reference(checkpoint: str | Path, image_refs, prompts: Sequence
     (:func:`video_inputs`; ``embeds.onnx``). Only real tokens count."""
     import torch
 
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
     from vlsens.images import open_rgb
 
     # Without images the vision tower is not needed: it is not loaded (4 bytes a parameter saved).
@@ -341,7 +342,8 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
     features for image+prompt samples), ``attention_mask``, 3-D ``position_ids``; real tokens
     count. Manifest entries: prompt, image (+ sha256), tokens."""
 
-    from vlsens.checkpoint import load_model, load_processor
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
     from vlsens.images import header, open_rgb
     from vlsens.job import Progress
 
@@ -459,7 +461,7 @@ class Text(Tower):
         and the record says which one ran and why the other failed."""
         import torch
 
-        from vlsens.checkpoint import load_model
+        from vlsens.loading import load_model
         from vlsens.onnxutil import resave
 
         exporter, opset = settings["exporter"], settings["opset"]

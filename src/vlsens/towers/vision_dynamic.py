@@ -258,7 +258,8 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
     ``get_video_features``."""
     import torch
 
-    from vlsens.checkpoint import load_image_processor, load_model
+    from vlsens.loading import load_model
+    from vlsens.processor import load_image_processor
     from vlsens.images import open_rgb
     from vlsens.vision import Geometry, clip_frames, patchify_frames, processor_inputs
 
@@ -349,7 +350,7 @@ class DynamicVision(Tower):
         multi-image case (nothing specialises to one image)."""
         import torch
 
-        from vlsens.checkpoint import load_model
+        from vlsens.loading import load_model
         from vlsens.onnxutil import resave
 
         opset = settings["opset"]

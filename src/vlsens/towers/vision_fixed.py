@@ -96,7 +96,8 @@ def compute_reference(checkpoint: str | Path, refs: Sequence[ImageRef], height: 
     per image (its NCHW pixels in, its merged tokens out)."""
     import torch
 
-    from vlsens.checkpoint import load_image_processor, load_model
+    from vlsens.loading import load_model
+    from vlsens.processor import load_image_processor
 
     processor = load_image_processor(checkpoint)
     model = load_model(checkpoint, device=device, part="vision")
@@ -169,7 +170,7 @@ class FixedVision(Tower):
     def export(self, checkpoint, cases, workdir, settings):
         import torch
 
-        from vlsens.checkpoint import load_model
+        from vlsens.loading import load_model
         from vlsens.onnxutil import resave
 
         h, w = self.size
@@ -189,7 +190,7 @@ class FixedVision(Tower):
                                         "batch": batch, "attn_implementation": attn, "height": h, "width": w}
 
     def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
-        from vlsens.checkpoint import load_image_processor
+        from vlsens.processor import load_image_processor
         from vlsens.inputs import image_refs
 
         h, w = self.size

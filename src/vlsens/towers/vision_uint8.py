@@ -73,7 +73,7 @@ class Uint8Vision(SectionVision):
         """The fixed-size graph's cases (transformers on the processor's path), each fed the uint8
         image instead; the numpy rescale + normalize of that image must give the processor's
         pixels (checked here, so a layout slip fails before any export)."""
-        from vlsens.checkpoint import load_image_processor
+        from vlsens.processor import load_image_processor
 
         h, w = self.size
         floats = compute_reference(checkpoint, images, h, w, device=device)
@@ -93,6 +93,6 @@ class Uint8Vision(SectionVision):
         return uint8_images(processor, images, *self.size)
 
     def module(self, checkpoint, fixed):
-        from vlsens.checkpoint import load_image_processor
+        from vlsens.processor import load_image_processor
 
         return uint8_module(fixed, load_image_processor(checkpoint))

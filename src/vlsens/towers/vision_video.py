@@ -61,7 +61,8 @@ class VideoStepVision(SectionVision):
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         import torch
 
-        from vlsens.checkpoint import load_image_processor, load_model
+        from vlsens.loading import load_model
+        from vlsens.processor import load_image_processor
 
         h, w = self.size
         n = int(settings["frames"])

@@ -1,0 +1,90 @@
+"""The plan: everything the DAG is built from, checked when it is built (never by a job).
+
+:func:`configure` checks the config (schema defaults filled, :mod:`vlsens.config`'s checks, the
+checkpoint directory or the preset's planted outliers, images, prompts) and derives the
+:class:`Plan` and every configured graph's tower, each having checked its own keys. Jobs import
+:mod:`vlsens.config` and their tower, not this module, so DAG-build-only code (e.g. the presets'
+architecture tables) is no part of their rerun trigger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vlsens import paths, towers as towers_registry
+from vlsens.checkpoint import check_checkpoint_dir
+from vlsens.config import _images, check_tolerances, model_name, with_defaults
+from vlsens.errors import CheckpointError, ConfigError
+from vlsens.images import ImageRef
+from vlsens.presets import PRESETS
+from vlsens.presets.tables import check_tiny_outliers
+
+
+@dataclass
+class Plan:
+    """What the workflow reads from outside ``results/``, derived from a checked config."""
+
+    model: str
+    checkpoint: str  # directory the rules read
+    preset: str | None  # set when the checkpoint is built by the workflow
+    parity_images: list[ImageRef] = field(default_factory=list)
+    calib_images: list[ImageRef] = field(default_factory=list)
+    engines: list[str] = field(default_factory=list)
+    inc_tune: bool = False
+    prompt_file: str | None = None  # text.calibration.prompts when it is a JSONL (not builtin)
+    prompt_images: list[ImageRef] = field(default_factory=list)  # the images that JSONL names
+
+
+def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
+    """Check ``config`` (schema-valid; defaults are filled here too) and derive the :class:`Plan`."""
+    from vlsens.prompts import load_prompt_samples
+
+    config = with_defaults(config)
+    workdir = Path(workdir)
+    ckpt = str(config["model"]["checkpoint"])
+    name = model_name(config)
+    if ckpt in PRESETS:
+        preset, ckpt_dir = ckpt, paths.fill(paths.CHECKPOINT, model=name)
+        check_tiny_outliers(config["model"]["tiny"], ckpt)
+    else:
+        preset = None
+        path = Path(ckpt)
+        try:
+            check_checkpoint_dir(path if path.is_absolute() else workdir / path, key="model.checkpoint")
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from e
+        ckpt_dir = ckpt
+    check_tolerances(config)
+    n = int(config["parity"]["num_images"])
+    images = _images(config["parity"]["images"], "parity.images")
+    if len(images) < n:
+        raise ConfigError(f"parity.num_images: {n} requested but parity.images yields only {len(images)} image(s).")
+    cal = config["calibration"]
+    calib = _images(cal["images"], "calibration.images")
+    need = int(cal["num_calib"]) + int(cal["num_eval"])
+    if len(calib) < need:
+        raise ConfigError(
+            f"calibration.num_calib + calibration.num_eval = {need}, but calibration.images yields only "
+            f"{len(calib)} image(s); lower them or add images."
+        )
+    sens = config["sensitivity"]
+    prompt_file, prompt_images = None, []
+    spec = str(config["text"]["calibration"]["prompts"])
+    if config["text"]["enabled"] and spec != "builtin":
+        samples = load_prompt_samples(spec, calib, key="text.calibration.prompts")
+        found = {str(x.image.path): x.image for x in samples if x.image is not None}
+        prompt_file, prompt_images = spec, [found[k] for k in sorted(found)]
+    return Plan(name, ckpt_dir, preset, images[:n], calib, list(sens["engines"]), bool(sens["inc"]["tune"]),
+                prompt_file, prompt_images)
+
+
+def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
+    """Everything the DAG is built from, checked: the plan (:func:`make_plan`) and every
+    configured graph's tower, each having checked its own keys."""
+    config = with_defaults(config)
+    plan = make_plan(config, workdir)
+    towers = towers_registry.active(config)
+    for t in towers.values():
+        t.check(plan)
+    return plan, towers
