@@ -242,3 +242,26 @@ def _merge(base, over):
     if isinstance(base, dict) and isinstance(over, dict):
         return {**base, **{k: _merge(base.get(k), v) for k, v in over.items()}}
     return over
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_cpu_runs_take_no_gpu_token(tmp_path, device):
+    """On a host without a GPU, jobs that run torch / ONNX Runtime must not queue for the one
+    ``gpu`` token ``make run`` passes: they declare gpu=0 (a cluster submission keeps gpu=1, which
+    tests/test_slurm.py checks through SLURM)."""
+    import re
+
+    from vlsens.device import gpu_present
+
+    if gpu_present():
+        pytest.skip("this host has a GPU: device auto takes tokens here")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(device=device)))
+    r = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(tmp_path),
+         "--configfile", str(cfg), "-n", "--cores", "2", "--resources", "gpu=1"],
+        capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    gpus = re.findall(r"resources: .*?\bgpu=(\d+)", out)
+    assert len(gpus) > 20 and set(gpus) == {"0"}, sorted(set(gpus))

@@ -15,6 +15,16 @@ def torch_device(device: str = "auto") -> str:
     return "cpu"
 
 
+def gpu_present() -> bool:
+    """Whether this host has a GPU device node (NVIDIA's driver or ROCm's), without importing
+    torch: read when the DAG is built, to decide whether jobs queue for a ``gpu`` token."""
+    import os
+    from pathlib import Path
+
+    nvidia = Path("/proc/driver/nvidia/gpus")
+    return (nvidia.is_dir() and any(nvidia.iterdir())) or os.path.exists("/dev/nvidia0") or os.path.exists("/dev/kfd")
+
+
 def cuda_visible() -> list[str]:
     """What sees a CUDA device here: ``torch`` and/or ``onnxruntime`` (empty: none)."""
     import importlib.util
