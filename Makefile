@@ -14,7 +14,7 @@ INC_VENV  ?= .venv-inc
 INC_STAMP := $(INC_VENV)/.vlsens-inc-installed
 CONFIG    ?= config/config.yaml
 
-.PHONY: run test install install-test inc-env lint bench scale report clean
+.PHONY: run test test-fast install install-test install-lint inc-env lint bench scale report clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 
 $(STAMP)-test: $(STAMP)
 	$(PIP) install --quiet -c constraints.txt -e ".[test,slurm]"
+	touch $@
+
+$(STAMP)-lint: $(STAMP)
+	$(PIP) install --quiet -c constraints.txt -e ".[lint]"
 	touch $@
 
 $(INC_STAMP): envs/inc.yaml | $(STAMP)
@@ -48,8 +52,13 @@ run: install
 	@if $(BIN)/python -m vlsens.inc.env enabled $(CONFIG); then $(MAKE) --no-print-directory inc-env; fi
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS) $(ARGS)
 
+# make test fails (not skips) when engine inc's environment is missing; test-fast skips it.
 test: install-test inc-env
-	$(BIN)/python -m pytest $(ARGS)
+	VLSENS_REQUIRE_INC=1 $(BIN)/python -m pytest $(ARGS)
+
+# The unit tests: no whole-workflow run through Snakemake's CLI (those are marked slow).
+test-fast: install-test
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
 
 # The report of a finished run (its figures and tables are made by `make run`): one HTML file,
 # self-contained (figures, tables, rule graph, scripts inline), to open in any browser.
@@ -57,7 +66,9 @@ REPORT ?= results/report.html
 report: install
 	$(BIN)/snakemake --configfile $(CONFIG) --report $(REPORT) $(ARGS)
 
-lint: install
+lint: $(STAMP)-lint
+	$(BIN)/ruff check src tests bench workflow
+	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint
 
 bench: install inc-env

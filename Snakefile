@@ -34,6 +34,6 @@ localrules:
 
 
 rule all:
+    default_target: True
     input:
         get_final_output(),
-    default_target: True

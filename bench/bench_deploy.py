@@ -107,8 +107,8 @@ def run_nocache(args) -> dict:
     import numpy as np
 
     from vlsens.loading import embedding_table
-    from vlsens.processor import load_processor
     from vlsens.onnxutil import make_session
+    from vlsens.processor import load_processor
     from vlsens.towers.text import text_position_ids_np
 
     processor = load_processor(args.checkpoint)

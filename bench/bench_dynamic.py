@@ -8,7 +8,8 @@ Each size runs in a fresh process that imports only numpy and ONNX Runtime (CPU,
 random pixels; the index inputs are computed beforehand): "RSS before run" is after session
 creation, "peak RSS" the process's peak over the run. The analytic columns are what attention holds per block, fp32:
 ``full scores`` = N x N (one head of one full-attention block: the graph computes the heads one
-after the other; transformers' eager attention holds all heads' heads x N x N at once) and the additive block-diagonal mask N x N; ``window scores`` =
+after the other; transformers' eager attention holds all heads' heads x N x N at once) and the
+additive block-diagonal mask N x N; ``window scores`` =
 windows x heads x 64 x 64 (window blocks: linear in N, no N x N tensor).
 
     python bench/bench_dynamic.py                      # tiny + real widths, 224..1344
@@ -66,9 +67,9 @@ def export(tower: str, vision: dict | None, work: Path) -> tuple[Path, Path]:
     import torch
 
     from vlsens.loading import load_model
+    from vlsens.onnxutil import resave
     from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.towers.vision_dynamic import INPUTS, OUTPUT, dynamic_module, graph_inputs
-    from vlsens.onnxutil import resave
 
     ckpt = build_tiny_checkpoint(work / tower / "ckpt", seed=0, vision=vision)
     model = load_model(ckpt, attn_implementation="eager")

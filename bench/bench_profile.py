@@ -79,8 +79,9 @@ def print_table(rows: list[dict]) -> None:
 
 def held_out(names: list[str], guards: list[str], work: Path, objective: str) -> list[dict]:
     from conftest import build_graph, run_settings
-    from vlsens.presets.build import build_tiny_checkpoint
+
     from vlsens.images import resolve_images
+    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.profile import build_profile
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 

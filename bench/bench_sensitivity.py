@@ -88,10 +88,10 @@ def run_tower(name: str, vision: dict | None, work: Path, size: tuple[int, int],
     import yaml
 
     from vlsens import stages, towers
-    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.config import with_defaults
     from vlsens.images import resolve_images
     from vlsens.inputs import write_manifests
+    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.quant import QuantSettings
     from vlsens.sensitivity.baseline import straightforward_sensitivity
     from vlsens.sensitivity.engine import Engine, engine_sensitivity

@@ -11,17 +11,17 @@ rule tiny_checkpoint:
         paths.model_benchmark("tiny_checkpoint")
     wildcard_constraints:
         model="tiny|tiny-qwen2vl|tiny-qwen3vl",
+    conda:
+        "../envs/torch.yaml"
+    threads: 1
+    resources:
+        **cluster("tiny_checkpoint", gpu=False),
     params:
         preset=config["model"]["checkpoint"],
         seed=config["model"]["tiny"]["seed"],
         outlier=canonical(config["model"]["tiny"]["outlier"]),
         text_outlier=canonical(config["model"]["tiny"]["text_outlier"]),
         provenance=provenance("checkpoint", "build_tiny_checkpoint.py"),
-    threads: 1
-    resources:
-        **cluster("tiny_checkpoint", gpu=False),
-    conda:
-        "../envs/torch.yaml"
     script:
         "../workflow/scripts/build_tiny_checkpoint.py"
 
@@ -35,14 +35,14 @@ rule checkpoint_3b:
         paths.model_benchmark("checkpoint_3b")
     wildcard_constraints:
         model="3b",
+    conda:
+        "../envs/torch.yaml"
+    threads: 1
+    resources:
+        **cluster("checkpoint_3b", gpu=False),
     params:
         seed=config["model"]["3b"]["seed"],
         text_layers=config["model"]["3b"]["text_layers"],
         provenance=provenance("checkpoint", "build_3b_checkpoint.py"),
-    threads: 1
-    resources:
-        **cluster("checkpoint_3b", gpu=False),
-    conda:
-        "../envs/torch.yaml"
     script:
         "../workflow/scripts/build_3b_checkpoint.py"

@@ -42,17 +42,24 @@ try:
         _deploy.check_runtime(config)
     # Outside inputs by content (see vlsens.inputs): rules read these manifests, not mtimes.
     INPUTS = write_manifests(
-        paths.fill(paths.INPUTS, model=PLAN.model), None if PLAN.preset else PLAN.checkpoint,
-        PLAN.parity_images, PLAN.calib_images, PLAN.prompt_file, PLAN.prompt_images)
+        paths.fill(paths.INPUTS, model=PLAN.model),
+        None if PLAN.preset else PLAN.checkpoint,
+        PLAN.parity_images,
+        PLAN.calib_images,
+        PLAN.prompt_file,
+        PLAN.prompt_images,
+    )
     for _problem in check_images(INPUTS, config):
         logger.warning(f"vlsens: {_problem}")
     if config["device"] == "cuda" and workflow.local_exec and not workflow.remote_exec:
         from vlsens.device import cuda_visible
 
         if not cuda_visible():
-            raise ConfigError("device: cuda, but neither torch nor onnxruntime sees a CUDA device on this machine; "
-                              "use device: auto (CUDA where present) or cpu, or submit to GPU nodes "
-                              "(--workflow-profile profiles/slurm).")
+            raise ConfigError(
+                "device: cuda, but neither torch nor onnxruntime sees a CUDA device on this machine; "
+                "use device: auto (CUDA where present) or cpu, or submit to GPU nodes "
+                "(--workflow-profile profiles/slurm)."
+            )
     # Engine "inc" runs in its own interpreter (vlsens.inc.env), checked here so a missing
     # environment fails before any job starts.
     INC_PYTHON, INC_VERSIONS = None, {}
@@ -61,8 +68,11 @@ try:
 
         _check_inc(config, TOWERS.values())
         INC_PYTHON, INC_VERSIONS = _resolve_inc(
-            config, workflow.basedir, DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method,
-            Path(workflow.basedir) / "envs" / "inc.yaml")
+            config,
+            workflow.basedir,
+            DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method,
+            Path(workflow.basedir) / "envs" / "inc.yaml",
+        )
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
 SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
@@ -85,7 +95,8 @@ DEPLOY_SOURCES = {p: _deploy.sources(p) for p in _deploy.PRECISIONS}
 def get_final_output():
     deploy = config["deploy"]["precisions"] if config["deploy"]["enabled"] else []
     return all_targets(PLAN, TOWERS.values(), report=config["report"]["enabled"]) + [
-        paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy]
+        paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy
+    ]
 
 
 def tower(wildcards):
@@ -113,15 +124,19 @@ def record(variant):
 def analysed_model(wildcards, variant=None):
     """The graph file the engines and the profile read (``model.onnx``, or the text tower's
     ``embeds.onnx``) of a variant folder (default: the ``variant`` wildcard's)."""
-    folder = paths.fill(paths.VARIANT, model=wildcards.model, graph=wildcards.graph,
-                        variant=variant or wildcards.variant)
+    folder = paths.fill(
+        paths.VARIANT, model=wildcards.model, graph=wildcards.graph, variant=variant or wildcards.variant
+    )
     return f"{folder}/{tower(wildcards).analysed}"
 
 
 def profile_bases(wildcards):
     """The built fp32 / fp16 variants the profile's latency is compared with: their records."""
-    return {v: paths.fill(record(v), model=wildcards.model, graph=wildcards.graph)
-            for v in ("fp32", "fp16") if v in tower(wildcards).variants()}
+    return {
+        v: paths.fill(record(v), model=wildcards.model, graph=wildcards.graph)
+        for v in ("fp32", "fp16")
+        if v in tower(wildcards).variants()
+    }
 
 
 def profile_models(wildcards):
@@ -158,15 +173,22 @@ def preset_json(wildcards, input):
 
 def report_profiles(wildcards):
     """``"<graph>/<variant>"`` -> the profile's eval.json, every analysed graph and variant."""
-    return {f"{g}/{v}": paths.fill(f"{paths.PROFILE}/{paths.PROFILE_FILES['eval']}", model=wildcards.model, graph=g,
-                                   variant=v)
-            for g, t in TOWERS.items() for v in t.analysed_variants()}
+    return {
+        f"{g}/{v}": paths.fill(
+            f"{paths.PROFILE}/{paths.PROFILE_FILES['eval']}", model=wildcards.model, graph=g, variant=v
+        )
+        for g, t in TOWERS.items()
+        for v in t.analysed_variants()
+    }
 
 
 def report_base_records(wildcards):
     """graph -> {fp32, fp16: parity.json} of the profiled graphs (their sizes)."""
-    return {g: {v: paths.fill(record(v), model=wildcards.model, graph=g) for v in ("fp32", "fp16") if v in t.variants()}
-            for g, t in TOWERS.items() if t.analysed_variants()}
+    return {
+        g: {v: paths.fill(record(v), model=wildcards.model, graph=g) for v in ("fp32", "fp16") if v in t.variants()}
+        for g, t in TOWERS.items()
+        if t.analysed_variants()
+    }
 
 
 def report_deploy(wildcards):
@@ -176,8 +198,11 @@ def report_deploy(wildcards):
 
 def report_latency_inputs(wildcards):
     records = report_base_records(wildcards)
-    return [*report_profiles(wildcards).values(), *report_deploy(wildcards).values(),
-            *(p for vs in records.values() for p in vs.values())]
+    return [
+        *report_profiles(wildcards).values(),
+        *report_deploy(wildcards).values(),
+        *(p for vs in records.values() for p in vs.values()),
+    ]
 
 
 def report_records(wildcards):
@@ -187,9 +212,13 @@ def report_records(wildcards):
 
 def report_figure(figure, caption, category, figure_labels=None):
     """A figure of ``paths.FIGURE_FILES`` marked for the report, one subcategory per graph."""
-    return report(f"{paths.REPORT_FIGURES}/{paths.FIGURE_FILES[figure]}", caption=f"../report/{caption}",
-                  category=category, subcategory="{graph}",
-                  labels={"graph": "{graph}", "base": "{variant}", **(figure_labels or {})})
+    return report(
+        f"{paths.REPORT_FIGURES}/{paths.FIGURE_FILES[figure]}",
+        caption=f"../report/{caption}",
+        category=category,
+        subcategory="{graph}",
+        labels={"graph": "{graph}", "base": "{variant}", **(figure_labels or {})},
+    )
 
 
 # --- params ----------------------------------------------------------------------------------
@@ -230,8 +259,9 @@ def tower_provenance(stage, script):
         t = tower(wc)
         key = (stage, script, type(t))  # one hash per kind of tower, not per graph
         if key not in _TOWER_PROVENANCE:
-            _TOWER_PROVENANCE[key] = _provenance(stage, SCRIPTS / script, type(t).__module__,
-                                                 libraries=t.libraries.get(stage))
+            _TOWER_PROVENANCE[key] = _provenance(
+                stage, SCRIPTS / script, type(t).__module__, libraries=t.libraries.get(stage)
+            )
         return _TOWER_PROVENANCE[key]
 
     return get
@@ -244,8 +274,12 @@ def tower_provenance(stage, script):
 #: (``device: cuda``, or ``auto`` on a host with one) and whenever jobs are submitted to a cluster,
 #: whose nodes may have one. A local run on a CPU-only host declares none, so its jobs do not
 #: queue one at a time for a token nothing uses.
-GPU_TOKENS = (not workflow.local_exec or workflow.remote_exec or config["device"] == "cuda"
-              or (config["device"] == "auto" and gpu_present()))
+GPU_TOKENS = (
+    not workflow.local_exec
+    or workflow.remote_exec
+    or config["device"] == "cuda"
+    or (config["device"] == "auto" and gpu_present())
+)
 
 
 def cluster(rule, gpu=True):

@@ -12,16 +12,19 @@ rule deploy:
         paths.DEPLOY_LOG,
     benchmark:
         paths.DEPLOY_BENCHMARK
-    params:
-        max_new_tokens=config["deploy"]["max_new_tokens"],
-        tolerance=lambda wc: (tolerance(wc.precision) if wc.precision in ("fp32", "fp16")
-                              else canonical(config["deploy"]["int8_tolerance"])),
-        target=lambda wc: canonical(config["text"]["profile"]) if wc.precision == "int8-mixed" else None,
-        provenance=provenance("deploy", "deploy.py"),
+    conda:
+        "../envs/torch.yaml"
     threads: config["threads"]
     resources:
         **cluster("deploy"),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        max_new_tokens=config["deploy"]["max_new_tokens"],
+        tolerance=lambda wc: (
+            tolerance(wc.precision)
+            if wc.precision in ("fp32", "fp16")
+            else canonical(config["deploy"]["int8_tolerance"])
+        ),
+        target=lambda wc: canonical(config["text"]["profile"]) if wc.precision == "int8-mixed" else None,
+        provenance=provenance("deploy", "deploy.py"),
     script:
         "../workflow/scripts/deploy.py"

@@ -19,14 +19,14 @@ rule profile:
         paths.log("profile", "{variant}"),
     benchmark:
         paths.benchmark("profile", "{variant}")
+    conda:
+        "../envs/onnx.yaml"
+    threads: config["threads"]
+    resources:
+        **cluster("profile"),
     params:
         models=profile_models,
         settings=tower_settings("profile"),
         provenance=provenance("sensitivity", "profile.py"),
-    threads: config["threads"]
-    resources:
-        **cluster("profile"),
-    conda:
-        "../envs/onnx.yaml"
     script:
         "../workflow/scripts/profile.py"

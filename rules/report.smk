@@ -17,13 +17,13 @@ rule report_heatmap:
         paths.log("report_heatmap", "{variant}"),
     benchmark:
         paths.benchmark("report_heatmap", "{variant}")
+    conda:
+        "../envs/report.yaml"
+    resources:
+        **cluster("report_heatmap", gpu=False),
     params:
         preset=preset_json,
         provenance=REPORT_CODE,
-    resources:
-        **cluster("report_heatmap", gpu=False),
-    conda:
-        "../envs/report.yaml"
     script:
         "../workflow/scripts/report.py"
 
@@ -39,14 +39,14 @@ rule report_ranked:
         paths.log("report_ranked", "{variant}", "{engine}"),
     benchmark:
         paths.benchmark("report_ranked", "{variant}", "{engine}")
+    conda:
+        "../envs/report.yaml"
+    resources:
+        **cluster("report_ranked", gpu=False),
     params:
         preset=preset_json,
         top=config["report"]["top_ops"],
         provenance=REPORT_CODE,
-    resources:
-        **cluster("report_ranked", gpu=False),
-    conda:
-        "../envs/report.yaml"
     script:
         "../workflow/scripts/report.py"
 
@@ -60,12 +60,12 @@ rule report_pareto:
         paths.log("report_pareto", "{variant}"),
     benchmark:
         paths.benchmark("report_pareto", "{variant}")
-    params:
-        provenance=REPORT_CODE,
-    resources:
-        **cluster("report_pareto", gpu=False),
     conda:
         "../envs/report.yaml"
+    resources:
+        **cluster("report_pareto", gpu=False),
+    params:
+        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -81,12 +81,12 @@ rule report_engines:
         paths.log("report_engines", "{variant}"),
     benchmark:
         paths.benchmark("report_engines", "{variant}")
-    params:
-        provenance=REPORT_CODE,
-    resources:
-        **cluster("report_engines", gpu=False),
     conda:
         "../envs/report.yaml"
+    resources:
+        **cluster("report_engines", gpu=False),
+    params:
+        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -95,18 +95,23 @@ rule report_fp16:
     input:
         record=paths.fill(record("fp16")),
     output:
-        report(paths.REPORT_FP16, caption="../report/fp16.rst", category="6. FP16 fallback", subcategory="{graph}",
-               labels={"graph": "{graph}"}),
+        report(
+            paths.REPORT_FP16,
+            caption="../report/fp16.rst",
+            category="6. FP16 fallback",
+            subcategory="{graph}",
+            labels={"graph": "{graph}"},
+        ),
     log:
         paths.log("report_fp16"),
     benchmark:
         paths.benchmark("report_fp16")
-    params:
-        provenance=REPORT_CODE,
-    resources:
-        **cluster("report_fp16", gpu=False),
     conda:
         "../envs/report.yaml"
+    resources:
+        **cluster("report_fp16", gpu=False),
+    params:
+        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -115,22 +120,27 @@ rule report_latency:
     input:
         report_latency_inputs,
     output:
-        report(f"{paths.REPORT}/{paths.REPORT_FILES['latency']}", caption="../report/latency.rst",
-               category="7. Latency and size", subcategory="all graphs", labels={"figure": "latency and size"}),
+        report(
+            f"{paths.REPORT}/{paths.REPORT_FILES['latency']}",
+            caption="../report/latency.rst",
+            category="7. Latency and size",
+            subcategory="all graphs",
+            labels={"figure": "latency and size"},
+        ),
     log:
         paths.model_log("report_latency"),
     benchmark:
         paths.model_benchmark("report_latency")
+    conda:
+        "../envs/report.yaml"
+    resources:
+        **cluster("report_latency", gpu=False),
     params:
         profiles=report_profiles,
         records=report_base_records,
         deploy=report_deploy,
         analysed=lambda wc: {g: t.analysed for g, t in TOWERS.items()},
         provenance=REPORT_CODE,
-    resources:
-        **cluster("report_latency", gpu=False),
-    conda:
-        "../envs/report.yaml"
     script:
         "../workflow/scripts/report.py"
 
@@ -141,23 +151,31 @@ rule report_tables:
         records=report_records,
         deploy=lambda wc: list(report_deploy(wc).values()),
     output:
-        parity=report(f"{paths.REPORT}/{paths.REPORT_FILES['parity']}", caption="../report/parity.rst",
-                      category="1. Parity and profiles", subcategory="tables",
-                      labels={"table": "parity of every artifact"}),
-        profiles=report(f"{paths.REPORT}/{paths.REPORT_FILES['profiles']}", caption="../report/profiles.rst",
-                        category="1. Parity and profiles", subcategory="tables",
-                        labels={"table": "mixed-precision profiles"}),
+        parity=report(
+            f"{paths.REPORT}/{paths.REPORT_FILES['parity']}",
+            caption="../report/parity.rst",
+            category="1. Parity and profiles",
+            subcategory="tables",
+            labels={"table": "parity of every artifact"},
+        ),
+        profiles=report(
+            f"{paths.REPORT}/{paths.REPORT_FILES['profiles']}",
+            caption="../report/profiles.rst",
+            category="1. Parity and profiles",
+            subcategory="tables",
+            labels={"table": "mixed-precision profiles"},
+        ),
     log:
         paths.model_log("report_tables"),
     benchmark:
         paths.model_benchmark("report_tables")
+    conda:
+        "../envs/report.yaml"
+    resources:
+        **cluster("report_tables", gpu=False),
     params:
         profiles=report_profiles,
         root=lambda wc: paths.fill(paths.MODEL, model=wc.model),
         provenance=REPORT_CODE,
-    resources:
-        **cluster("report_tables", gpu=False),
-    conda:
-        "../envs/report.yaml"
     script:
         "../workflow/scripts/report.py"

@@ -17,17 +17,17 @@ rule sensitivity_prepare:
         paths.log("sensitivity_prepare", "{variant}"),
     benchmark:
         paths.benchmark("sensitivity_prepare", "{variant}")
+    conda:
+        "../envs/onnx.yaml"
+    threads: config["threads"]
+    resources:
+        **cluster("sensitivity_prepare"),
     params:
         model=analysed_model,
         settings=quant_settings(),
         suffix_cuts=config["sensitivity"]["suffix_cuts"],
         weights_only=config["sensitivity"]["weights_only"],
         provenance=provenance("sensitivity", "sensitivity_prepare.py"),
-    threads: config["threads"]
-    resources:
-        **cluster("sensitivity_prepare"),
-    conda:
-        "../envs/onnx.yaml"
     script:
         "../workflow/scripts/sensitivity_prepare.py"
 
@@ -53,13 +53,13 @@ rule sensitivity_shard:
     wildcard_constraints:
         i=r"\d+",
         n=r"\d+",
-    params:
-        provenance=provenance("sensitivity", "sensitivity_shard.py"),
+    conda:
+        "../envs/onnx.yaml"
     threads: config["threads"]
     resources:
         **cluster("sensitivity_shard"),
-    conda:
-        "../envs/onnx.yaml"
+    params:
+        provenance=provenance("sensitivity", "sensitivity_shard.py"),
     script:
         "../workflow/scripts/sensitivity_shard.py"
 
@@ -81,13 +81,13 @@ rule sensitivity_gather:
         paths.log("sensitivity_gather", "{variant}"),
     benchmark:
         paths.benchmark("sensitivity_gather", "{variant}")
-    params:
-        provenance=provenance("sensitivity", "sensitivity_gather.py"),
+    conda:
+        "../envs/onnx.yaml"
     threads: config["threads"]
     resources:
         **cluster("sensitivity_gather"),
-    conda:
-        "../envs/onnx.yaml"
+    params:
+        provenance=provenance("sensitivity", "sensitivity_gather.py"),
     script:
         "../workflow/scripts/sensitivity_gather.py"
 
@@ -108,6 +108,11 @@ rule sensitivity_inc:
         paths.benchmark("sensitivity_inc", "{variant}")
     wildcard_constraints:
         variant="fp32",
+    conda:
+        "../envs/inc.yaml"
+    threads: config["threads"]
+    resources:
+        **cluster("sensitivity_inc", gpu=False),
     params:
         model=analysed_model,
         python=INC_PYTHON,
@@ -115,11 +120,6 @@ rule sensitivity_inc:
         settings=json.dumps(quant_settings(), sort_keys=True),
         max_ops=config["sensitivity"]["inc"]["max_ops"],
         provenance=inc_provenance(),
-    threads: config["threads"]
-    resources:
-        **cluster("sensitivity_inc", gpu=False),
-    conda:
-        "../envs/inc.yaml"
     shell:
         "{params.python} {params.script} --model {params.model:q} --calib {input.calib:q}"
         " --eval {input.eval:q} --csv {output.csv:q} --summary {output.summary:q} --log {log:q}"
@@ -140,6 +140,11 @@ rule sensitivity_inc_tune:
         paths.benchmark("sensitivity_inc_tune", "{variant}")
     wildcard_constraints:
         variant="fp32",
+    conda:
+        "../envs/inc.yaml"
+    threads: config["threads"]
+    resources:
+        **cluster("sensitivity_inc_tune", gpu=False),
     params:
         model=analysed_model,
         python=INC_PYTHON,
@@ -149,11 +154,6 @@ rule sensitivity_inc_tune:
         target=lambda wildcards: tower(wildcards).profile_settings()["target"],
         max_trials=config["sensitivity"]["inc"]["max_trials"],
         provenance=inc_provenance(),
-    threads: config["threads"]
-    resources:
-        **cluster("sensitivity_inc_tune", gpu=False),
-    conda:
-        "../envs/inc.yaml"
     shell:
         "{params.python} {params.script} --tune --model {params.model:q} --calib {input.calib:q}"
         " --eval {input.eval:q} --summary {output.eval:q} --log {log:q}"
@@ -173,12 +173,12 @@ rule sensitivity_compare:
         paths.log("sensitivity_compare", "{variant}"),
     benchmark:
         paths.benchmark("sensitivity_compare", "{variant}")
+    conda:
+        "../envs/onnx.yaml"
+    resources:
+        **cluster("sensitivity_compare", gpu=False),
     params:
         top_k=config["sensitivity"]["compare"]["top_k"],
         provenance=provenance("compare", "sensitivity_compare.py"),
-    resources:
-        **cluster("sensitivity_compare", gpu=False),
-    conda:
-        "../envs/onnx.yaml"
     script:
         "../workflow/scripts/sensitivity_compare.py"

@@ -13,14 +13,14 @@ rule reference:
         paths.log("reference"),
     benchmark:
         paths.benchmark("reference")
-    params:
-        settings=tower_settings("reference"),
-        provenance=tower_provenance("reference", "reference.py"),
+    conda:
+        "../envs/torch.yaml"
     threads: config["threads"]
     resources:
         **cluster("reference"),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        settings=tower_settings("reference"),
+        provenance=tower_provenance("reference", "reference.py"),
     script:
         "../workflow/scripts/reference.py"
 
@@ -39,15 +39,15 @@ rule export:
         paths.log("export"),
     benchmark:
         paths.benchmark("export")
+    conda:
+        "../envs/torch.yaml"
+    threads: config["threads"]
+    resources:
+        **cluster("export"),
     params:
         settings=tower_settings("export"),
         tolerance=tolerance("fp32"),
         provenance=tower_provenance("export", "export.py"),
-    threads: config["threads"]
-    resources:
-        **cluster("export"),
-    conda:
-        "../envs/torch.yaml"
     script:
         "../workflow/scripts/export.py"
 
@@ -61,14 +61,14 @@ rule calibration:
         paths.log("calibration"),
     benchmark:
         paths.benchmark("calibration")
-    params:
-        settings=tower_settings("calibration"),
-        provenance=tower_provenance("calibration", "calibration.py"),
+    conda:
+        "../envs/torch.yaml"
     threads: lambda wildcards: config["threads"] if tower(wildcards).calibration_runs_model else 1
     resources:
         **cluster("calibration", gpu=lambda wildcards: int(tower(wildcards).calibration_runs_model)),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        settings=tower_settings("calibration"),
+        provenance=tower_provenance("calibration", "calibration.py"),
     script:
         "../workflow/scripts/calibration.py"
 
@@ -84,12 +84,12 @@ rule calibration_tar:
         paths.log("calibration_tar"),
     benchmark:
         paths.benchmark("calibration_tar")
-    params:
-        provenance=provenance("npu_archive", "calibration_tar.py"),
+    conda:
+        "../envs/onnx.yaml"
     threads: 1
     resources:
         **cluster("calibration_tar", gpu=False),
-    conda:
-        "../envs/onnx.yaml"
+    params:
+        provenance=provenance("npu_archive", "calibration_tar.py"),
     script:
         "../workflow/scripts/calibration_tar.py"

@@ -16,16 +16,16 @@ rule fp16:
         paths.log("fp16"),
     benchmark:
         paths.benchmark("fp16")
+    conda:
+        "../envs/onnx.yaml"
+    threads: config["threads"]
+    resources:
+        **cluster("fp16"),
     params:
         tolerance=tolerance("fp16"),
         max_activation=config["fp16"]["max_activation"],
         max_initializer=config["fp16"]["max_initializer"],
         provenance=provenance("fp16", "fp16.py"),
-    threads: config["threads"]
-    resources:
-        **cluster("fp16"),
-    conda:
-        "../envs/onnx.yaml"
     script:
         "../workflow/scripts/fp16.py"
 
@@ -43,14 +43,14 @@ rule simplify:
         paths.log("simplify", "{base}"),
     benchmark:
         paths.benchmark("simplify", "{base}")
+    conda:
+        "../envs/onnx.yaml"
+    threads: config["threads"]
+    resources:
+        **cluster("simplify"),
     params:
         tolerance=lambda wildcards: tolerance(wildcards.base),
         check_max_bytes=config["simplify"]["check_max_bytes"],
         provenance=provenance("simplify", "simplify.py"),
-    threads: config["threads"]
-    resources:
-        **cluster("simplify"),
-    conda:
-        "../envs/onnx.yaml"
     script:
         "../workflow/scripts/simplify.py"

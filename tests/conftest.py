@@ -161,8 +161,8 @@ def pickle_only_ckpt(tiny_ckpt, tmp_path) -> Path:
 
 def _pipeline(root, outlier):
     """The planted preset at 224x224: fp32 export -> calibration -> ort engine (3 shards) -> ort.csv."""
-    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.images import resolve_images
+    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, outlier=outlier)
@@ -190,5 +190,8 @@ def unplanted(tmp_path_factory):
 @pytest.fixture(scope="session")
 def inc_python() -> Path:
     if not INC_PYTHON.exists():
-        pytest.fail(f"engine inc's environment is missing ({INC_PYTHON}); `make test` builds it (make inc-env)")
+        why = f"engine inc's environment is missing ({INC_PYTHON}); `make inc-env` builds it"
+        if os.environ.get("VLSENS_REQUIRE_INC"):  # make test: a missing environment is a failure
+            pytest.fail(why)
+        pytest.skip(why)
     return INC_PYTHON

@@ -109,10 +109,10 @@ def inspect_report(html: Path) -> dict:
         for cat, subcats in categories.items():
             d.get("about:blank")
             d.get(html.resolve().as_uri())
-            click(_wait(lambda: d.find_elements(By.XPATH, f"//*[text()='{cat}']")))
+            click(_wait(lambda cat=cat: d.find_elements(By.XPATH, f"//*[text()='{cat}']")))
             sub = next(iter(subcats))  # a single subcategory is not a menu level of its own
             if len(subcats) > 1:
-                click(_wait(lambda: d.find_elements(By.XPATH, f"//*[text()='{sub}']")))
+                click(_wait(lambda sub=sub: d.find_elements(By.XPATH, f"//*[text()='{sub}']")))
             click(_wait(lambda: d.find_elements(By.CSS_SELECTOR, "a[iconname=eye]")))
             shown[cat] = _wait(lambda: _shown(d))
         errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]

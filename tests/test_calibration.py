@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from conftest import tower_of
+
 from vlsens import stages
 from vlsens.calibration import load_split, read_tar
 from vlsens.errors import ImageError

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from vlsens.checkpoint import check_checkpoint_dir
+from vlsens.errors import CheckpointError
 from vlsens.loading import load_model
 from vlsens.presets.build import build_tiny_checkpoint, make_tiny_model
 from vlsens.processor import load_processor
-from vlsens.errors import CheckpointError
 
 
 def _sha(p):

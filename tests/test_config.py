@@ -5,11 +5,11 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import REPO, default_config
+
 from vlsens.errors import ConfigError
-from vlsens.targets import all_targets
 from vlsens.plan import configure
+from vlsens.targets import all_targets
 
 
 def _cfg(**changes):

@@ -8,7 +8,6 @@ import json
 import numpy as np
 import onnxruntime as ort
 import pytest
-
 from conftest import TOL_FP16, TOL_FP32, run_settings
 
 
@@ -79,6 +78,7 @@ def test_configs_name_the_graphs_and_the_checkpoints_values(tiny_ckpt):
 
 def test_config_check_names_the_missing_graph():
     from conftest import default_config
+
     from vlsens.deploy import check_config
     from vlsens.errors import ConfigError
 
@@ -100,6 +100,7 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
     """The fp32, fp16 and INT8-mixed folders of the tiny preset, from the decoder tower and the
     dynamic vision graph built like the DAG builds them (profiles at the default targets)."""
     from conftest import default_config
+
     from vlsens import deploy, variants
     from vlsens.profile import build_profile
     from vlsens.sensitivity.stages import gather, prepare, run_shard

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import REPO
 from test_workflow import smk
 

@@ -6,9 +6,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import TOL_FP16
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import TOL_FP16
 from vlsens import variants
 from vlsens.cases import Cases
 from vlsens.fp16 import choose_fp32_nodes, own_float_casts, range_fallbacks, to_fp16

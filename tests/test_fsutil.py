@@ -11,8 +11,8 @@ from vlsens.fsutil import (
     publish,
     remove_stale,
     savez,
-    stale_entries,
     staging_dir,
+    stale_entries,
     write_json,
 )
 

@@ -7,8 +7,10 @@ LAYERS = {
     "floor": "errors job faults device fsutil paths sizes images prompts inputs versions metrics onnxutil",
     "plan": "presets presets.tables family checkpoint loading processor config quant_target",
     "data": "presets.tokenizer presets.plant presets.build cases samples calibration",
-    "towers": "towers towers.base towers.vision_fixed towers.vision_uint8 towers.vision_video towers.vision_dynamic towers.text towers.decoder vision genai",
-    "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.suffix sensitivity.engine "
+    "towers": "towers towers.base towers.vision_fixed towers.vision_uint8 towers.vision_video towers.vision_dynamic "
+              "towers.text towers.decoder vision genai",
+    "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.suffix "
+              "sensitivity.engine "
               "sensitivity.ranking sensitivity.stages sensitivity.baseline profile compare inc inc.settings inc.names "
               "inc.capture inc.stages inc.env records plan targets resources scripting",
     "application": "runtime deploy report report.tables report.figures report.build",
@@ -71,7 +73,7 @@ def test_editing_preset_code_reruns_nothing_of_a_real_checkpoint(monkeypatch):
     jobs = [(s, t) for s in scripts for t in towers]
     before = {(s.name, t): script_code_version(s, t) for s, t in jobs}
     preset_modules = [m for m in LEVEL if m.startswith("vlsens.presets.")]
-    assert {"vlsens.presets.tables", "vlsens.presets.plant", "vlsens.presets.build", "vlsens.presets.tokenizer"} <= set(preset_modules)
+    assert {f"vlsens.presets.{m}" for m in ("tables", "plant", "build", "tokenizer")} <= set(preset_modules)
     monkeypatch.setenv("VLSENS_VERSION_OVERRIDES", ",".join(f"{m}=edited" for m in preset_modules))
     after = {(s.name, t): script_code_version(s, t) for s, t in jobs}
     assert after == before

@@ -1,12 +1,11 @@
 """envs/*.yaml, pyproject.toml and constraints.txt stay in step."""
 
 import re
+
 import tomllib
-
 import yaml
-from packaging.requirements import Requirement
-
 from conftest import REPO
+from packaging.requirements import Requirement
 
 
 def _pyproject_deps(*extras):
@@ -67,7 +66,7 @@ def test_constraints_satisfy_pyproject_ranges():
         if line:
             r = Requirement(line)
             pins[r.name] = next(iter(r.specifier)).version
-    for name, spec in _pyproject_deps("genai", "slurm", "test").items():  # the extras `make` installs
+    for name, spec in _pyproject_deps("genai", "slurm", "test", "lint").items():  # the extras `make` installs
         assert name in pins, f"{name} has no pin in constraints.txt"
         assert Requirement(f"{name}{spec}").specifier.contains(pins[name]), f"{name}=={pins[name]} outside {spec}"
 
@@ -108,6 +107,6 @@ def test_inc_env_is_pinned():
     assert Requirement(f"onnx{reqs['onnx'].specifier}").specifier.contains("1.18.0")
     assert "six" in reqs  # imported by INC, not declared by it
     pins = {Requirement(line).name: str(Requirement(line).specifier) for line in
-            (l.split("#")[0].strip() for l in (REPO / "constraints.txt").read_text().splitlines()) if line}
+            (s.split("#")[0].strip() for s in (REPO / "constraints.txt").read_text().splitlines()) if line}
     assert str(reqs["onnxruntime"].specifier) == pins["onnxruntime"]
     assert "vlsens.inc.env requirements envs/inc.yaml" in (REPO / "Makefile").read_text()

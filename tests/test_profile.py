@@ -10,7 +10,6 @@ import json
 
 import pytest
 import yaml
-
 from conftest import build_graph, run_settings
 
 HELD_OUT_VISION = {"depth": 6, "hidden_size": 96, "intermediate_size": 192, "num_heads": 3, "out_hidden_size": 64,
@@ -22,8 +21,8 @@ SIZE = "308x196"
 @pytest.fixture(scope="module")
 def held_out(tmp_path_factory):
     """The held-out planted tower through export, calibration and the ort engine (run settings)."""
-    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.images import resolve_images
+    from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     root = tmp_path_factory.mktemp("held-out")

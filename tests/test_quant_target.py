@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import default_config
+
 from vlsens.errors import ConfigError
 from vlsens.quant import QuantSettings
 from vlsens.quant_target import check_profile_objective, cpu_features, resolve
@@ -70,7 +70,6 @@ def test_latency_objective_for_an_untimed_target_fails_the_dag_build(tmp_path):
     import sys
 
     import yaml
-
     from conftest import REPO
 
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())

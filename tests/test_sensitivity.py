@@ -8,14 +8,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import yaml
-
 from conftest import PLANT
+
 from vlsens.calibration import load_split
 from vlsens.metrics import output_metrics
 from vlsens.profile import build_profile
 from vlsens.quant import parse_op_name
 from vlsens.sensitivity.engine import Engine
 from vlsens.sensitivity.ranking import read_csv
+
 
 def test_switches_off_is_the_float_model(planted):
     from vlsens.sensitivity.baseline import model_outputs
@@ -34,7 +35,7 @@ def test_csv_schema_and_sidecar(planted):
     assert (down["block"], down["role"], down["op_type"], down["weight_params"]) == (2, "mlp.down_proj", "Gemm", 128 * 64)
     side = json.loads((planted / "ort.json").read_text())
     assert side["all_int8"]["cosine"] < 1 and side["ops"] == len(rows) and side["shards"] == 3
-    assert side["seconds_per_op"] > 0 and side["floor_seconds"] > 0
+    assert 1e-5 < side["seconds_per_op"] < 60 and 1e-5 < side["floor_seconds"] < 600
 
 
 def test_planted_outlier_is_ranked_first(planted, unplanted):
@@ -143,9 +144,11 @@ def test_parse_op_name(name, op_type, expect):
 
 
 def test_switch_map_survives_a_json_round_trip():
+    import pathlib
+    import tempfile
+
     from vlsens.fsutil import write_json
     from vlsens.sensitivity.switch import SwitchMap
-    import tempfile, pathlib
 
     sm = SwitchMap(["b", "a"], {"z": ["a"], "y": ["b"], "x": ["a", "b"]})
     with tempfile.TemporaryDirectory() as d:
@@ -165,7 +168,7 @@ def test_weights_only_leaves_attention_matmuls_out(planted):
     every = quantizable_ops(model)
     weighted = quantizable_ops(model, weights_only=True)
     assert 0 < len(weighted) < len(every)
-    assert all(o.weight_params > 0 for o in weighted)
+    assert all(o.weight_params >= 64 for o in weighted)  # every tiny weight matrix has >= 64 entries
     assert {o.name for o in every} - {o.name for o in weighted} == {o.name for o in every if not o.weight_params}
 
 

@@ -9,9 +9,7 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
-
 
 #: Jobs of the submitted DAG that run no model (the tiny preset is drawn with numpy; the fixed-size
 #: calibration set is the image processor's PIL path): they must ask for no GPU.

@@ -10,8 +10,8 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-
 from conftest import TOL_FP16, TOL_FP32, run_settings
+
 from vlsens import parity, stages, variants
 from vlsens.cases import Cases
 from vlsens.errors import ParityError
@@ -258,7 +258,8 @@ def test_sharded_equals_unsharded(built, engine, tmp_path):
     a, b = read_csv(engine / "ort.csv"), read_csv(tmp_path / "ort.csv")
     assert [(r["op"], r["rank"], r["mse"]) for r in a] == [(r["op"], r["rank"], r["mse"]) for r in b]
     side = json.loads((engine / "ort.json").read_text())
-    assert side["ops"] == len(a) and side["shards"] == 3 and side["seconds_per_op"] > 0 and side["floor_seconds"] > 0
+    assert side["ops"] == len(a) and side["shards"] == 3 and 1e-5 < side["seconds_per_op"] < 60 \
+        and 1e-5 < side["floor_seconds"] < 600
     assert list(a[0])[-2:] == (["kl", "top1"] if _logits(built) else ["cosine", "sqnr_db"])
 
 

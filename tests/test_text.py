@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
+from conftest import TOL_FP32, build_graph, run_settings, tower_of
 
-from conftest import TOL_FP32, build_graph, tower_of, run_settings
 from vlsens import stages
 from vlsens.cases import Cases
 from vlsens.errors import ConfigError
@@ -86,9 +86,9 @@ def test_embeds_graph_on_merged_vision_features_equals_pytorch(text_run):
     import onnxruntime as ort
     import torch
 
+    from vlsens.images import open_rgb, resize_exact
     from vlsens.loading import load_model
     from vlsens.processor import load_processor
-    from vlsens.images import open_rgb, resize_exact
     from vlsens.towers.text import chat_prompt, merged_embeds
 
     ckpt = text_run / "ckpt"

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import REPO, default_config
 
 pytestmark = pytest.mark.slow

@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import TOL_FP32
+
 from vlsens.calibration import load_stacked, read_tar, write_npu_archive
 from vlsens.metrics import compare
 

@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 import onnx
-
 from conftest import TOL_FP32, tower_of
+
 from vlsens import stages, variants
 from vlsens.cases import Cases
 from vlsens.onnxutil import data_path
@@ -51,8 +51,8 @@ def test_reference_cases_are_the_processor_pixels(reference_224, tiny_ckpt, pari
     """Each case's NCHW input patchifies back to exactly the processor's pixel_values."""
     import torch
 
-    from vlsens.processor import load_image_processor
     from vlsens.images import open_rgb
+    from vlsens.processor import load_image_processor
     from vlsens.vision import Geometry, patchify, processor_inputs
 
     cases = Cases.load(reference_224)

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 
@@ -190,10 +189,10 @@ def test_video_clip_logits_onnx_only_equal_transformers(finished_run):
     import numpy as np
     import torch
 
-    from vlsens.loading import load_model
-    from vlsens.processor import load_processor
     from vlsens.images import open_rgb, resolve_images
+    from vlsens.loading import load_model
     from vlsens.metrics import compare
+    from vlsens.processor import load_processor
     from vlsens.runtime import prompt_logits
     from vlsens.towers.text import video_inputs
 

@@ -13,8 +13,8 @@ alone back in FP32, everything else INT8: a low error means the op matters).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

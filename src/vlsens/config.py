@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vlsens.presets import PRESETS
 from vlsens.errors import ConfigError, ImageError
 from vlsens.images import ImageRef, resolve_images
+from vlsens.presets import PRESETS
 from vlsens.sizes import parse_size, size_str
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

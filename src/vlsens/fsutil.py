@@ -27,8 +27,8 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 log = logging.getLogger(__name__)
 

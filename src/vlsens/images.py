@@ -9,9 +9,9 @@ from __future__ import annotations
 import glob as _glob
 import importlib.resources
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from vlsens.errors import ImageError
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from vlsens.fsutil import file_sha256, write_json
 from vlsens.images import ImageRef

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 log = logging.getLogger(__name__)
 

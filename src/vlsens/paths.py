@@ -65,7 +65,8 @@ CALIB_FILES = {"calib": "calib.npz", "eval": "eval.npz", "manifest": "manifest.j
 NPU_FILES = {"calib_tar": "calib.tar", "eval_tar": "eval.tar"}
 #: Files of a sensitivity engine folder (:mod:`vlsens.sensitivity.stages`).
 ENGINE_FILES = {"float_model": "float.onnx", "float_data": "float.onnx.data", "switch": "switch.onnx",
-                "switch_data": "switch.onnx.data", "probe": "probe.onnx", "probe_data": "probe.onnx.data", "cache": "calibration.json", "reference": "float_outputs.npz",
+                "switch_data": "switch.onnx.data", "probe": "probe.onnx", "probe_data": "probe.onnx.data",
+                "cache": "calibration.json", "reference": "float_outputs.npz",
                 "meta": "engine.json"}
 #: Files of a profile folder (:mod:`vlsens.profile`), ``model.onnx`` published last.
 PROFILE_FILES = {"profile": "profile.yaml", "exclude": "nodes_to_exclude.json", "inc": "inc_op_name_dict.json",

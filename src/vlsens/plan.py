@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlsens import paths, towers as towers_registry
+from vlsens import paths
+from vlsens import towers as towers_registry
 from vlsens.checkpoint import check_checkpoint_dir
 from vlsens.config import _images, check_tolerances, model_name, with_defaults
 from vlsens.errors import CheckpointError, ConfigError

@@ -34,9 +34,9 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 from vlsens.artifacts import file_entries, verify
 from vlsens.errors import VlsensError

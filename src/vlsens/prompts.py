@@ -5,9 +5,9 @@ text tower's reference and calibration."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from vlsens.errors import ConfigError
 from vlsens.images import ImageRef

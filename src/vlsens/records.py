@@ -43,7 +43,7 @@ def schema_name(path: str | Path) -> str | None:
     return BY_NAME.get(path.name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(name: str):
     import jsonschema
     import yaml

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -150,8 +150,8 @@ def prompt_logits(checkpoint: str | Path, vision_graph: str | Path, text_graph: 
     (``zero_deepstack``: zeros, to show what dropping them costs)."""
     from transformers import AutoConfig
 
-    from vlsens.loading import embedding_table
     from vlsens.family import deepstack_count, dense_deepstack, split_features
+    from vlsens.loading import embedding_table
 
     config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
     pv, grid = (inputs["pixel_values_videos"], inputs["video_grid_thw"]) if video else \

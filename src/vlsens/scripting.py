@@ -22,8 +22,9 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vlsens.errors import ParityError, VlsensError
 

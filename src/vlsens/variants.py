@@ -11,8 +11,8 @@ transforms are pure ONNX -> ONNX: :func:`vlsens.fp16.convert_fp16`,
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from vlsens import parity, paths
 from vlsens.artifacts import publish_models, verify

@@ -79,7 +79,7 @@ def _vlsens_imports(path: str) -> set[str]:
     return set(_imports_of(path, os.stat(path).st_mtime_ns))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _imports_of(path: str, mtime_ns: int) -> frozenset[str]:
     """Parsed once per file version: every rule's ``code`` param walks the same modules."""
     import ast

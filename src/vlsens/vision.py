@@ -9,8 +9,8 @@ reshape/permute of the normalized image, which :func:`patchify` reproduces insid
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

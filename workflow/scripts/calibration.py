@@ -1,6 +1,7 @@
 """Calibration and evaluation feeds of one graph (calib.npz, eval.npz, manifest.json)."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from pathlib import Path
+
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens import stages, towers
 from vlsens.inputs import checkpoint_dir

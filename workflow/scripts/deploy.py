@@ -1,8 +1,8 @@
 """One onnxruntime-genai folder: assembled from gated graphs, vision re-gated behind its preamble,
 generation checked through onnxruntime-genai (vlsens.deploy)."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
-
 from pathlib import Path
+
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens import deploy
 from vlsens.inputs import checkpoint_dir, image_refs

@@ -1,6 +1,7 @@
 """Mixed-precision profile: search with the engine, build with ORT, measure, write."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from pathlib import Path
+
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens.profile import build_profile
 from vlsens.scripting import run

@@ -1,5 +1,6 @@
 """ort.csv + inc.csv -> compare.json (Spearman, top-k overlap, seconds per op)."""
 import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+
 from vlsens.compare import compare_stage
 from vlsens.scripting import run
 

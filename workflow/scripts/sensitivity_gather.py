@@ -1,6 +1,7 @@
 """Shards -> ranked ort.csv + ort.json."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from pathlib import Path
+
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens.scripting import run
 from vlsens.sensitivity.stages import gather

@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import _vlsens  # noqa: F401  (src/ on sys.path: vlsens is not installed in INC's environment)
+
 from vlsens.scripting import run
 
 p = argparse.ArgumentParser(description=__doc__)

@@ -1,6 +1,7 @@
 """Engine folder: float model, calibration (once), switch model, float reference outputs."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from pathlib import Path
+
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens.quant import QuantSettings
 from vlsens.scripting import run

@@ -1,6 +1,7 @@
 """Sensitivity rows of one shard of the op list."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from pathlib import Path
+
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens.scripting import run
 from vlsens.sensitivity.stages import run_shard

@@ -1,6 +1,7 @@
 """onnxsim on an FP32 or FP16 folder, every graph file; parity-gated."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 from pathlib import Path
+
+import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens import variants
 from vlsens.scripting import run

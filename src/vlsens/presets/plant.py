@@ -4,6 +4,7 @@ engine must rank first."""
 
 from __future__ import annotations
 
+
 def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 1000.0,
                          gain: float = 1.0, site: str = "attn") -> list[int]:
     """Plant a function-preserving activation outlier in one vision block (in place).

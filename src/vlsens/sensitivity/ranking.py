@@ -6,8 +6,8 @@ Columns: ``rank`` (1 = most sensitive), ``op``, ``op_type``, ``block``, ``role``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from vlsens.artifacts import file_entries, verify
 from vlsens.fsutil import file_sha256, savez_stream, staging_dir, write_json

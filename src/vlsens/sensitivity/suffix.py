@@ -32,10 +32,10 @@ that is about half a forward per op. Memory: one session of the switch model, pl
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -345,7 +345,7 @@ class SuffixCache:
             vals = sess.run(names, {**feed, **base})
             d = folder / str(i)
             d.mkdir(parents=True, exist_ok=True)
-            for j, (t, v) in enumerate(zip(names, vals)):
+            for j, (_name, v) in enumerate(zip(names, vals)):
                 np.save(d / f"{j:05d}.npy", v, allow_pickle=False)
             del vals
         del sess

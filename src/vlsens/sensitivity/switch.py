@@ -14,8 +14,8 @@ ORT's own, so scales, zero points and rounded weights are exactly a deployment's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

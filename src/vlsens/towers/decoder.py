@@ -189,9 +189,9 @@ def _prefill_and_step(model, embeds, mask, pos, name: str, meta: dict) -> list[C
 def compute_decoder_reference(checkpoint, image_refs, prompts, repeats, height: int, width: int) -> Cases:
     import torch
 
+    from vlsens.images import open_rgb
     from vlsens.loading import load_model
     from vlsens.processor import load_processor
-    from vlsens.images import open_rgb
     from vlsens.towers.text import merged_embeds, multimodal_inputs, text_batch, text_position_ids_np
 
     model = load_model(checkpoint, attn_implementation="eager", part=None if image_refs else "text")

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -267,9 +267,9 @@ def compute_text_reference(checkpoint: str | Path, image_refs, prompts: Sequence
     (:func:`video_inputs`; ``embeds.onnx``). Only real tokens count."""
     import torch
 
+    from vlsens.images import open_rgb
     from vlsens.loading import load_model
     from vlsens.processor import load_processor
-    from vlsens.images import open_rgb
 
     # Without images the vision tower is not needed: it is not loaded (4 bytes a parameter saved).
     model = load_model(checkpoint, attn_implementation="eager", part=None if image_refs else "text")
@@ -342,10 +342,10 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
     features for image+prompt samples), ``attention_mask``, 3-D ``position_ids``; real tokens
     count. Manifest entries: prompt, image (+ sha256), tokens."""
 
-    from vlsens.loading import load_model
-    from vlsens.processor import load_processor
     from vlsens.images import header, open_rgb
     from vlsens.job import Progress
+    from vlsens.loading import load_model
+    from vlsens.processor import load_processor
 
     if len(samples) < n_calib + n_eval:
         raise ImageError(f"text calibration: {n_calib} + {n_eval} samples requested but only {len(samples)} given; "

@@ -89,8 +89,12 @@ def index_inputs(grid_thw: np.ndarray, vision_config) -> dict[str, np.ndarray]:
     """The index inputs of the dynamic graph for ``grid_thw`` (images x (t, h, w)), computed by
     transformers' own helpers (the same code the stock encoder runs)."""
     import torch
-    from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpolation_indices_and_weights,
-                                           get_vision_position_ids, get_vision_window_index)
+    from transformers.vision_utils import (
+        get_vision_cu_seqlens,
+        get_vision_interpolation_indices_and_weights,
+        get_vision_position_ids,
+        get_vision_window_index,
+    )
 
     g = torch.as_tensor(np.asarray(grid_thw, dtype=np.int64))
     merge = int(vision_config.spatial_merge_size)
@@ -258,9 +262,9 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
     ``get_video_features``."""
     import torch
 
+    from vlsens.images import open_rgb
     from vlsens.loading import load_model
     from vlsens.processor import load_image_processor
-    from vlsens.images import open_rgb
     from vlsens.vision import Geometry, clip_frames, patchify_frames, processor_inputs
 
     model = load_model(checkpoint, attn_implementation="eager", part="vision")

@@ -18,8 +18,8 @@ NPU archive).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -190,8 +190,8 @@ class FixedVision(Tower):
                                         "batch": batch, "attn_implementation": attn, "height": h, "width": w}
 
     def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
-        from vlsens.processor import load_image_processor
         from vlsens.inputs import image_refs
+        from vlsens.processor import load_image_processor
 
         h, w = self.size
         refs, images, shas = load_images(image_refs(inputs["images"]), settings["skip_unreadable"])

@@ -13,7 +13,7 @@ Engine ``ort`` only: INC's ONNX adaptor expects float inputs.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

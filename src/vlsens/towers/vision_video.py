@@ -18,7 +18,7 @@ calibration image (the same split as the still-image graphs), also as the NPU ``
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
