@@ -4,7 +4,7 @@ plan sits at the bottom and the generic stages never import a tower."""
 from vlsens.versions import _module_file, _vlsens_imports
 
 LAYERS = {
-    "floor": "errors job faults device fsutil paths sizes images prompts inputs versions metrics onnxutil",
+    "floor": "errors job faults device fsutil paths sizes images prompts inputs versions metrics onnxutil onnxgraph",
     "plan": "presets presets.tables family checkpoint loading processor config quant_target",
     "data": "presets.tokenizer presets.plant presets.build cases samples calibration",
     "towers": "towers towers.base towers.vision_fixed towers.vision_uint8 towers.vision_video towers.vision_dynamic "

@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from vlsens.fsutil import copy_file
-from vlsens.onnxutil import check_model, data_path, make_session, untie_identity_initializers
+from vlsens.onnxgraph import inferred_model, output_type
+from vlsens.onnxutil import check_model, data_path, make_session, tensor_array, untie_identity_initializers
+from vlsens.onnxutil import save_streamed as streamed
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,7 @@ def float_tensors(model_path: str | Path, scratch: Path) -> tuple[list[str], "ob
     inferred model proto loaded without its weights."""
     import onnx
 
-    inferred = scratch / "inferred.onnx"
-    onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))
-    m = onnx.load(str(inferred), load_external_data=False)
+    m = inferred_model(model_path)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in
              list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input)}
     inits = {i.name for i in m.graph.initializer}
@@ -62,7 +62,6 @@ def float_tensors(model_path: str | Path, scratch: Path) -> tuple[list[str], "ob
     for i in m.graph.input:
         if types.get(i.name) == onnx.TensorProto.FLOAT:
             names.append(i.name)
-    inferred.unlink()
     return names, m
 
 
@@ -134,56 +133,20 @@ def range_fallbacks(model, absmax: dict[str, float], max_activation: float,
     return keep
 
 
-def tensor_array(tensor, weights_dir: str | Path | None = None, dtype=None) -> np.ndarray:
-    """A tensor's values: from the proto, or memory-mapped from its external data file (as
-    ``dtype`` when given: the type the bytes were written in)."""
-    from onnx import helper, numpy_helper
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    if uses_external_data(tensor) and not tensor.HasField("raw_data"):
-        info = ExternalDataInfo(tensor)
-        dtype = dtype or helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
-        if count == 0:
-            return np.zeros(tuple(tensor.dims), dtype=dtype)
-        return np.memmap(Path(weights_dir) / info.location, dtype=dtype, mode="r", offset=int(info.offset or 0),
-                         shape=tuple(tensor.dims) or (1,))
-    return numpy_helper.to_array(tensor)
-
-
 def save_streamed(model, weights_dir: str | Path, dst: str | Path, was_float: set[str]) -> Path:
-    """Write a converted model whose large initializers still point at the source's data file:
-    every one is read from there, converted to FP16 when the converter flipped its type (as the
-    converter converts loaded ones: clipped to FP16's range), and written to ``dst.data``, one
-    tensor in memory at a time."""
+    """Write a converted model whose large initializers still point at the source's data file
+    (:func:`vlsens.onnxutil.save_streamed`): an initializer the converter flipped to FLOAT16 is
+    read as the float32 it is on disk and converted as the converter converts loaded ones
+    (clipped to FP16's range), one tensor in memory at a time."""
     import onnx
-    from onnx import helper
-    from onnx.external_data_helper import _get_initializer_tensors, uses_external_data
     from onnxconverter_common.float16 import convert_np_to_float16
 
-    from vlsens.onnxutil import DataFile, check_compact, data_path
+    def to_fp16(t, arr):
+        if t.data_type == onnx.TensorProto.FLOAT16 and t.name in was_float:
+            return convert_np_to_float16(np.asarray(arr, dtype=np.float32), 5.96e-08, FP16_MAX)
+        return arr
 
-    dst = Path(dst)
-    tensors = list(_get_initializer_tensors(model))
-    lazy = {t.name for t in tensors if uses_external_data(t) and not t.HasField("raw_data")}
-    total = sum(int(np.prod(t.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-                for t in tensors if t.name in lazy)
-    with DataFile(data_path(dst), total) as out:
-        for t in tensors:
-            if t.name not in lazy:
-                out.move_out(t)
-                continue
-            source_fp32 = t.name in was_float  # bytes on disk are float32, whatever the type says now
-            arr = tensor_array(t, weights_dir, np.float32 if source_fp32 else None)
-            if t.data_type == onnx.TensorProto.FLOAT16 and source_fp32:
-                arr = convert_np_to_float16(np.asarray(arr, dtype=np.float32), 5.96e-08, FP16_MAX)
-            buf = np.ascontiguousarray(arr).tobytes()
-            del arr
-            out.add(t, [buf])
-            del buf
-    onnx.save_model(model, str(dst))
-    check_compact(dst, model)
-    return dst
+    return streamed(model, weights_dir, dst, {n: np.float32 for n in was_float}, to_fp16)
 
 
 def own_fp32_islands(model) -> dict[str, str]:
@@ -366,7 +329,7 @@ def repair_boundaries(model, keep_fp32: set[str]) -> int:
                     node.input[i] = cast_out
                     inserted += 1
         new_nodes.append(node)
-        out_type = _output_type(node, dtype, F32, F16)
+        out_type = output_type(node, dtype)
         for o in node.output:
             if o and out_type is not None and o not in dtype:
                 dtype[o] = out_type
@@ -380,25 +343,6 @@ def repair_boundaries(model, keep_fp32: set[str]) -> int:
     return inserted
 
 
-def _output_type(node, dtype, F32, F16):
-    if node.op_type == "Cast":
-        return next(a.i for a in node.attribute if a.name == "to")
-    if node.op_type in ("Shape", "Size", "NonZero", "ArgMax", "ArgMin"):
-        return 7  # INT64
-    if node.op_type in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "IsNaN", "IsInf"):
-        return 9  # BOOL
-    if node.op_type == "ConstantOfShape":
-        for a in node.attribute:
-            if a.name == "value":
-                return a.t.data_type
-        return F32
-    ins = [dtype.get(i) for i in node.input if i]
-    floats = [t for t in ins if t in (F32, F16)]
-    if floats:
-        return floats[-1] if node.op_type == "Where" else floats[0]
-    return ins[0] if ins else None
-
-
 def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, max_activation: float,
                  max_initializer: float = FP16_MAX, threads: int = 0, device: str = "auto") -> dict:
     """FP16 copy of ``src_model`` at ``staged_model`` (I/O FP32; range-based FP32 fallback measured
@@ -410,10 +354,7 @@ def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, m
     # Path-based shape inference gives the converter the value types it needs to put Casts
     # around FP32 nodes; its in-memory inference would serialize (and fail above 2 GB). The
     # weights stay on disk: the converter only flips their type, save_streamed converts them.
-    inferred = tmp / "inferred.onnx"
-    onnx.shape_inference.infer_shapes_path(str(src_model), str(inferred))
-    model = onnx.load(str(inferred), load_external_data=False)
-    inferred.unlink()
+    model = inferred_model(src_model)
     src_dir = Path(src_model).parent
     untied = untie_identity_initializers(model)
     was_float = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}

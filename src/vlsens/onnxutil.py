@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 DATA_SUFFIX = ".data"
@@ -201,6 +203,57 @@ def resave(src: str | Path, dst: str | Path) -> Path:
                 _inline(t, src.parent)
             else:
                 out.add(t, _chunks(path, offset, length))
+    onnx.save_model(model, str(dst))
+    check_compact(dst, model)
+    return dst
+
+
+def tensor_array(tensor, weights_dir: str | Path | None = None, dtype=None) -> np.ndarray:
+    """A tensor's values: from the proto, or memory-mapped from its external data file (as
+    ``dtype`` when given: the type the bytes were written in)."""
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    if uses_external_data(tensor) and not tensor.HasField("raw_data"):
+        info = ExternalDataInfo(tensor)
+        dtype = dtype or helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
+        if count == 0:
+            return np.zeros(tuple(tensor.dims), dtype=dtype)
+        return np.memmap(Path(weights_dir) / info.location, dtype=dtype, mode="r", offset=int(info.offset or 0),
+                         shape=tuple(tensor.dims) or (1,))
+    return numpy_helper.to_array(tensor)
+
+
+def save_streamed(model, weights_dir: str | Path, dst: str | Path, read_as: dict | None = None,
+                  convert=None) -> Path:
+    """Write ``model`` whose large initializers still point at a data file in ``weights_dir``
+    (loaded without its weights, then changed): every such initializer is read from there (as
+    ``read_as[name]``'s dtype where given: the type its bytes were written in), passed through
+    ``convert(tensor, array)`` when given, and written to ``dst.data``, one tensor in memory at a
+    time; the others move out as they are. Checked compact (:func:`check_compact`)."""
+    import onnx
+    from onnx import helper
+    from onnx.external_data_helper import _get_initializer_tensors, uses_external_data
+
+    dst = Path(dst)
+    read_as = read_as or {}
+    tensors = list(_get_initializer_tensors(model))
+    lazy = {t.name for t in tensors if uses_external_data(t) and not t.HasField("raw_data")}
+    total = sum(int(np.prod(t.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+                for t in tensors if t.name in lazy)
+    with DataFile(data_path(dst), total) as out:
+        for t in tensors:
+            if t.name not in lazy:
+                out.move_out(t)
+                continue
+            arr = tensor_array(t, weights_dir, read_as.get(t.name))
+            if convert is not None:
+                arr = convert(t, arr)
+            buf = np.ascontiguousarray(arr).tobytes()
+            del arr
+            out.add(t, [buf])
+            del buf
     onnx.save_model(model, str(dst))
     check_compact(dst, model)
     return dst

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vlsens.onnxgraph import element_types, node_reads, rename_reads
+
 log = logging.getLogger(__name__)
 
 SKIP_INPUT = "vlsens_skip"
@@ -47,55 +49,6 @@ CACHE_PREFIX = "vlsens_cache__"
 
 def cache_input(tensor: str) -> str:
     return f"{CACHE_PREFIX}{tensor}"
-
-
-# --------------------------------------------------------------------------------------------
-# Graph analysis
-# --------------------------------------------------------------------------------------------
-
-def _subgraphs(node):
-    from onnx import AttributeProto
-
-    for a in node.attribute:
-        if a.type == AttributeProto.GRAPH:
-            yield a.g
-        elif a.type == AttributeProto.GRAPHS:
-            yield from a.graphs
-
-
-def outer_reads(graph) -> set[str]:
-    """Names a (sub)graph reads from its enclosing scopes."""
-    produced = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    reads: set[str] = set()
-    for node in graph.node:
-        reads.update(node_reads(node))
-        produced.update(o for o in node.output if o)
-    reads.update(o.name for o in graph.output)
-    return reads - produced
-
-
-def node_reads(node) -> set[str]:
-    """A node's inputs and whatever its subgraphs read from outside themselves."""
-    reads = {x for x in node.input if x}
-    for g in _subgraphs(node):
-        reads |= outer_reads(g)
-    return reads
-
-
-def _rename_reads(node, rename: dict[str, str]) -> None:
-    """Rename the tensors ``node`` reads (its inputs and its subgraphs' outer reads), in place."""
-    for i, x in enumerate(node.input):
-        if x in rename:
-            node.input[i] = rename[x]
-    for g in _subgraphs(node):
-        local = {i.name for i in g.input} | {i.name for i in g.initializer}
-        local |= {o for n in g.node for o in n.output}
-        inner = {k: v for k, v in rename.items() if k not in local}
-        for n in g.node:
-            _rename_reads(n, inner)
-        for o in g.output:
-            if o.name in inner:  # a branch that returns an outer value as it is
-                o.name = inner[o.name]
 
 
 @dataclass
@@ -250,7 +203,7 @@ def segment_model(model, sp: SuffixPlan, elem_types: dict[str, int]):
         rename = {t: f"{t}__{tag}" for t in exported}
         else_nodes = []
         for node in seg:
-            _rename_reads(node, rename)
+            rename_reads(node, rename)
             for i, o in enumerate(node.output):
                 if o in rename:
                     node.output[i] = rename[o]
@@ -302,10 +255,9 @@ def build(switch_model: str | Path, probe_model: str | Path, switches, max_cuts:
 
     from vlsens.fsutil import atomic_file
     from vlsens.onnxutil import check_compact
-    from vlsens.sensitivity.switch import _element_types
 
     switch_model, probe_model = Path(switch_model), Path(probe_model)
-    elem = _element_types(switch_model)
+    elem = element_types(switch_model)
     model = onnx.load(str(switch_model), load_external_data=False)
     sp = plan(model, switches, max_cuts)
     segment_model(model, sp, elem)

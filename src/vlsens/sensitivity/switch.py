@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vlsens.onnxgraph import copy_node, element_types
+
 MASK_INPUT = "vlsens_int8_mask"
 
 
@@ -85,7 +87,7 @@ def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model
     q_producer = {o: n for n in qm.graph.node for o in n.output}
     q_inits = {i.name: i for i in qm.graph.initializer}
     f_inits = {i.name for i in fm.graph.initializer}
-    elem = _element_types(float_model)
+    elem = element_types(float_model)
     float_type = fm.graph.input[0].type.tensor_type.elem_type
     ops = set(op_names)
 
@@ -130,8 +132,8 @@ def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model
             needed[x] = q_inits[x]
         qo, do = f"{tag}_q", f"{tag}_dq"
         then_g = helper.make_graph(
-            [_copy_node(q, {q.input[0]: raw, q.output[0]: qo}, f"{tag}_Quantize"),
-             _copy_node(dq, {q.output[0]: qo, dq.output[0]: do}, f"{tag}_Dequantize")],
+            [copy_node(q, {q.input[0]: raw, q.output[0]: qo}, f"{tag}_Quantize"),
+             copy_node(dq, {q.output[0]: qo, dq.output[0]: do}, f"{tag}_Dequantize")],
             f"{tag}_int8", [], [vinfo(do, t)])
         else_g = helper.make_graph([helper.make_node("Identity", [raw], [f"{tag}_id"], name=f"{tag}_Identity")],
                                    f"{tag}_float", [], [vinfo(f"{tag}_id", t)])
@@ -149,7 +151,7 @@ def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model
             if prod is not None and prod.op_type == "DequantizeLinear" and prod.input[0] in q_inits:
                 quantized = True
                 out = f"{prod.output[0]}__{tag}"
-                then_nodes.append(_copy_node(prod, {prod.output[0]: out}, f"{prod.name}__{tag}"))
+                then_nodes.append(copy_node(prod, {prod.output[0]: out}, f"{prod.name}__{tag}"))
                 for x in prod.input:
                     needed[x] = q_inits[x]
                 inputs.append(out)
@@ -158,13 +160,13 @@ def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model
         if not quantized:  # e.g. MatMul of two activations: all of its Q/DQ is on tensors
             nodes.append(node)
             return
-        core = _copy_node(node, {}, f"{node.name}__{tag}")
+        core = copy_node(node, {}, f"{node.name}__{tag}")
         del core.input[:]
         core.input.extend(inputs)
         del core.output[:]
         core.output.extend(f"{o}__{tag}_int8" for o in node.output)
         then_nodes.append(core)
-        fl = _copy_node(node, {o: f"{o}__{tag}_float" for o in node.output}, f"{node.name}__{tag}_float")
+        fl = copy_node(node, {o: f"{o}__{tag}_float" for o in node.output}, f"{node.name}__{tag}_float")
         then_g = helper.make_graph(then_nodes, f"{tag}_int8", [], [vinfo(f"{o}__{tag}_int8", o) for o in node.output])
         else_g = helper.make_graph([fl], f"{tag}_float", [], [vinfo(f"{o}__{tag}_float", o) for o in node.output])
         cond = switch_cond(k, tag, nodes)
@@ -210,73 +212,3 @@ def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model
                 mine.version = imp.version
     save_with_external_data(fm, out_model)
     return smap
-
-
-def _element_types(model_path: str | Path) -> dict[str, int]:
-    """Element type of every tensor of a model (path-based shape inference: works above 2 GB)."""
-    import tempfile
-
-    import onnx
-
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "inferred.onnx"
-        onnx.shape_inference.infer_shapes_path(str(model_path), str(out))
-        m = onnx.load(str(out), load_external_data=False)
-    types = {i.name: i.data_type for i in m.graph.initializer}
-    types.update({vi.name: vi.type.tensor_type.elem_type
-                  for vi in list(m.graph.input) + list(m.graph.output) + list(m.graph.value_info)
-                  if vi.type.tensor_type.elem_type})
-    _propagate_types(m.graph, types)
-    return types
-
-
-#: Output element types of ops whose outputs are not of their inputs' type.
-_INT64_OUT = {"Shape", "Size", "NonZero", "ArgMax", "ArgMin"}
-_BOOL_OUT = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}
-
-
-def _propagate_types(graph, types: dict[str, int]) -> None:
-    """Fill in element types ONNX shape inference leaves out (ONNX Runtime's own ops, e.g.
-    SkipSimplifiedLayerNormalization, GroupQueryAttention, MRotaryEmbedding): an output takes
-    its op's fixed type where it has one, an If's from its branch, else its first float input's
-    type (what these fused float ops do), else its first input's."""
-    from onnx import TensorProto
-
-    floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
-    for node in graph.node:
-        missing = [o for o in node.output if o and o not in types]
-        if not missing:
-            continue
-        if node.op_type == "Cast":
-            fixed = next(a.i for a in node.attribute if a.name == "to")
-        elif node.op_type in _INT64_OUT:
-            fixed = TensorProto.INT64
-        elif node.op_type in _BOOL_OUT:
-            fixed = TensorProto.BOOL
-        elif node.op_type == "QuantizeLinear":
-            fixed = types.get(node.input[2]) if len(node.input) > 2 and node.input[2] else TensorProto.UINT8
-        elif node.op_type == "If":
-            branch = next(a.g for a in node.attribute if a.name == "then_branch")
-            for o, bo in zip(node.output, branch.output):
-                if o and o not in types and bo.type.tensor_type.elem_type:
-                    types[o] = bo.type.tensor_type.elem_type
-            continue
-        else:
-            ins = [types.get(i) for i in node.input if i]
-            fixed = next((t for t in ins if t in floats), next((t for t in ins if t), None))
-        if fixed:
-            for o in missing:
-                types[o] = fixed
-
-
-def _copy_node(node, rename: dict[str, str], name: str):
-    import onnx
-
-    n = onnx.NodeProto()
-    n.CopyFrom(node)
-    n.name = name
-    for i, x in enumerate(n.input):
-        n.input[i] = rename.get(x, x)
-    for i, x in enumerate(n.output):
-        n.output[i] = rename.get(x, x)
-    return n
