@@ -117,7 +117,7 @@ def run_tower(name: str, vision: dict | None, work: Path, size: tuple[int, int],
         stages.calibration(tower, ckpt, {"images": images}, d / "calib", tower.calibration_settings())
         t0 = time.perf_counter()
         meta = prepare(d / "fp32" / "model.onnx", d / "calib" / "calib.npz", d / "calib" / "eval.npz", d / "engine",
-                       QuantSettings(), threads)
+                       QuantSettings(), threads, logits=tower.logits)
         prepare_s = time.perf_counter() - t0
     eng = Engine(d / "engine")
     evals = eng.samples(d / "calib" / "eval.npz")
@@ -134,7 +134,7 @@ def run_tower(name: str, vision: dict | None, work: Path, size: tuple[int, int],
             raise AssertionError(f"suffix engine differs from the whole graph on {a['op']}: {a} vs {b}")
     k = min(straight_ops, len(eng.ops))
     _, per_straight, _ = straightforward_sensitivity(eng.float_model, eng.ops[:k], eng.settings, eng.cache, evals,
-                                                     ref, d / "scratch", threads)
+                                                     ref, d / "scratch", threads, logits=eng.logits)
     params = sum(o.weight_params for o in eng.ops)
     inc = run_inc(inc_python, d, inc_ops, threads) if inc_ops >= 0 else {"failed": "not run (--inc-ops -1)"}
     return {"tower": name, "ops": len(eng.ops), "timed": len(ops), "params_m": params / 1e6, "eval": evals.count,

@@ -46,8 +46,7 @@ try:
         None if PLAN.preset else PLAN.checkpoint,
         PLAN.parity_images,
         PLAN.calib_images,
-        PLAN.prompt_file,
-        PLAN.prompt_images,
+        PLAN.outside,
     )
     for _problem in check_images(INPUTS, config):
         logger.warning(f"vlsens: {_problem}")

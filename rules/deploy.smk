@@ -24,7 +24,9 @@ rule deploy:
             if wc.precision in ("fp32", "fp16")
             else canonical(config["deploy"]["int8_tolerance"])
         ),
-        target=lambda wc: canonical(config["text"]["profile"]) if wc.precision == "int8-mixed" else None,
+        target=lambda wc: (
+            canonical(TOWERS[_deploy.DECODER_GRAPH].profile_settings()) if wc.precision == "int8-mixed" else None
+        ),
         provenance=provenance("deploy", "deploy.py"),
     script:
         "../workflow/scripts/deploy.py"

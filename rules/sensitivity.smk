@@ -27,6 +27,7 @@ rule sensitivity_prepare:
         settings=quant_settings(),
         suffix_cuts=config["sensitivity"]["suffix_cuts"],
         weights_only=config["sensitivity"]["weights_only"],
+        logits=lambda wc: tower(wc).logits,
         provenance=provenance("sensitivity", "sensitivity_prepare.py"),
     script:
         "../workflow/scripts/sensitivity_prepare.py"

@@ -168,7 +168,7 @@ def _pipeline(root, outlier):
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, outlier=outlier)
     build_graph("vision/224x224", ckpt, root, resolve_images("builtin")[:2])
     prepare(root / "fp32" / "model.onnx", root / "calib" / "calib.npz", root / "calib" / "eval.npz", root / "engine",
-            run_settings())
+            run_settings(), logits=False)
     shards = [root / "shards" / f"ort.{i}-of-3.csv" for i in range(3)]
     for i, p in enumerate(shards):
         run_shard(root / "engine", root / "calib" / "eval.npz", i, 3, p)

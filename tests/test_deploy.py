@@ -113,7 +113,8 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
         if not b.folder("fp16").exists():
             variants.fp16(b.folder("fp32"), b.reference, b.folder("fp16"), TOL_FP16, 512, 65504)
         eng, work = b.root / "engine-deploy", root / name
-        prepare(b.model("fp32", analysed=True), b.calib / "calib.npz", b.calib / "eval.npz", eng, run_settings())
+        prepare(b.model("fp32", analysed=True), b.calib / "calib.npz", b.calib / "eval.npz", eng, run_settings(),
+                logits=b.tower.logits)
         shard = work / "ort.0-of-1.csv"
         run_shard(eng, b.calib / "eval.npz", 0, 1, shard)
         gather(eng, b.calib / "eval.npz", [shard], work / "ort.csv", work / "ort.json")

@@ -82,3 +82,35 @@ def test_editing_preset_code_reruns_nothing_of_a_real_checkpoint(monkeypatch):
     edited = script_code_version(build)
     monkeypatch.delenv("VLSENS_VERSION_OVERRIDES")
     assert script_code_version(build) != edited
+
+
+#: What only a tower (or the family table) may know: graph names and kinds, the output name of a
+#: language model, the families' model types.
+TOWER_WORDS = ("vision", "text", "decoder", "embeds.onnx", "embedding.onnx", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+#: vlsens.loading's "vision" and "text" name the checkpoint's two parts (model.visual, the LM), not towers.
+PARTS = {"vlsens.loading"}
+
+
+def _code_strings(module: str) -> list[tuple[int, str]]:
+    """String literals of a module's code (docstrings left out), with their line numbers."""
+    import ast
+
+    tree = ast.parse(open(_module_file(module), encoding="utf-8").read())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_generic_layers_name_no_tower_and_no_family():
+    """Per-tower differences live behind Tower attributes and hooks (logits, block_label,
+    planted_site, outside inputs, profile settings), per-family ones in vlsens.family's table: the
+    floor, the plan's generic modules, the data layer and the generic stages never compare a graph
+    name, a tower kind, an output name or a model type."""
+    generic = [m for m, level in LEVEL.items()
+               if level in (LEVEL["vlsens.errors"], LEVEL["vlsens.config"], LEVEL["vlsens.cases"], LEVEL["vlsens.parity"])
+               and not m.startswith(("vlsens.presets", "vlsens.family", "vlsens.paths")) and m not in PARTS]
+    found = [(m, line, s) for m in generic for line, s in _code_strings(m)
+             if s in TOWER_WORDS or s.split("/")[0] in TOWER_WORDS and "/" in s]
+    assert found == []

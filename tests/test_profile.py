@@ -29,7 +29,7 @@ def held_out(tmp_path_factory):
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=7, outlier=HELD_OUT_PLANT, vision=HELD_OUT_VISION)
     build_graph(f"vision/{SIZE}", ckpt, root, resolve_images("builtin")[:2], **{"vision.sizes": [SIZE]})
     ev = root / "calib" / "eval.npz"
-    prepare(root / "fp32" / "model.onnx", root / "calib" / "calib.npz", ev, root / "engine", run_settings())
+    prepare(root / "fp32" / "model.onnx", root / "calib" / "calib.npz", ev, root / "engine", run_settings(), logits=False)
     shards = [root / f"ort.{i}-of-2.csv" for i in range(2)]
     for i, p in enumerate(shards):
         run_shard(root / "engine", ev, i, 2, p)

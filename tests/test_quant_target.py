@@ -117,7 +117,8 @@ def guarded(planted, tmp_path_factory):
     settings = {}
     for name, sat in (("run", "auto"), ("none", "none")):
         s = QuantSettings.from_config(resolve(_cfg(saturation=sat)))
-        prepare(planted / "fp32" / "model.onnx", planted / "calib" / "calib.npz", ev, root / name, s, suffix_cuts=0)
+        prepare(planted / "fp32" / "model.onnx", planted / "calib" / "calib.npz", ev, root / name, s, suffix_cuts=0,
+                logits=False)
         settings[name] = s
     return root, settings
 

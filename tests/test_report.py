@@ -64,10 +64,28 @@ def test_role_columns_group_the_attention_matmuls():
     assert figures.role_column("patch_embed.proj") == "patch_embed"
 
 
+def _facts(graph, preset):
+    """The graph's planted site and block label, from its tower (as the report rules do)."""
+    from conftest import default_config
+
+    return build.tower_facts(default_config(), graph, preset)
+
+
+def test_towers_say_where_a_preset_planted_and_what_their_blocks_are_called(run_files, tmp_path):
+    preset = run_files / "preset.json"
+    assert _facts("vision/224x224", preset) == ((1, "attn.qkv"), "block")
+    assert _facts("vision/dynamic", preset) == ((1, "attn.qkv"), "block")
+    assert _facts("decoder", preset)[1] == _facts("text", preset)[1] == "layer"
+    assert _facts("vision/224x224", None) == (None, "block")  # a real checkpoint: no preset
+    proj = tmp_path / "proj.json"
+    proj.write_text(json.dumps({"outlier": {"block": 2, "site": "proj"}}))
+    assert _facts("vision/224x224", proj)[0] == (2, "attn.proj")  # the op that reads attn's output
+
+
 def test_heatmap_puts_the_planted_op_in_the_brightest_cell(run_files, tmp_path):
     out = tmp_path / "heat.png"
-    grid = build.heatmap(run_files / "ort.csv", run_files / "profile.yaml", run_files / "preset.json",
-                         "vision/224x224", "fp32", out)
+    grid = build.heatmap(run_files / "ort.csv", run_files / "profile.yaml",
+                         *_facts("vision/224x224", run_files / "preset.json"), "vision/224x224", "fp32", out)
     assert_drawn(out)
     v = grid["values"]
     r, c = np.unravel_index(np.nanargmax(v), v.shape)
@@ -79,21 +97,22 @@ def test_heatmap_puts_the_planted_op_in_the_brightest_cell(run_files, tmp_path):
 
 
 def test_heatmap_of_a_text_graph_uses_kl_and_its_planted_layer(run_files, tmp_path):
-    grid = build.heatmap(run_files / "text.csv", None, run_files / "preset.json", "decoder", "fp32", tmp_path / "t.png")
+    grid = build.heatmap(run_files / "text.csv", None, *_facts("decoder", run_files / "preset.json"), "decoder", "fp32",
+                         tmp_path / "t.png")
     assert_drawn(tmp_path / "t.png")
     assert grid["planted_cells"] == 1 and grid["kept_cells"] == 0
     assert np.nanmax(grid["values"]) == pytest.approx(np.log10(0.00015))  # kl, not mse
 
 
 def test_no_planted_marks_without_a_preset(run_files, tmp_path):
-    grid = build.heatmap(run_files / "ort.csv", None, None, "vision/224x224", "fp32", tmp_path / "h.png")
+    grid = build.heatmap(run_files / "ort.csv", None, None, "block", "vision/224x224", "fp32", tmp_path / "h.png")
     assert grid["planted_cells"] == 0
 
 
 def test_ranked_chart_shows_the_top_ops_in_rank_order(run_files, tmp_path):
     out = tmp_path / "ranked.png"
-    shown = build.ranked(run_files / "ort.csv", run_files / "profile.yaml", run_files / "preset.json",
-                         "vision/224x224", "fp32", "ort", 5, out)
+    shown = build.ranked(run_files / "ort.csv", run_files / "profile.yaml",
+                         _facts("vision/224x224", run_files / "preset.json")[0], "vision/224x224", "fp32", "ort", 5, out)
     assert shown[0] == "/visual/blocks.1/attn/qkv/Gemm" and len(shown) == 5
     px = assert_drawn(out)
     # the kept (orange) bar is drawn: some pixels carry the kept colour

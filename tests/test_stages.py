@@ -21,7 +21,7 @@ from vlsens.sensitivity.ranking import read_csv
 
 def _logits(built) -> bool:
     """Text graphs (``logits`` out): KL and top-1 are measured too."""
-    return built.tower.graph in ("text", "decoder")
+    return built.tower.logits
 
 
 def _record(folder):
@@ -160,7 +160,8 @@ def engine(built, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("engine")
     ev = built.calib / "eval.npz"
-    prepare(built.model(analysed=True), built.calib / "calib.npz", ev, root / "engine", run_settings())
+    prepare(built.model(analysed=True), built.calib / "calib.npz", ev, root / "engine", run_settings(),
+            logits=built.tower.logits)
     shards = [root / f"ort.{i}-of-3.csv" for i in range(3)]
     for i, p in enumerate(shards):
         run_shard(root / "engine", ev, i, 3, p)
@@ -179,7 +180,7 @@ def test_engine_equals_one_model_per_op(built, engine, tmp_path):
     session = eng.session(evals)
     reference = eng.reference()
     rows, _, outs = straightforward_sensitivity(eng.float_model, eng.ops, eng.settings, eng.cache, evals,
-                                                list(reference), tmp_path)
+                                                list(reference), tmp_path, logits=eng.logits)
     for op, expected in zip(eng.ops, outs):
         got = list(session.outputs([op.name]))
         assert len(got) == len(expected)

@@ -185,7 +185,8 @@ def text_sens(text_run, text_cal):
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     eng = text_run / "engine"
-    prepare(text_run / "fp32" / "embeds.onnx", text_cal / "calib.npz", text_cal / "eval.npz", eng, run_settings())
+    prepare(text_run / "fp32" / "embeds.onnx", text_cal / "calib.npz", text_cal / "eval.npz", eng, run_settings(),
+            logits=True)
     shards = [text_run / "shards" / f"ort.{i}-of-2.csv" for i in range(2)]
     for i, p in enumerate(shards):
         run_shard(eng, text_cal / "eval.npz", i, 2, p)

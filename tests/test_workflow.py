@@ -357,21 +357,25 @@ def test_report_figures_show_the_planted_op_and_the_met_target(finished_run):
     every graph's ranking (vision and text), and the built model sits on the good side of the
     target line of every Pareto plot."""
     import numpy as np
+    import yaml
 
+    from vlsens.config import with_defaults
     from vlsens.report import build
+
+    cfg = with_defaults(yaml.safe_load((finished_run / "config.yaml").read_text()))
 
     res = finished_run / "results" / "tiny"
     preset = res / "checkpoint" / "vlsens_preset.json"
     for graph in sorted(GRAPHS):
         sens, prof = res / "sensitivity" / graph / "fp32", res / "profile" / graph / "fp32"
-        grid = build.heatmap(sens / "ort.csv", prof / "profile.yaml", preset, graph, "fp32", finished_run / "h.png")
+        site, label = build.tower_facts(cfg, graph, preset)
+        grid = build.heatmap(sens / "ort.csv", prof / "profile.yaml", site, label, graph, "fp32", finished_run / "h.png")
         v = grid["values"]
         r, c = np.unravel_index(np.nanargmax(v), v.shape)
-        planted = build.planted_ops(build.read_csv(sens / "ort.csv"), preset, graph)
+        planted = build.planted_ops(build.read_csv(sens / "ort.csv"), site)
         assert len(planted) == 1 and grid["planted_cells"] == 1, graph
-        site = build.planted_sites(__import__("json").loads(preset.read_text()))[build.tower_kind(graph)]
         assert (grid["rows"][r], grid["columns"][c]) == (site[0], build.figures.role_column(site[1])), graph
-        top = build.ranked(sens / "ort.csv", prof / "profile.yaml", preset, graph, "fp32", "ort", 5, finished_run / "r.png")
+        top = build.ranked(sens / "ort.csv", prof / "profile.yaml", site, graph, "fp32", "ort", 5, finished_run / "r.png")
         assert top[0] in planted, (graph, top)
         for variant in ("fp32", "fp16") if (res / "profile" / graph / "fp16").is_dir() else ("fp32",):
             p = build.pareto(res / "profile" / graph / variant / "eval.json", graph, variant, finished_run / "p.png")

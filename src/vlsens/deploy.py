@@ -46,17 +46,21 @@ DEPLOY = paths.DEPLOY
 DONE = "eval.json"
 
 
+#: The graphs a deploy folder is made of: the decoder tower's and the dynamic vision graph.
+DECODER_GRAPH, VISION_GRAPH = "decoder", "vision/dynamic"
+
+
 def sources(precision: str) -> dict[str, str]:
     """Path patterns (``{model}`` left) of the graphs a deploy folder is made of."""
-    dec = paths.fill(paths.VARIANT, graph="decoder", variant="fp16" if precision == "fp16" else "fp32")
-    vis = paths.fill(paths.VARIANT, graph="vision/dynamic", variant="fp16" if precision == "fp16" else "fp32")
+    dec = paths.fill(paths.VARIANT, graph=DECODER_GRAPH, variant="fp16" if precision == "fp16" else "fp32")
+    vis = paths.fill(paths.VARIANT, graph=VISION_GRAPH, variant="fp16" if precision == "fp16" else "fp32")
     # The embedding graph is a secondary file of the decoder's variant folder: that folder's
     # model.onnx and record stand for it as inputs (the job verifies it against the record).
     out = {"decoder_folder": f"{dec}/{paths.MAIN}", "decoder_record": f"{dec}/{paths.RECORD}",
            "vision_record": f"{vis}/{paths.RECORD}"}
     if precision == "int8-mixed":
-        out["decoder"] = paths.fill(paths.PROFILE, graph="decoder", variant="fp32") + "/model.onnx"
-        out["vision"] = paths.fill(paths.PROFILE, graph="vision/dynamic", variant="fp32") + "/model.onnx"
+        out["decoder"] = paths.fill(paths.PROFILE, graph=DECODER_GRAPH, variant="fp32") + "/model.onnx"
+        out["vision"] = paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") + "/model.onnx"
     else:
         out["decoder"] = f"{dec}/model.onnx"
         out["vision"] = f"{vis}/model.onnx"

@@ -51,6 +51,7 @@ class Family:
     deepstack: bool     # vision returns deepstack features the LM adds after its first layers
     pos_table: bool     # learned vision position table, interpolated per grid
     deploy: bool        # the ORT-GenAI folder (vlsens.deploy) supports it
+    video_prompt: bool = True  # video+prompt parity cases can be built (Qwen3-VL's carry frame timestamps)
 
     @property
     def factor(self) -> int:
@@ -69,9 +70,15 @@ FAMILIES = {
     "qwen2_5_vl": Family("qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
                          "Qwen2_5_VLProcessor", 14, windows=True, deepstack=False, pos_table=False, deploy=True),
     "qwen3_vl": Family("qwen3_vl", "Qwen3-VL", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
-                       "Qwen3VLProcessor", 16, windows=False, deepstack=True, pos_table=True, deploy=False),
+                       "Qwen3VLProcessor", 16, windows=False, deepstack=True, pos_table=True, deploy=False,
+                       video_prompt=False),
 }
 DEFAULT = "qwen2_5_vl"
+
+
+def of_vision_config(vision_config) -> Family:
+    """The family of a vision tower's config (its ``model_type`` is the family's + ``_vision``)."""
+    return get(str(vision_config.model_type).removesuffix("_vision"), "vision_config.model_type")
 
 
 def get(model_type: str, key: str = "model_type") -> Family:

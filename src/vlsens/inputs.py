@@ -130,9 +130,10 @@ def checkpoint_dir(path: str | Path) -> str:
 
 
 def write_manifests(folder: str | Path, checkpoint: str | Path | None, parity: Sequence[ImageRef],
-                    calibration: Sequence[ImageRef], prompts: str | None,
-                    prompt_images: Sequence[ImageRef] = ()) -> dict[str, str]:
-    """Write (when changed) the manifests of a plan's outside inputs; returns {kind: path}."""
+                    calibration: Sequence[ImageRef],
+                    outside: dict[str, tuple[str, Sequence[ImageRef]]] | None = None) -> dict[str, str]:
+    """Write (when changed) the manifests of a plan's outside inputs; returns {kind: path}.
+    ``outside``: the towers' own files by kind (a file and the images it names)."""
     folder = Path(folder)
     cache = HashCache(folder / CACHE_NAME)
     out: dict[str, str] = {}
@@ -140,10 +141,9 @@ def write_manifests(folder: str | Path, checkpoint: str | Path | None, parity: S
             "calibration_images": image_manifest(calibration, cache)}
     if checkpoint is not None:
         todo["checkpoint"] = checkpoint_manifest(checkpoint, cache)
-    if prompts:
-        size, digest = cache.sha256(prompts)
-        todo["text_prompts"] = {"file": str(prompts), "bytes": size, "sha256": digest,
-                                **image_manifest(prompt_images, cache)}
+    for kind, (file, images) in sorted((outside or {}).items()):
+        size, digest = cache.sha256(file)
+        todo[kind] = {"file": str(file), "bytes": size, "sha256": digest, **image_manifest(images, cache)}
     for kind, data in todo.items():
         path = folder / f"{kind}.json"
         if write_if_changed(path, data):

@@ -33,14 +33,14 @@ class Plan:
     calib_images: list[ImageRef] = field(default_factory=list)
     engines: list[str] = field(default_factory=list)
     inc_tune: bool = False
-    prompt_file: str | None = None  # text.calibration.prompts when it is a JSONL (not builtin)
-    prompt_images: list[ImageRef] = field(default_factory=list)  # the images that JSONL names
+    #: More outside files the towers read (:meth:`~vlsens.towers.base.Tower.outside_inputs`):
+    #: manifest kind -> (file, the images it names).
+    outside: dict[str, tuple[str, list[ImageRef]]] = field(default_factory=dict)
 
 
 def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
-    """Check ``config`` (schema-valid; defaults are filled here too) and derive the :class:`Plan`."""
-    from vlsens.prompts import load_prompt_samples
-
+    """Check ``config`` (schema-valid; defaults are filled here too) and derive the :class:`Plan`
+    (its towers' outside inputs are added by :func:`configure`)."""
     config = with_defaults(config)
     workdir = Path(workdir)
     ckpt = str(config["model"]["checkpoint"])
@@ -70,14 +70,7 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
             f"{len(calib)} image(s); lower them or add images."
         )
     sens = config["sensitivity"]
-    prompt_file, prompt_images = None, []
-    spec = str(config["text"]["calibration"]["prompts"])
-    if config["text"]["enabled"] and spec != "builtin":
-        samples = load_prompt_samples(spec, calib, key="text.calibration.prompts")
-        found = {str(x.image.path): x.image for x in samples if x.image is not None}
-        prompt_file, prompt_images = spec, [found[k] for k in sorted(found)]
-    return Plan(name, ckpt_dir, preset, images[:n], calib, list(sens["engines"]), bool(sens["inc"]["tune"]),
-                prompt_file, prompt_images)
+    return Plan(name, ckpt_dir, preset, images[:n], calib, list(sens["engines"]), bool(sens["inc"]["tune"]))
 
 
 def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
@@ -88,4 +81,9 @@ def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
     towers = towers_registry.active(config)
     for t in towers.values():
         t.check(plan)
+    for t in towers.values():
+        for kind, entry in t.outside_inputs(plan).items():
+            if plan.outside.get(kind, entry) != entry:
+                raise ConfigError(f"{t.graph}: outside input '{kind}' is also another graph's, with other files")
+            plan.outside[kind] = entry
     return plan, towers

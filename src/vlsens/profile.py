@@ -46,7 +46,7 @@ from vlsens.onnxutil import copy_model, data_path, make_session
 from vlsens.paths import PROFILE_FILES
 from vlsens.quant import quantize, quantized_ops
 from vlsens.quant_target import arithmetic_note, cpu_features, measurement_providers, target_of
-from vlsens.sensitivity.engine import Engine, is_logits
+from vlsens.sensitivity.engine import Engine
 from vlsens.sensitivity.ranking import read_csv
 
 log = logging.getLogger(__name__)
@@ -162,9 +162,9 @@ def time_session(sess, feed: dict, runs: int = 10) -> float:
     return statistics.median(times)
 
 
-def measure(sess, float_session, samples) -> dict:
+def measure(sess, float_session, samples, logits: bool) -> dict:
     """Metrics of ``sess``'s outputs against the float model's, feed by feed (sums only kept)."""
-    acc = Metrics(is_logits(sess))
+    acc = Metrics(logits)
     for feed, valid in zip(samples.feeds, samples.valid):
         acc.add(sess.run(None, feed)[0], float_session.run(None, feed)[0], valid)
     return acc.result()
@@ -222,7 +222,7 @@ class Builder:
                 f"(only built: {sorted(got - set(ops))[:5]}, only chosen: {sorted(set(ops) - got)[:5]}); "
                 "nothing was written.")
         sess, mode = target_session(model, self.settings, self.threads)
-        measured = measure(sess, self.float_session, self.evals)
+        measured = measure(sess, self.float_session, self.evals, self.eng.logits)
         lat = time_session(sess, self.evals.feeds[0], self.latency_runs) if timed else None
         del sess
         b = Build(ops, model, measured, mode, self.share(ops), reason, meets(measured, self.metric, self.value), lat,

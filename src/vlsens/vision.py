@@ -16,6 +16,16 @@ import numpy as np
 
 from vlsens.images import resize_exact
 
+#: The op that reads a planted vision outlier (``model.tiny.outlier.site``), as a ranking role.
+PLANTED_ROLE = {"attn": "attn.qkv", "proj": "attn.proj", "mlp": "mlp.down_proj"}
+
+
+def planted_site(preset: dict) -> tuple[int, str] | None:
+    """The vision towers' :meth:`~vlsens.towers.base.Tower.planted_site`: ``outlier``'s block and the
+    role of the op that reads it."""
+    o = preset.get("outlier")
+    return (int(o["block"]), PLANTED_ROLE[o.get("site", "attn")]) if o else None
+
 
 @dataclass(frozen=True)
 class Geometry:

@@ -9,9 +9,11 @@ def main(sm):
     w, i, o, p = sm.wildcards, sm.input, sm.output, sm.params
     rule = sm.rule
     if rule == "report_heatmap":
-        build.heatmap(i.csv, i.profile, p.preset, w.graph, w.variant, o[0])
+        site, label = build.tower_facts(sm.config, w.graph, p.preset)
+        build.heatmap(i.csv, i.profile, site, label, w.graph, w.variant, o[0])
     elif rule == "report_ranked":
-        build.ranked(i.csv, i.profile, p.preset, w.graph, w.variant, w.engine, p.top, o[0])
+        site, _ = build.tower_facts(sm.config, w.graph, p.preset)
+        build.ranked(i.csv, i.profile, site, w.graph, w.variant, w.engine, p.top, o[0])
     elif rule == "report_pareto":
         build.pareto(i.eval, w.graph, w.variant, o[0])
     elif rule == "report_engines":

@@ -9,4 +9,5 @@ from vlsens.sensitivity.stages import prepare
 
 run(snakemake, lambda sm: prepare(  # noqa: F821
     sm.params.model, sm.input.calib, sm.input.eval, Path(sm.output.meta).parent,
-    QuantSettings.from_config(sm.params.settings), sm.threads, sm.params.suffix_cuts, sm.params.weights_only))
+    QuantSettings.from_config(sm.params.settings), sm.threads, sm.params.suffix_cuts, sm.params.weights_only,
+    logits=sm.params.logits))

@@ -23,49 +23,39 @@ def kept_in_float(profile_yaml: str | Path | None) -> set[str]:
     return {op for op, o in (prof.get("ops") or {}).items() if o.get("precision") != "int8"}
 
 
-def planted_sites(preset: dict) -> dict[str, tuple[int, str]]:
-    """Where a tiny preset (its ``vlsens_preset.json``, :func:`vlsens.presets.build.build_tiny_checkpoint`)
-    planted its outliers: per tower kind (``vision``, ``text``), the block and the ranking role of
-    the op that reads the outlier tensor (``attn.qkv`` for site attn, ``mlp.down_proj`` for an MLP)."""
-    sites = {}
-    if preset.get("outlier"):
-        o = preset["outlier"]
-        sites["vision"] = (int(o["block"]), "attn.qkv" if o.get("site", "attn") == "attn" else "mlp.down_proj")
-    if preset.get("text_outlier"):
-        sites["text"] = (int(preset["text_outlier"]["layer"]), "mlp.down_proj")
-    return sites
+def tower_facts(config: dict, graph: str, preset_json: str | Path | None) -> tuple[tuple[int, str] | None, str]:
+    """What the report needs from a graph's tower: where a tiny preset (its ``vlsens_preset.json``)
+    planted an outlier in it (:meth:`~vlsens.towers.base.Tower.planted_site`; None for a real
+    checkpoint) and what its blocks are called."""
+    from vlsens import towers
+
+    tower = towers.for_graph(config, graph)
+    preset = json.loads(Path(preset_json).read_text()) if preset_json and Path(preset_json).is_file() else {}
+    return tower.planted_site(preset), tower.block_label
 
 
-def tower_kind(graph: str) -> str:
-    """``vision`` for the vision graphs, ``text`` for the language model's (text, decoder)."""
-    return "vision" if graph.split("/")[0] == "vision" else "text"
-
-
-def planted_ops(rows: list[dict], preset_json: str | Path | None, graph: str) -> set[str]:
-    """The ops of ``rows`` that read a tiny preset's planted outlier (none for a real checkpoint)."""
-    if not preset_json or not Path(preset_json).is_file():
-        return set()
-    site = planted_sites(json.loads(Path(preset_json).read_text())).get(tower_kind(graph))
+def planted_ops(rows: list[dict], site: tuple[int, str] | None) -> set[str]:
+    """The ops of ``rows`` that read a planted outlier at ``site`` (block, role)."""
     if not site:
         return set()
     block, role = site
     return {r["op"] for r in rows if r["block"] == block and r["role"] == role}
 
 
-def heatmap(csv: str | Path, profile_yaml, preset_json, graph: str, variant: str, out: str | Path) -> dict:
+def heatmap(csv: str | Path, profile_yaml, site: tuple[int, str] | None, block_label: str, graph: str, variant: str,
+            out: str | Path) -> dict:
     rows = read_csv(csv)
     metric = figures.error_metric(rows).upper()
     return figures.heatmap(rows, out, f"{graph} ({variant}): {metric} with each op alone in INT8 (engine ort)",
-                           kept_in_float(profile_yaml), planted_ops(rows, preset_json, graph),
-                           "block" if tower_kind(graph) == "vision" else "layer")
+                           kept_in_float(profile_yaml), planted_ops(rows, site), block_label)
 
 
-def ranked(csv: str | Path, profile_yaml, preset_json, graph: str, variant: str, engine: str, top: int,
+def ranked(csv: str | Path, profile_yaml, site: tuple[int, str] | None, graph: str, variant: str, engine: str, top: int,
            out: str | Path) -> list[str]:
     rows = read_csv(csv)
     return figures.ranked(rows, out, f"{graph} ({variant}): the {min(top, len(rows))} most sensitive of "
                           f"{len(rows)} ops, engine {engine}", engine, top, kept_in_float(profile_yaml),
-                          planted_ops(rows, preset_json, graph))
+                          planted_ops(rows, site))
 
 
 def pareto(eval_json: str | Path, graph: str, variant: str, out: str | Path) -> dict:

@@ -13,7 +13,7 @@ import numpy as np
 from vlsens.metrics import Metrics
 from vlsens.onnxutil import make_session
 from vlsens.quant import Op, QuantSettings, quantize
-from vlsens.sensitivity.engine import as_samples, is_logits
+from vlsens.sensitivity.engine import as_samples
 
 
 def model_outputs(model: str | Path, inputs, threads: int = 0) -> list[np.ndarray]:
@@ -24,11 +24,11 @@ def model_outputs(model: str | Path, inputs, threads: int = 0) -> list[np.ndarra
 
 def straightforward_sensitivity(float_model: str | Path, ops: Sequence[Op], settings: QuantSettings,
                                 cache: str | Path, inputs, reference: Sequence[np.ndarray], scratch: str | Path,
-                                threads: int = 0) -> tuple[list[dict], float, list[list[np.ndarray]]]:
-    """Rows, seconds per op, and each op's outputs per feed."""
+                                threads: int = 0, *, logits: bool) -> tuple[list[dict], float, list[list[np.ndarray]]]:
+    """Rows, seconds per op, and each op's outputs per feed (``logits``: as the engine's)."""
     scratch = Path(scratch)
     sess = make_session(float_model, threads=threads, basic=True)
-    samples, logits = as_samples(inputs, sess), is_logits(sess)
+    samples = as_samples(inputs, sess)
     del sess
     rows, outs, t0 = [], [], time.perf_counter()
     for k, op in enumerate(ops):

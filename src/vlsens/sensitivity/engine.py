@@ -23,8 +23,6 @@ from vlsens.samples import ReferenceStore, Samples
 from vlsens.sensitivity.suffix import SKIP_INPUT, SuffixCache, SuffixPlan
 from vlsens.sensitivity.switch import MASK_INPUT, SwitchMap
 
-LOGITS = "logits"
-
 
 def as_samples(inputs, session) -> Samples:
     """:class:`~vlsens.samples.Samples` as given, or from one stacked array for the session's
@@ -35,24 +33,19 @@ def as_samples(inputs, session) -> Samples:
     return Samples.from_arrays({name: np.asarray(inputs)}, batch)
 
 
-def is_logits(session) -> bool:
-    """A graph whose first output is ``logits`` (B, S, vocab): KL and top-1 are measured too."""
-    return session.get_outputs()[0].name == LOGITS
-
-
 class SwitchEngine:
     """One session over the switch model; evaluates any set of INT8 ops on fixed inputs.
 
     With a :class:`~vlsens.sensitivity.suffix.SuffixCache` a set of ops is evaluated from the cut
     of its earliest op on (:mod:`vlsens.sensitivity.suffix`); without one, on the whole graph."""
 
-    def __init__(self, switch_model: str | Path, switches: SwitchMap, inputs, threads: int = 0,
+    def __init__(self, switch_model: str | Path, switches: SwitchMap, inputs, logits: bool, threads: int = 0,
                  suffix: "SuffixCache | None" = None):
         self.switches = switches
         self.ops = switches.ops
         self.session = make_session(switch_model, threads=threads, basic=True)
         self.samples = as_samples(inputs, self.session)
-        self.logits = is_logits(self.session)
+        self.logits = bool(logits)  # the tower's word (Tower.logits), not a guess from output names
         self.output = self.session.get_outputs()[0].name
         self.suffix = suffix
         skip = next((i for i in self.session.get_inputs() if i.name == SKIP_INPUT), None)
@@ -112,6 +105,7 @@ class Engine:
         self.switches = SwitchMap.from_json(self.meta["switches"])
         self.settings = QuantSettings.from_config(self.meta["settings"])
         self.suffix_plan = SuffixPlan.from_json(self.meta["suffix"]) if self.meta.get("suffix") else None
+        self.logits = bool(self.meta["logits"])
 
     def path(self, key: str) -> Path:
         return self.dir / ENGINE_FILES[key]
@@ -150,4 +144,4 @@ class Engine:
                 raise ValueError("the suffix engine needs its inputs as Samples")
             suffix = SuffixCache.fill(self.path("probe"), self.suffix_plan, samples.feeds, cache_dir,
                                       MASK_INPUT, self.switches.size, threads)
-        return SwitchEngine(self.switch_model, self.switches, eval_inputs, threads, suffix)
+        return SwitchEngine(self.switch_model, self.switches, eval_inputs, self.logits, threads, suffix)

@@ -37,8 +37,11 @@ log = logging.getLogger(__name__)
 
 
 def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path, engine_dir: str | Path,
-            settings: QuantSettings, threads: int = 0, suffix_cuts: int = 32, weights_only: bool = False) -> dict:
-    """Build the engine folder (staged, ``engine.json`` written last); ``suffix_cuts`` > 0 makes the
+            settings: QuantSettings, threads: int = 0, suffix_cuts: int = 32, weights_only: bool = False, *,
+            logits: bool) -> dict:
+    """Build the engine folder (staged, ``engine.json`` written last); ``logits``: the graph's output
+    is logits (the tower says, :attr:`vlsens.towers.base.Tower.logits`): KL and top-1 are measured
+    too, over real tokens. ``suffix_cuts`` > 0 makes the
     switch model segmented for the suffix engine (:mod:`vlsens.sensitivity.suffix`), 0 leaves it
     whole (every op evaluated on the full graph). ``weights_only`` leaves activation x activation
     MatMuls out of the op list (they stay float)."""
@@ -67,7 +70,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     t_sw = time.perf_counter()
     # The reference is the switch model with every switch off (identical to the float model in
     # FP32; in FP16 it keeps the engine's own float path, see README).
-    eng = SwitchEngine(f["switch"], switches, evals, threads)
+    eng = SwitchEngine(f["switch"], switches, evals, logits, threads)
     savez_stream(f["reference"], eng.outputs(()))
     del eng  # one session at a time
     _, floor = float_pass(fl, evals, threads)
@@ -77,6 +80,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         "switches": switches.to_json(),
         "suffix": suffix.to_json() if suffix is not None else None,
         "settings": settings.as_dict(),
+        "logits": bool(logits),
         "cpu": cpu_features(),
         "eval_images": evals.count,
         "calib_images": calib.count,

@@ -48,6 +48,10 @@ class Tower:
     npu_archive: ClassVar[bool] = False
     #: Does its calibration run a model (torch)? Then it asks for a GPU and the configured threads.
     calibration_runs_model: ClassVar[bool] = True
+    #: The analysed graph's first output is logits (B, S, vocab): KL and top-1 are measured too.
+    logits: ClassVar[bool] = False
+    #: What one repeated unit of its graph is called (rows of the report's heatmap).
+    block_label: ClassVar[str] = "block"
     #: Libraries each of its stages depends on, where they differ from vlsens.versions.STAGE_LIBRARIES.
     libraries: ClassVar[dict[str, tuple[str, ...]]] = {}
 
@@ -101,9 +105,20 @@ class Tower:
     def calibration_settings(self) -> dict[str, Any]:
         return dict(self.spec["settings"])
 
+    def outside_inputs(self, plan) -> dict[str, tuple[str, list]]:
+        """Files outside ``results/`` this tower reads besides the checkpoint and the plan's
+        images, by manifest kind: ``{kind: (file, [ImageRef the file names])}``. Each gets a content
+        manifest (:func:`vlsens.inputs.write_manifests`), passed to :meth:`calibration_inputs`."""
+        return {}
+
     def calibration_inputs(self, model: str, manifests: dict[str, str]) -> dict[str, Any]:
         """Inputs of the calibration rule besides the checkpoint (paths; lists allowed)."""
         return {}
+
+    def planted_site(self, preset: dict) -> tuple[int, str] | None:
+        """Where a tiny preset (its ``vlsens_preset.json``) planted an outlier in this tower: the
+        block and the ranking role of the op that reads the outlier tensor (None: nowhere)."""
+        return None
 
     def profile_settings(self) -> dict[str, Any]:
         """``metric``, ``target``, ``max_evals``, ``fail_if_unreachable`` of its profile."""

@@ -233,6 +233,12 @@ class Decoder(Tower):
     pattern = r"decoder"
     files = ("model.onnx", "embedding.onnx")
     analysed = "model.onnx"
+    logits = True
+    block_label = "layer"
+
+    def planted_site(self, preset: dict) -> tuple[int, str] | None:
+        o = preset.get("text_outlier")  # up_proj rows x scale, down_proj columns / scale: down_proj reads it
+        return (int(o["layer"]), "mlp.down_proj") if o else None
     libraries = {"export": ("onnxruntime-genai", "torch", "transformers", "onnx", "safetensors"),
                  "calibration": ("torch", "transformers", "pillow", "numpy")}
 

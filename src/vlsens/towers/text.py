@@ -391,6 +391,12 @@ class Text(Tower):
     pattern = r"text"
     files = ("model.onnx", "embeds.onnx")
     analysed = "embeds.onnx"
+    logits = True
+    block_label = "layer"
+
+    def planted_site(self, preset: dict) -> tuple[int, str] | None:
+        o = preset.get("text_outlier")  # up_proj rows x scale, down_proj columns / scale: down_proj reads it
+        return (int(o["layer"]), "mlp.down_proj") if o else None
     libraries = {"calibration": ("torch", "transformers", "pillow", "numpy")}  # runs the model
 
     @classmethod
@@ -409,9 +415,10 @@ class Text(Tower):
         clips = self.section["parity"]["video_cases"]
         for i, clip in enumerate(clips):
             parse_size(str(clip["size"]), key=f"text.parity.video_cases[{i}].size", **self.size_rule)
-        if clips and for_config(self.config).model_type == "qwen3_vl":
-            raise ConfigError("text.parity.video_cases: video+prompt parity is built for Qwen2-VL and Qwen2.5-VL; "
-                              "Qwen3-VL's prompt carries frame timestamps its processor writes (not built); "
+        family = for_config(self.config)
+        if clips and not family.video_prompt:
+            raise ConfigError(f"text.parity.video_cases: video+prompt parity is not built for {family.title}: its "
+                              "prompt carries frame timestamps its processor writes; "
                               "set text.parity.video_cases: [] for this checkpoint.")
         check_variants(self.variants(), self.analysed_variants(), "text.variants", "text.sensitivity.variants")
         cal = self.section["calibration"]
@@ -443,6 +450,15 @@ class Text(Tower):
         c = self.section["calibration"]
         return {**{k: c[k] for k in ("prompts", "image_size", "num_calib", "num_eval", "seed")},
                 "skip_unreadable": self.config["calibration"]["skip_unreadable"]}
+
+    def outside_inputs(self, plan) -> dict:
+        """``text.calibration.prompts`` when it is a JSONL (not ``builtin``), with the images it names."""
+        spec = str(self.section["calibration"]["prompts"])
+        if spec == "builtin":
+            return {}
+        samples = load_prompt_samples(spec, plan.calib_images, key="text.calibration.prompts")
+        found = {str(x.image.path): x.image for x in samples if x.image is not None}
+        return {"text_prompts": (spec, [found[k] for k in sorted(found)])}
 
     def calibration_inputs(self, model, manifests) -> dict:
         out = {"images": manifests["calibration_images"]}

@@ -55,9 +55,11 @@ from vlsens import paths
 from vlsens.calibration import CalibrationSet
 from vlsens.cases import Case, Cases
 from vlsens.config import check_sizes, check_variants
+from vlsens.family import of_vision_config
 from vlsens.samples import Samples
 from vlsens.sizes import parse_size
 from vlsens.towers.base import Tower
+from vlsens.vision import planted_site as vision_planted_site
 
 log = logging.getLogger(__name__)
 
@@ -65,24 +67,14 @@ INPUTS = ("patches", "position_ids", "window_index", "cu_seqlens", "cu_window_se
 OUTPUT = "vision_features"
 
 
-def vision_kind(vision_config) -> str:
-    """The family of a vision config: windows (Qwen2.5-VL), a position table (Qwen3-VL) or neither
-    (Qwen2-VL)."""
-    if getattr(vision_config, "num_position_embeddings", None):
-        return "qwen3_vl"
-    return "qwen2_5_vl" if getattr(vision_config, "fullatt_block_indexes", None) is not None else "qwen2_vl"
-
-
 def input_names(vision_config) -> tuple[str, ...]:
-    """The dynamic graph's inputs for this family: Qwen2.5-VL's windows need ``window_index`` and
-    ``cu_window_seqlens``; Qwen2-VL has neither; Qwen3-VL adds its position-table taps
-    (``pos_indices``, ``pos_weights``: (N, 4) bilinear taps into the learned table)."""
-    kind = vision_kind(vision_config)
-    if kind == "qwen2_5_vl":
-        return INPUTS
-    if kind == "qwen2_vl":
-        return ("patches", "position_ids", "cu_seqlens")
-    return ("patches", "position_ids", "cu_seqlens", "pos_indices", "pos_weights")
+    """The dynamic graph's inputs for this family (:func:`vlsens.family.of_vision_config`):
+    windowed attention (Qwen2.5-VL) needs ``window_index`` and ``cu_window_seqlens``; a learned
+    position table (Qwen3-VL) its taps (``pos_indices``, ``pos_weights``: (N, 4) bilinear taps into
+    the table); Qwen2-VL has neither."""
+    f = of_vision_config(vision_config)
+    return ("patches", "position_ids", *(("window_index",) if f.windows else ()), "cu_seqlens",
+            *(("cu_window_seqlens",) if f.windows else ()), *(("pos_indices", "pos_weights") if f.pos_table else ()))
 
 
 def index_inputs(grid_thw: np.ndarray, vision_config) -> dict[str, np.ndarray]:
@@ -100,12 +92,12 @@ def index_inputs(grid_thw: np.ndarray, vision_config) -> dict[str, np.ndarray]:
     merge = int(vision_config.spatial_merge_size)
     out = {"position_ids": get_vision_position_ids(g, merge).numpy().astype(np.int64),
            "cu_seqlens": get_vision_cu_seqlens(g).numpy().astype(np.int64)}
-    kind = vision_kind(vision_config)
-    if kind == "qwen2_5_vl":
+    f = of_vision_config(vision_config)
+    if f.windows:
         win, cu_win = get_vision_window_index(g, spatial_merge_size=merge, window_size=int(vision_config.window_size),
                                               patch_size=int(vision_config.patch_size))
         out.update(window_index=win.numpy().astype(np.int64), cu_window_seqlens=cu_win.numpy().astype(np.int64))
-    elif kind == "qwen3_vl":  # as Qwen3VLVisionModel.forward calls it
+    if f.pos_table:  # as Qwen3VLVisionModel.forward calls it
         idx, w = get_vision_interpolation_indices_and_weights(
             g, num_grid_per_side=int(int(vision_config.num_position_embeddings) ** 0.5), mode="bilinear",
             align_corners=True, spatial_merge_size=merge)
@@ -143,9 +135,9 @@ def dynamic_module(visual):
     cfg = visual.config
     unit = int(cfg.spatial_merge_size) ** 2
     slots = window_len(cfg)
-    kind = vision_kind(cfg)
+    family = of_vision_config(cfg)
     names = input_names(cfg)
-    windows = kind == "qwen2_5_vl"
+    windows = family.windows
     fullatt = {int(i) for i in cfg.fullatt_block_indexes} if windows else set(range(len(visual.blocks)))
     deepstack = [int(i) for i in getattr(cfg, "deepstack_visual_indexes", None) or []]
 
@@ -183,14 +175,14 @@ def dynamic_module(visual):
             super().__init__()
             self.patch_embed, self.rotary_pos_emb, self.merger = visual.patch_embed, visual.rotary_pos_emb, visual.merger
             self.blocks = torch.nn.ModuleList([Block(b, i in fullatt) for i, b in enumerate(visual.blocks)])
-            if kind == "qwen3_vl":
+            if family.pos_table:
                 self.pos_embed, self.deepstack_merger_list = visual.pos_embed, visual.deepstack_merger_list
 
         def forward(self, x: dict):
             patches, position_ids, cu_seqlens = x["patches"], x["position_ids"], x["cu_seqlens"]
             h = self.patch_embed(patches)
             d = h.shape[-1]
-            if kind == "qwen3_vl":  # the learned table, bilinear taps (as Qwen3VLVisionModel.forward)
+            if family.pos_table:  # the learned table, bilinear taps (as Qwen3VLVisionModel.forward)
                 h = h + (self.pos_embed(x["pos_indices"]) * x["pos_weights"][:, :, None]).sum(1).to(h.dtype)
             cos, sin = self.rotary_pos_emb(h, position_ids)
             ones = torch.ones_like(position_ids[:, 0])
@@ -301,6 +293,9 @@ class DynamicVision(Tower):
     kind = "vision_dynamic"
     pattern = r"vision/dynamic"
     calibration_runs_model = False  # index tensors from transformers' helpers; no model runs
+
+    def planted_site(self, preset: dict) -> tuple[int, str] | None:
+        return vision_planted_site(preset)
 
     @classmethod
     def graphs(cls, config, spec=None) -> list[str]:

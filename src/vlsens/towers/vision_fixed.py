@@ -32,6 +32,7 @@ from vlsens.samples import Samples, fit_batch
 from vlsens.sizes import parse_size
 from vlsens.towers.base import Tower
 from vlsens.vision import Geometry, patchify, preprocess_nchw, processor_inputs, unpatchify
+from vlsens.vision import planted_site as vision_planted_site
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,9 @@ class FixedVision(Tower):
     engines = ("ort", "inc")
     npu_archive = True
     calibration_runs_model = False  # the image processor's PIL path only
+
+    def planted_site(self, preset: dict) -> tuple[int, str] | None:
+        return vision_planted_site(preset)
 
     @classmethod
     def graphs(cls, config, spec=None) -> list[str]:
