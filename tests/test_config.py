@@ -97,6 +97,9 @@ def test_tolerance_range():
     ({"text__calibration__prompts": "/nonexistent/prompts.jsonl"}, "text.calibration.prompts"),
     ({"text__profile__metric": "bleu"}, "'bleu' is not one of"),
     ({"profile__metric": "kl"}, "'kl' is not one of"),  # kl/top1: text logits only
+    # keys of the five old shapes of "which variants are analysed" name their new key
+    ({"sensitivity__variants": ["fp32"]}, "sensitivity.variants: renamed to vision.sensitivity_variants"),
+    ({"text__sensitivity": {"variants": ["fp32"]}}, "text.sensitivity.variants: renamed to text.sensitivity_variants"),
     ({"deploy__decoder__sensitivity_variants": []}, "deploy.precisions has 'int8-mixed', which needs 'fp32' in "
                                                     "deploy.decoder.sensitivity_variants"),
 ])
@@ -119,7 +122,7 @@ def test_text_keys_are_checked():
     assert towers["text"].analysed_variants() == ["fp32", "fp16"]
     with pytest.raises(ConfigError, match=r"text\.parity\.image_size"):
         make_plan(_cfg(text__parity__image_size="230x230"))
-    with pytest.raises(ConfigError, match=r"text\.sensitivity\.variants: 'fp16'"):
+    with pytest.raises(ConfigError, match=r"text\.sensitivity_variants: 'fp16'"):
         make_plan(_cfg(text__variants=["fp32"]))
     with pytest.raises(ConfigError, match=r"model\.tiny\.text_outlier\.layer: 5"):
         make_plan(_cfg(model__tiny__text_outlier={"layer": 5, "channels": 2, "scale": 10.0}))
@@ -265,3 +268,28 @@ def test_cpu_runs_take_no_gpu_token(tmp_path, device):
     assert r.returncode == 0, out[-3000:]
     gpus = re.findall(r"resources: .*?\bgpu=(\d+)", out)
     assert len(gpus) > 20 and set(gpus) == {"0"}, sorted(set(gpus))
+
+
+def test_every_tower_reads_its_variants_from_its_own_section():
+    """One config shape per tower: ``<section>.variants`` and ``<section>.sensitivity_variants``."""
+    cfg = default_config(**{"vision.uint8.sizes": ["224x224"], "vision.video.sizes": ["224x224"]})
+    _, towers = configure(cfg)
+    sections = {"vision/224x224": "vision", "vision/dynamic": "vision.dynamic", "vision/224x224-u8": "vision.uint8",
+                "text": "text", "decoder": "deploy.decoder"}
+    for graph, key in sections.items():
+        t = towers[graph]
+        assert t.section_key == key and t.key("sensitivity_variants") == f"{key}.sensitivity_variants", graph
+        node = cfg
+        for part in key.split("."):
+            node = node[part]
+        assert t.variants() == node["variants"] and t.analysed_variants() == node["sensitivity_variants"], graph
+    video = [t for t in towers.values() if t.kind == "vision_video"]
+    assert video and all(t.section_key == "vision.video" and t.variants() == cfg["vision"]["video"]["variants"]
+                         for t in video), video
+
+
+def test_old_keys_fail_in_the_library_too():
+    cfg = default_config()
+    cfg["sensitivity"]["variants"] = ["fp32"]
+    with pytest.raises(ConfigError, match=r"sensitivity\.variants: renamed to vision\.sensitivity_variants"):
+        configure(cfg)

@@ -43,7 +43,7 @@ def small_config(checkpoint, **changes) -> dict:
     return default_config(**{"model.checkpoint": str(checkpoint), "vision.sizes": [SIZE],
                              "vision.variants": ["fp32", "fp16"], "vision.dynamic.enabled": False,
                              "vision.uint8.sizes": [], "vision.video.sizes": [],
-                             "text.enabled": False, "deploy.enabled": False, "sensitivity.variants": ["fp32"],
+                             "text.enabled": False, "deploy.enabled": False, "vision.sensitivity_variants": ["fp32"],
                              "sensitivity.shards": 1,
                              **changes})
 
@@ -341,7 +341,7 @@ def test_7_job_killed_mid_write_of_a_large_model_breaks_no_other_rule(tmp_path):
 
     vision = dict(REAL_3B_VISION, depth=2, fullatt_block_indexes=[1], initializer_range=0.02)
     ckpt = build_tiny_checkpoint(tmp_path / "wide", seed=0, vision=vision)
-    write_config(tmp_path, small_config(ckpt, **{"sensitivity.variants": [], "vision.variants": ["fp32", "fp16"]}))
+    write_config(tmp_path, small_config(ckpt, **{"vision.sensitivity_variants": [], "vision.variants": ["fp32", "fp16"]}))
     killed = smk(tmp_path, "--keep-going", env={"VLSENS_FAULT": "fp16:write"})
     res = tmp_path / "results" / "wide"
     fp16 = res / "vision" / SIZE / "fp16"

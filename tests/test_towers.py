@@ -34,7 +34,7 @@ def smk(workdir, *args, overrides=None):
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
     wd = tmp_path_factory.mktemp("toy")
-    cfg = default_config(**{"vision.sizes": ["224x224"], "vision.variants": ["fp32"], "sensitivity.variants": [],
+    cfg = default_config(**{"vision.sizes": ["224x224"], "vision.variants": ["fp32"], "vision.sensitivity_variants": [],
                             "vision.dynamic.enabled": False, "vision.uint8.sizes": [], "text.enabled": False,
                             "deploy.enabled": False, "towers": [TOY]})
     (wd / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))

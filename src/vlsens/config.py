@@ -56,6 +56,27 @@ def with_defaults(config: dict, schema: dict | None = None) -> dict:
     return out
 
 
+#: Keys that moved, old -> new: every tower reads ``variants`` and ``sensitivity_variants`` from its
+#: own section (vision, vision.dynamic, vision.uint8, vision.video, text, deploy.decoder, towers[]).
+RENAMED = {
+    "sensitivity.variants": "vision.sensitivity_variants",
+    "text.sensitivity.variants": "text.sensitivity_variants",
+}
+
+
+def renamed_keys(config: dict) -> list[str]:
+    """One message per old key ``config`` still uses, naming its new key."""
+    out = []
+    for old, new in RENAMED.items():
+        node = config
+        for part in old.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            out.append(f"{old}: renamed to {new} (each tower reads variants and sensitivity_variants from its own "
+                       f"section); write {new}: {node}")
+    return out
+
+
 def schema_errors(config: dict, schema_path: str | Path = SCHEMA) -> list[str]:
     """Schema violations of ``config``, one line each, the offending key first, with a close match
     for a misspelled key (Snakemake's own message buries the key in a dump of the whole schema)."""
@@ -65,13 +86,16 @@ def schema_errors(config: dict, schema_path: str | Path = SCHEMA) -> list[str]:
 
     schema = load_schema(schema_path)
     cls = jsonschema.validators.validator_for(schema)
-    out = []
+    out = renamed_keys(config)
+    moved = set(RENAMED) | {old.rsplit(".", 1)[0] for old in RENAMED if old.count(".") > 1}  # said above
     for err in sorted(cls(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         where = ".".join(str(p) for p in err.absolute_path)
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             allowed = list((err.schema or {}).get("properties", {}))
             for key in sorted(k for k in err.instance if k not in allowed):
                 full = f"{where}.{key}" if where else str(key)
+                if full in moved:
+                    continue
                 near = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
                 hint = f" (did you mean '{near[0]}'?)" if near else f" (valid here: {', '.join(allowed)})"
                 out.append(f"{full}: unknown key{hint}")

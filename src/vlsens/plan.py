@@ -15,7 +15,7 @@ from pathlib import Path
 from vlsens import paths
 from vlsens import towers as towers_registry
 from vlsens.checkpoint import check_checkpoint_dir
-from vlsens.config import _images, check_tolerances, model_name, with_defaults
+from vlsens.config import _images, check_tolerances, model_name, renamed_keys, with_defaults
 from vlsens.errors import CheckpointError, ConfigError
 from vlsens.images import ImageRef
 from vlsens.presets import PRESETS
@@ -76,6 +76,9 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
 def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
     """Everything the DAG is built from, checked: the plan (:func:`make_plan`) and every
     configured graph's tower, each having checked its own keys."""
+    moved = renamed_keys(config)
+    if moved:
+        raise ConfigError("; ".join(moved))
     config = with_defaults(config)
     plan = make_plan(config, workdir)
     towers = towers_registry.active(config)

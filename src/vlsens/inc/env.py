@@ -106,12 +106,14 @@ def check_config(config: dict, towers) -> None:
     from vlsens.quant import QuantSettings
 
     sens = config["sensitivity"]
-    fp32 = [t.graph for t in towers if "inc" in t.engines and "fp32" in t.analysed_variants()]
+    able = [t for t in towers if "inc" in t.engines]
+    fp32 = [t.graph for t in able if "fp32" in t.analysed_variants()]
     if not fp32:
+        keys = sorted({f"{t.key('sensitivity_variants')} is {t.analysed_variants()}" for t in able})
         raise ConfigError(
-            f"sensitivity.engines: 'inc' analyses the fp32 variant only (of fixed-size vision graphs: INC's ONNX "
-            f"Runtime adaptor cannot quantize FP16 graphs), but sensitivity.variants is {sens['variants']}; add fp32 "
-            "or drop 'inc'.")
+            "sensitivity.engines: 'inc' analyses the fp32 variant only (of fixed-size vision graphs: INC's ONNX "
+            f"Runtime adaptor cannot quantize FP16 graphs), but {'; '.join(keys) or 'no such graph is configured'}; "
+            "add fp32 or drop 'inc'.")
     problems = check_settings(QuantSettings.from_config(sens))
     if problems:
         raise ConfigError("; ".join(problems) + " (or drop 'inc' from sensitivity.engines).")

@@ -83,18 +83,36 @@ class Tower:
         """Raise :class:`~vlsens.errors.ConfigError` for settings of this tower that cannot work."""
         from vlsens.config import check_variants
 
-        check_variants(self.variants(), self.analysed_variants(), "towers[].variants", "towers[].sensitivity_variants")
+        check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
 
-    # A tower named in the config reads its entry (``towers[i]``); the builtin ones read their own
-    # sections of the config.
+    # Every tower reads its keys from one section of the config: a builtin one from
+    # :attr:`section_key` (``vision``, ``vision.dynamic``, ``text``, ``deploy.decoder`` ...), a tower
+    # named in the config from its entry (``towers[i]``). Each section has ``variants`` and
+    # ``sensitivity_variants``.
+
+    #: Dotted config key of the tower's section (None: its ``towers[]`` entry).
+    section_key: ClassVar[str | None] = None
+
+    @property
+    def section(self) -> dict:
+        if self.section_key is None:
+            return self.spec
+        node = self.config
+        for part in self.section_key.split("."):
+            node = node[part]
+        return node
+
+    def key(self, name: str) -> str:
+        """The full config key of ``name`` in the tower's section (for messages)."""
+        return f"{self.section_key or 'towers[]'}.{name}"
 
     def variants(self) -> list[str]:
         """Variants built (``fp32`` always comes from the export)."""
-        return list(self.spec["variants"])
+        return list(self.section["variants"])
 
     def analysed_variants(self) -> list[str]:
         """Variants analysed by the sensitivity engines and profiled."""
-        return list(self.spec["sensitivity_variants"])
+        return list(self.section["sensitivity_variants"])
 
     def reference_settings(self) -> dict[str, Any]:
         return dict(self.spec["settings"])

@@ -45,6 +45,12 @@ from vlsens.prompts import BUILTIN_PROMPTS
 from vlsens.samples import Samples
 from vlsens.sizes import parse_size
 from vlsens.towers.base import Tower
+from vlsens.towers.text import (
+    prompt_calibration_inputs,
+    prompt_calibration_set,
+    prompt_calibration_settings,
+    prompt_outside_inputs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +240,7 @@ class Decoder(Tower):
     files = ("model.onnx", "embedding.onnx")
     analysed = "model.onnx"
     logits = True
+    section_key = "deploy.decoder"
     block_label = "layer"
 
     def planted_site(self, preset: dict) -> tuple[int, str] | None:
@@ -247,10 +254,6 @@ class Decoder(Tower):
         d = config["deploy"]
         return ["decoder"] if d["enabled"] else []
 
-    @property
-    def section(self) -> dict:
-        return self.config["deploy"]["decoder"]
-
     def check(self, plan) -> None:
         from vlsens.family import for_config
 
@@ -260,14 +263,7 @@ class Decoder(Tower):
                 f"deploy.enabled: the deploy folder (onnxruntime-genai type qwen2_5_vl) is built for Qwen2.5-VL only; "
                 f"model.checkpoint is {fam.title} ({fam.model_type}). Set deploy.enabled: false; the ONNX graphs, "
                 "sensitivity and profiles of this family are built without it.")
-        check_variants(self.variants(), self.analysed_variants(), "deploy.decoder.variants",
-                       "deploy.decoder.sensitivity_variants")
-
-    def variants(self) -> list[str]:
-        return list(self.section["variants"])
-
-    def analysed_variants(self) -> list[str]:
-        return list(self.section["sensitivity_variants"])
+        check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
 
     def profile_settings(self) -> dict:
         return dict(self.config["text"]["profile"])
@@ -279,19 +275,16 @@ class Decoder(Tower):
     def export_settings(self) -> dict:
         return {"opset": self.config["export"]["opset"]}
 
-    @property
-    def text(self):
-        """The text tower of the same config: its calibration sequences are this graph's (in
-        prefill form)."""
-        from vlsens.towers.text import Text
-
-        return Text("text", self.config)
+    # The text tower's calibration sequences (text.calibration) are this graph's, in prefill form.
 
     def calibration_settings(self) -> dict:
-        return self.text.calibration_settings()
+        return prompt_calibration_settings(self.config)
+
+    def outside_inputs(self, plan) -> dict:
+        return prompt_outside_inputs(self.config, plan)
 
     def calibration_inputs(self, model, manifests) -> dict:
-        return self.text.calibration_inputs(model, manifests)
+        return prompt_calibration_inputs(manifests)
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         h, w = parse_size(settings["image_size"], key="text.parity.image_size", **self.size_rule)
@@ -316,7 +309,7 @@ class Decoder(Tower):
     def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
         from transformers import AutoConfig
 
-        base = self.text.calibration(checkpoint, inputs, settings)
+        base = prompt_calibration_set(checkpoint, inputs, settings, self.size_rule)
         tc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).text_config
         past = empty_cache(tc)
         splits = {}

@@ -386,12 +386,48 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
 # The tower
 
 
+def prompt_calibration_settings(config: dict) -> dict:
+    """The calibration settings of the language-model towers (text, decoder): ``text.calibration``."""
+    c = config["text"]["calibration"]
+    return {**{k: c[k] for k in ("prompts", "image_size", "num_calib", "num_eval", "seed")},
+            "skip_unreadable": config["calibration"]["skip_unreadable"]}
+
+
+def prompt_outside_inputs(config: dict, plan) -> dict:
+    """``text.calibration.prompts`` when it is a JSONL (not ``builtin``), with the images it names."""
+    spec = str(config["text"]["calibration"]["prompts"])
+    if spec == "builtin":
+        return {}
+    samples = load_prompt_samples(spec, plan.calib_images, key="text.calibration.prompts")
+    found = {str(x.image.path): x.image for x in samples if x.image is not None}
+    return {"text_prompts": (spec, [found[k] for k in sorted(found)])}
+
+
+def prompt_calibration_inputs(manifests: dict) -> dict:
+    out = {"images": manifests["calibration_images"]}
+    if "text_prompts" in manifests:  # a JSONL and the images it names
+        out["prompts"] = manifests["text_prompts"]
+    return out
+
+
+def prompt_calibration_set(checkpoint, inputs: dict, settings: dict, size_rule: dict) -> CalibrationSet:
+    """The language-model towers' calibration set: the prompt samples through the text graph's inputs."""
+    from vlsens.calibration import load_images
+    from vlsens.inputs import image_refs
+
+    images = load_images(image_refs(inputs["images"]), settings["skip_unreadable"])[0]
+    samples = load_prompt_samples(str(settings["prompts"]), images)
+    h, w = parse_size(settings["image_size"], key="text.calibration.image_size", **size_rule)
+    return text_calibration(checkpoint, samples, h, w, settings["num_calib"], settings["num_eval"], settings["seed"])
+
+
 class Text(Tower):
     kind = "text"
     pattern = r"text"
     files = ("model.onnx", "embeds.onnx")
     analysed = "embeds.onnx"
     logits = True
+    section_key = "text"
     block_label = "layer"
 
     def planted_site(self, preset: dict) -> tuple[int, str] | None:
@@ -402,10 +438,6 @@ class Text(Tower):
     @classmethod
     def graphs(cls, config, spec=None) -> list[str]:
         return ["text"] if config["text"]["enabled"] else []
-
-    @property
-    def section(self) -> dict:
-        return self.config["text"]
 
     def check(self, plan) -> None:
         for sub in ("parity", "calibration"):
@@ -420,19 +452,13 @@ class Text(Tower):
             raise ConfigError(f"text.parity.video_cases: video+prompt parity is not built for {family.title}: its "
                               "prompt carries frame timestamps its processor writes; "
                               "set text.parity.video_cases: [] for this checkpoint.")
-        check_variants(self.variants(), self.analysed_variants(), "text.variants", "text.sensitivity.variants")
+        check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
         cal = self.section["calibration"]
         samples = load_prompt_samples(str(cal["prompts"]), plan.calib_images, key="text.calibration.prompts")
         need = int(cal["num_calib"]) + int(cal["num_eval"])
         if len(samples) < need:
             raise ConfigError(f"text.calibration.num_calib + num_eval = {need}, but text.calibration.prompts yields "
                               f"only {len(samples)} sample(s); lower them or add prompts.")
-
-    def variants(self) -> list[str]:
-        return list(self.section["variants"])
-
-    def analysed_variants(self) -> list[str]:
-        return list(self.section["sensitivity"]["variants"])
 
     def profile_settings(self) -> dict:
         return dict(self.section["profile"])
@@ -447,24 +473,13 @@ class Text(Tower):
                 "opset": self.config["export"]["opset"]}
 
     def calibration_settings(self) -> dict:
-        c = self.section["calibration"]
-        return {**{k: c[k] for k in ("prompts", "image_size", "num_calib", "num_eval", "seed")},
-                "skip_unreadable": self.config["calibration"]["skip_unreadable"]}
+        return prompt_calibration_settings(self.config)
 
     def outside_inputs(self, plan) -> dict:
-        """``text.calibration.prompts`` when it is a JSONL (not ``builtin``), with the images it names."""
-        spec = str(self.section["calibration"]["prompts"])
-        if spec == "builtin":
-            return {}
-        samples = load_prompt_samples(spec, plan.calib_images, key="text.calibration.prompts")
-        found = {str(x.image.path): x.image for x in samples if x.image is not None}
-        return {"text_prompts": (spec, [found[k] for k in sorted(found)])}
+        return prompt_outside_inputs(self.config, plan)
 
     def calibration_inputs(self, model, manifests) -> dict:
-        out = {"images": manifests["calibration_images"]}
-        if "text_prompts" in manifests:  # a JSONL and the images it names
-            out["prompts"] = manifests["text_prompts"]
-        return out
+        return prompt_calibration_inputs(manifests)
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         h, w = parse_size(settings["image_size"], key="text.parity.image_size", **self.size_rule)
@@ -507,11 +522,4 @@ class Text(Tower):
                         "mask": "4-D additive causal+padding mask built in the wrapper; explicit 3-D position ids"}
 
     def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
-        from vlsens.calibration import load_images
-        from vlsens.inputs import image_refs
-
-        images = load_images(image_refs(inputs["images"]), settings["skip_unreadable"])[0]
-        samples = load_prompt_samples(str(settings["prompts"]), images)
-        h, w = parse_size(settings["image_size"], key="text.calibration.image_size", **self.size_rule)
-        return text_calibration(checkpoint, samples, h, w, settings["num_calib"], settings["num_eval"],
-                                settings["seed"])
+        return prompt_calibration_set(checkpoint, inputs, settings, self.size_rule)

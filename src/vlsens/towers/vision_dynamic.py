@@ -293,6 +293,7 @@ class DynamicVision(Tower):
     kind = "vision_dynamic"
     pattern = r"vision/dynamic"
     calibration_runs_model = False  # index tensors from transformers' helpers; no model runs
+    section_key = "vision.dynamic"
 
     def planted_site(self, preset: dict) -> tuple[int, str] | None:
         return vision_planted_site(preset)
@@ -301,9 +302,6 @@ class DynamicVision(Tower):
     def graphs(cls, config, spec=None) -> list[str]:
         return ["vision/dynamic"] if config["vision"]["dynamic"]["enabled"] else []
 
-    @property
-    def section(self) -> dict:
-        return self.config["vision"]["dynamic"]
 
     def sizes(self) -> list[str]:
         """The fixed sizes whose calibration images make this graph's calibration set."""
@@ -315,14 +313,7 @@ class DynamicVision(Tower):
                 parse_size(str(size), key=f"vision.dynamic.parity_cases[{i}][{j}]", **self.size_rule)
         for i, clip in enumerate(self.section["video_cases"]):
             parse_size(str(clip["size"]), key=f"vision.dynamic.video_cases[{i}].size", **self.size_rule)
-        check_variants(self.variants(), self.analysed_variants(), "vision.dynamic.variants",
-                       "vision.dynamic.sensitivity_variants")
-
-    def variants(self) -> list[str]:
-        return list(self.section["variants"])
-
-    def analysed_variants(self) -> list[str]:
-        return list(self.section["sensitivity_variants"])
+        check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
 
     def reference_settings(self) -> dict:
         return {"cases": [list(c) for c in self.section["parity_cases"]],

@@ -119,6 +119,7 @@ class FixedVision(Tower):
     engines = ("ort", "inc")
     npu_archive = True
     calibration_runs_model = False  # the image processor's PIL path only
+    section_key = "vision"
 
     def planted_site(self, preset: dict) -> tuple[int, str] | None:
         return vision_planted_site(preset)
@@ -134,13 +135,7 @@ class FixedVision(Tower):
         return parse_size(self.graph.split("/", 1)[1], **self.size_rule)
 
     def check(self, plan) -> None:
-        check_variants(self.variants(), self.analysed_variants(), "vision.variants", "sensitivity.variants")
-
-    def variants(self) -> list[str]:
-        return list(self.config["vision"]["variants"])
-
-    def analysed_variants(self) -> list[str]:
-        return list(self.config["sensitivity"]["variants"])
+        check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
 
     def reference_settings(self) -> dict:
         return {}
@@ -218,32 +213,23 @@ class FixedVision(Tower):
 
 
 class SectionVision(FixedVision):
-    """A fixed-size graph kind with its own config section ``vision.<section>`` (``sizes``,
+    """A fixed-size graph kind with its own config section ``vision.<kind>`` (``sizes``,
     ``variants``, ``sensitivity_variants``) and graph names ``vision/<H>x<W><suffix>``: the
     uint8-input and video-step towers."""
 
-    section: str = ""
     suffix: str = ""
 
     @classmethod
     def graphs(cls, config, spec=None) -> list[str]:
         from vlsens.family import size_rule
 
-        sizes = list(config["vision"][cls.section]["sizes"])
+        sizes = list(config["vision"][cls.section_key.split(".")[1]]["sizes"])
         if not sizes:
             return []
-        return [f"vision/{s}{cls.suffix}" for s in check_sizes(sizes, f"vision.{cls.section}.sizes", size_rule(config))]
+        return [f"vision/{s}{cls.suffix}" for s in check_sizes(sizes, f"{cls.section_key}.sizes", size_rule(config))]
 
     @property
     def size(self) -> tuple[int, int]:
         return parse_size(self.graph.split("/", 1)[1].removesuffix(self.suffix), **self.size_rule)
 
-    def check(self, plan) -> None:
-        check_variants(self.variants(), self.analysed_variants(), f"vision.{self.section}.variants",
-                       f"vision.{self.section}.sensitivity_variants")
 
-    def variants(self) -> list[str]:
-        return list(self.config["vision"][self.section]["variants"])
-
-    def analysed_variants(self) -> list[str]:
-        return list(self.config["vision"][self.section]["sensitivity_variants"])

@@ -64,7 +64,7 @@ def uint8_module(fixed, processor):
 
 class Uint8Vision(SectionVision):
     kind = "vision_uint8"
-    section, suffix = "uint8", SUFFIX
+    section_key, suffix = "vision.uint8", SUFFIX
     pattern = r"vision/[0-9]+x[0-9]+-u8"
     engines = ("ort",)
     input_name = IMAGE

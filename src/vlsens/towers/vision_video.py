@@ -50,7 +50,7 @@ def step_module(fixed):
 
 class VideoStepVision(SectionVision):
     kind = "vision_video"
-    section, suffix = "video", SUFFIX
+    section_key, suffix = "vision.video", SUFFIX
     pattern = r"vision/[0-9]+x[0-9]+-t2"
     engines = ("ort",)  # one 5-D input; INC's adaptor is set up for NCHW images
     input_name = FRAMES
