@@ -37,6 +37,7 @@ import numpy as np
 
 from vlsens import genai, paths
 from vlsens.errors import ConfigError, VlsensError
+from vlsens.runtime import Chat
 
 log = logging.getLogger(__name__)
 
@@ -192,44 +193,8 @@ def transformers_generate(checkpoint, cases: list[dict], max_new_tokens: int) ->
     return out
 
 
-class GenAIFolder:
-    """One ORT-GenAI model of a folder, its processor, and the two ways we drive it."""
-
-    def __init__(self, folder: str | Path):
-        import onnxruntime_genai as og
-
-        self.og = og
-        self.model = og.Model(str(folder))
-        self.processor = self.model.create_multimodal_processor()
-
-    def _inputs(self, text: str, case: dict):
-        images = self.og.Images.open(*[f["path"] for f in case["images"]]) if case["images"] else None
-        return self.processor(text, images=images)
-
-    def _generator(self, text: str, case: dict):
-        params = self.og.GeneratorParams(self.model)
-        params.set_search_options(do_sample=False)
-        g = self.og.Generator(self.model, params)
-        g.set_inputs(self._inputs(text, case))
-        return g
-
-    def generate(self, text: str, case: dict, max_new_tokens: int) -> list[int]:
-        g = self._generator(text, case)
-        toks = []
-        while not g.is_done() and len(toks) < max_new_tokens:
-            g.generate_next_token()
-            toks.append(int(g.get_next_tokens()[0]))
-        return toks
-
-    def forced_logits(self, text: str, case: dict, tokens: list[int]) -> np.ndarray:
-        """Next-token logits (steps, vocab) at the prompt's end and after each of ``tokens[:-1]``
-        appended (teacher forcing)."""
-        g = self._generator(text, case)
-        out = [np.asarray(g.get_logits(), np.float64).reshape(-1)]
-        for t in tokens[:-1]:
-            g.append_tokens(np.array([[t]], dtype=np.int32))
-            out.append(np.asarray(g.get_logits(), np.float64).reshape(-1))
-        return np.stack(out)
+def _case_images(case: dict) -> list[str]:
+    return [f["path"] for f in case["images"]]
 
 
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
@@ -243,19 +208,19 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
 
 def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: list[dict], max_new_tokens: int,
              fp32_folder: str | Path | None, fp32_eval: dict | None, target: dict | None,
-             runtime: GenAIFolder | None = None) -> dict:
+             runtime: Chat | None = None) -> dict:
     """``eval.json`` of a folder (see the module docs); raises VlsensError when the fp32 folder's
     tokens differ from transformers'. ``runtime``: the folder already loaded."""
     from vlsens.processor import load_processor
 
     processor = load_processor(checkpoint)
-    folder_rt = runtime or GenAIFolder(folder)
+    folder_rt = runtime or Chat(folder)
     rows = []
     timing = {"seconds": 0.0, "tokens": 0}
 
     def generate(text: str, case: dict) -> list[int]:
         t0 = time.perf_counter()
-        got = folder_rt.generate(text, case, max_new_tokens)
+        got = folder_rt.generate(text, _case_images(case), max_new_tokens)
         timing["seconds"] += time.perf_counter() - t0
         timing["tokens"] += len(got)
         return got
@@ -282,15 +247,15 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
 
     for g in genai.GRAPHS.values():  # the fp32 folder is another job's output: check it first
         verify(Path(fp32_folder) / g)
-    base = GenAIFolder(fp32_folder)
+    base = Chat(fp32_folder)
     ref_rows = {r["case"]: r for r in fp32_eval["cases"]}
     kls, agree = [], []
     for case in cases:
         text = chat_text(processor, case)
         ref_tokens = ref_rows[case["name"]]["tokens"]
         got = generate(text, case)
-        p = base.forced_logits(text, case, ref_tokens)
-        q = folder_rt.forced_logits(text, case, ref_tokens)
+        p = base.forced_logits(text, _case_images(case), ref_tokens)
+        q = folder_rt.forced_logits(text, _case_images(case), ref_tokens)
         kl = _kl(p, q)
         top1 = q.argmax(-1) == np.asarray(ref_tokens)
         kls.append(kl)
@@ -314,7 +279,7 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
 
 
 def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict], tolerance: dict | None,
-                  runtime: GenAIFolder | None = None) -> dict:
+                  runtime: Chat | None = None) -> dict:
     """``vision.onnx`` against transformers' ``get_image_features`` on every evaluation image at the
     size the runtime's own preprocessing gives it (ORT-GenAI's processor output fed to both).
     ``runtime``: the folder already loaded."""
@@ -325,7 +290,7 @@ def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict],
     from vlsens.metrics import compare
 
     model = load_model(checkpoint, attn_implementation="eager", part="vision")
-    rt = runtime or GenAIFolder(folder)
+    rt = runtime or Chat(folder)
     sess = ort.InferenceSession(str(Path(folder) / genai.GRAPHS["vision"]), providers=["CPUExecutionProvider"])
     seen, rows = set(), []
     for case in cases:
@@ -333,8 +298,7 @@ def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict],
             if f["path"] in seen:
                 continue
             seen.add(f["path"])
-            one = {**case, "images": [f]}
-            inputs = rt._inputs("<|vision_start|><|image_pad|><|vision_end|>", one)
+            inputs = rt.inputs("<|vision_start|><|image_pad|><|vision_end|>", [f["path"]])
             pixels = np.asarray(inputs["pixel_values"].as_numpy(), np.float32)
             grid = np.asarray(inputs["image_grid_thw"].as_numpy(), np.int64)
             got = sess.run(None, {"pixel_values": pixels, "image_grid_thw": grid})[0]
@@ -368,7 +332,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
     with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="vlsens-deploy-") as work:
         files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble")
         cases = eval_cases(images, Path(work) / "images")
-        runtime = GenAIFolder(tmp)  # loaded once for both checks
+        runtime = Chat(tmp)  # loaded once for both checks
         parity = vision_parity(tmp, checkpoint, cases, tolerance, runtime)
         parity["files"] = file_entries(files.values())
         parity["sources"] = {"decoder": str(decoder), "embedding": str(embedding), "vision": str(vision)}

@@ -73,12 +73,14 @@ class VisionEncoder:
 
 
 class Chat:
-    """A deploy folder run by onnxruntime-genai (greedy search by default, KV cache)."""
+    """A deploy folder run by onnxruntime-genai (greedy search by default, KV cache): the one
+    wrapper of the runtime, for users (:meth:`__call__`, :meth:`tokens`) and for the deploy
+    stage's checks (:meth:`generate`, :meth:`forced_logits` on a ready prompt text)."""
 
     def __init__(self, folder: str | Path):
         import onnxruntime_genai as og
 
-        self._og = og
+        self.og = og
         self.folder = Path(folder)
         self.model = og.Model(str(self.folder))
         self.processor = self.model.create_multimodal_processor()
@@ -94,7 +96,7 @@ class Chat:
         if not images:
             return None
         if all(isinstance(i, (str, Path)) for i in images):
-            return self._og.Images.open(*[str(i) for i in images])
+            return self.og.Images.open(*[str(i) for i in images])
         blobs = []
         for im in images:  # PIL images: as PNG bytes
             if isinstance(im, (str, Path)):
@@ -103,19 +105,42 @@ class Chat:
                 buf = io.BytesIO()
                 im.convert("RGB").save(buf, format="PNG")
                 blobs.append(buf.getvalue())
-        return self._og.Images.open_bytes(*blobs)
+        return self.og.Images.open_bytes(*blobs)
 
-    def tokens(self, text: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> list[int]:
-        """New token ids for one user turn (``search``: onnxruntime-genai search options)."""
-        params = self._og.GeneratorParams(self.model)
+    def inputs(self, prompt: str, images: Sequence = ()):
+        """The folder's own multimodal processor on a ready chat text and its images."""
+        return self.processor(prompt, images=self._images(images))
+
+    def _generator(self, prompt: str, images: Sequence, **search):
+        params = self.og.GeneratorParams(self.model)
         params.set_search_options(**{"do_sample": False, **search})
-        gen = self._og.Generator(self.model, params)
-        gen.set_inputs(self.processor(self.prompt(text, len(images)), images=self._images(images)))
+        gen = self.og.Generator(self.model, params)
+        gen.set_inputs(self.inputs(prompt, images))
+        return gen
+
+    def generate(self, prompt: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> list[int]:
+        """New token ids after ``prompt``, a ready chat text (template applied, one image
+        placeholder per image), ``search``: onnxruntime-genai search options."""
+        gen = self._generator(prompt, images, **search)
         out: list[int] = []
         while not gen.is_done() and len(out) < max_new_tokens:
             gen.generate_next_token()
             out.append(int(gen.get_next_tokens()[0]))
         return out
+
+    def forced_logits(self, prompt: str, images: Sequence, tokens: Sequence[int]) -> np.ndarray:
+        """Next-token logits (steps, vocab) at ``prompt``'s end and after each of ``tokens[:-1]``
+        appended (teacher forcing)."""
+        gen = self._generator(prompt, images)
+        out = [np.asarray(gen.get_logits(), np.float64).reshape(-1)]
+        for t in tokens[:-1]:
+            gen.append_tokens(np.array([[t]], dtype=np.int32))
+            out.append(np.asarray(gen.get_logits(), np.float64).reshape(-1))
+        return np.stack(out)
+
+    def tokens(self, text: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> list[int]:
+        """New token ids for one user turn (the folder's chat template around ``text``)."""
+        return self.generate(self.prompt(text, len(images)), images, max_new_tokens, **search)
 
     def __call__(self, text: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> str:
         return self.tokenizer.decode(self.tokens(text, images, max_new_tokens, **search))
