@@ -50,7 +50,7 @@ inc-env: $(INC_STAMP)
 
 run: install
 	@if $(BIN)/python -m vlsens.inc.env enabled $(CONFIG); then $(MAKE) --no-print-directory inc-env; fi
-	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPUS) $(ARGS)
+	$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --resources gpu=$(GPUS) $(ARGS)
 
 # make test fails (not skips) when engine inc's environment is missing; test-fast skips it.
 test: install-test inc-env

@@ -199,4 +199,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _publish import published
+
+    with published("deploy", "Deploy folders: tokens, KL, decode speed"):
+        main()

@@ -143,4 +143,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _publish import published
+
+    with published("dynamic", "The dynamic vision graph: time and memory by size"):
+        main()

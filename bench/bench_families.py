@@ -145,4 +145,7 @@ def _vision_params(ckpt: Path) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    from _publish import published
+
+    with published("families", "Model families at real widths"):
+        main()

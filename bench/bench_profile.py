@@ -177,13 +177,19 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("root").setLevel(logging.ERROR)  # ORT's "consider pre-processing" on every quantize
+    from _publish import published
+
     if args.results:
-        rows = from_results(args.results, args.graphs, args.latency, args.kernels, args.out)
+        with published(f"profile-{args.results.name}", f"Profiles of a finished run ({args.results})"):
+            rows = from_results(args.results, args.graphs, args.latency, args.kernels, args.out)
+            print()
+            print_table(rows)
     else:
-        with tempfile.TemporaryDirectory() as d:
+        with published("profile-held-out", "Profiles of held-out planted checkpoints"), \
+                tempfile.TemporaryDirectory() as d:
             rows = held_out(args.towers, args.guards, args.work or Path(d), args.objective)
-    print()
-    print_table(rows)
+            print()
+            print_table(rows)
 
 
 if __name__ == "__main__":

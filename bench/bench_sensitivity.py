@@ -199,4 +199,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _publish import published
+
+    with published("sensitivity", "Sensitivity engines: seconds per op"):
+        main()

@@ -109,4 +109,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _publish import published
+
+    with published("spine", "The spine: export to profile on the tiny preset"):
+        main()

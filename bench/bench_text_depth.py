@@ -140,4 +140,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _publish import published
+
+    with published("text-depth", "The text LM by depth: export memory and time"):
+        main()

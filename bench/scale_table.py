@@ -83,4 +83,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _publish import published
+
+    with published("scale", "make scale: every stage of the 3b preset"):
+        main()

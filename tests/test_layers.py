@@ -1,4 +1,4 @@
-"""The package's layers (README, Layout): no module imports from a layer above its own, so the
+"""The package's layers (docs/architecture.md, Layout): no module imports from a layer above its own, so the
 plan sits at the bottom and the generic stages never import a tower."""
 
 from vlsens.versions import _module_file, _vlsens_imports

@@ -3,7 +3,7 @@
 One small DAG (a local checkpoint, one size, fp32 + fp16, engine ort, no text or dynamic graph)
 is run once; its first attempt is killed half-way through publishing the FP16 model. The tests
 below then break it in the ways users did and check that vlsens notices, says what to do, and
-recovers. The numbers in the test names are the cases of the README's reliability section.
+recovers. The numbers in the test names are the cases of docs/reliability.md.
 """
 
 from __future__ import annotations

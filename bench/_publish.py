@@ -1,0 +1,89 @@
+"""What a benchmark script prints is also written to ``docs/benchmarks/<name>.md``, under the
+command that produced it, the date, the machine and the library versions: the documentation's
+numbers are the script's own output, never copies.
+
+    with published("profile-held-out", "Profiles of held-out checkpoints"):
+        main()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+LIBRARIES = ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime-genai", "numpy")
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, s):
+        for st in self.streams:
+            st.write(s)
+        return len(s)
+
+    def flush(self):
+        for st in self.streams:
+            st.flush()
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal")))
+        mem = f", {kb / 2**20:.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores{mem}, Python {platform.python_version()}"
+
+
+def versions() -> str:
+    from importlib import metadata
+
+    out = []
+    for name in LIBRARIES:
+        try:
+            out.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(out)
+
+
+@contextlib.contextmanager
+def published(name: str, title: str, folder: Path = DOCS):
+    """Print as usual and, when the block finishes without an error, write what was printed to
+    ``folder/<name>.md`` (a failed run leaves the previous file alone)."""
+    buf = io.StringIO()
+    old = sys.stdout
+    sys.stdout = _Tee(old, buf)
+    try:
+        yield
+    finally:
+        sys.stdout = old
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    text = (f"# {title}\n\n"
+            f"Written by `{cmd}` on {datetime.date.today().isoformat()}.\n"
+            f"Machine: {machine()}. Libraries: {versions()}.\n\n"
+            f"{buf.getvalue().strip()}\n")
+    tmp = folder / f".{name}.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(folder / f"{name}.md")
+    print(f"(written to {os.path.relpath(folder / f'{name}.md')})", file=sys.stderr)
