@@ -44,14 +44,41 @@ def cuda_visible() -> list[str]:
 
 
 def set_threads(threads: int) -> None:
-    """Bound torch's CPU threads to what the Snakemake rule declared.
+    """Bound torch's CPU threads to what the Snakemake rule declared, without importing torch:
+    ``torch.set_num_threads`` runs now if torch is loaded, else right after the job imports it.
+    An ONNX-only job then never pays torch's import (1.5 s, most of a small job's time); ONNX
+    Runtime sessions get their thread count explicitly."""
+    import sys
 
-    ONNX-only stages run in environments without torch: then there is nothing to bound (ONNX
-    Runtime sessions get their thread count explicitly).
-    """
-    import importlib.util
+    if not threads or threads <= 0:
+        return
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
+        return
+    sys.meta_path.insert(0, _SetTorchThreads(int(threads)))
 
-    if threads and threads > 0 and importlib.util.find_spec("torch") is not None:
-        import torch
 
-        torch.set_num_threads(int(threads))
+class _SetTorchThreads:
+    """Import hook: when ``torch`` is imported, call ``torch.set_num_threads(n)`` after it loads."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        import importlib.util
+        import sys
+
+        sys.meta_path.remove(self)  # one shot; also keeps find_spec below from finding this hook
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run, threads = spec.loader.exec_module, self.threads
+
+        def exec_module(module):
+            run(module)
+            module.set_num_threads(threads)
+
+        spec.loader.exec_module = exec_module
+        return spec
