@@ -52,8 +52,9 @@ def set_threads(threads: int) -> None:
 
     if not threads or threads <= 0:
         return
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(int(threads))
+    if "torch" in sys.modules:  # loaded (or marked unavailable: None)
+        if sys.modules["torch"] is not None:
+            sys.modules["torch"].set_num_threads(int(threads))
         return
     sys.meta_path.insert(0, _SetTorchThreads(int(threads)))
 
