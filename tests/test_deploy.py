@@ -101,7 +101,8 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
     dynamic vision graph built like the DAG builds them (profiles at the default targets)."""
     from conftest import default_config
 
-    from vlsens import deploy, variants
+    from vlsens import variants
+    from vlsens.deploy.build import build_folder
     from vlsens.profile import build_profile
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
@@ -124,13 +125,13 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
     out = {}
     common = dict(checkpoint=dec.ckpt, images=parity_refs, max_new_tokens=16)
     out["fp32"] = root / "fp32"
-    deploy.build_folder("fp32", out["fp32"], decoder=dec.model("fp32"), embedding=dec.folder("fp32") / "embedding.onnx",
+    build_folder("fp32", out["fp32"], decoder=dec.model("fp32"), embedding=dec.folder("fp32") / "embedding.onnx",
                         vision=vis.model("fp32"), tolerance=TOL_FP32, **common)
     out["fp16"] = root / "fp16"
-    deploy.build_folder("fp16", out["fp16"], decoder=dec.model("fp16"), embedding=dec.folder("fp16") / "embedding.onnx",
+    build_folder("fp16", out["fp16"], decoder=dec.model("fp16"), embedding=dec.folder("fp16") / "embedding.onnx",
                         vision=vis.model("fp16"), tolerance=TOL_FP16, fp32_folder=out["fp32"], **common)
     out["int8-mixed"] = root / "int8-mixed"
-    deploy.build_folder("int8-mixed", out["int8-mixed"], decoder=profiles["decoder"],
+    build_folder("int8-mixed", out["int8-mixed"], decoder=profiles["decoder"],
                         embedding=dec.folder("fp32") / "embedding.onnx", vision=profiles["vision"],
                         tolerance=cfg["deploy"]["int8_tolerance"],
                         fp32_folder=out["fp32"], target=cfg["text"]["profile"], **common)
@@ -138,7 +139,7 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
 
 
 def _cases(parity_refs, tmp_path):
-    from vlsens.deploy import eval_cases
+    from vlsens.deploy.evaluate import eval_cases
 
     return eval_cases(parity_refs, tmp_path)
 
@@ -220,16 +221,17 @@ def test_fp16_and_int8_folders_are_measured_against_fp32_through_the_runtime(fol
 
 def test_a_folder_that_misses_its_check_is_not_written(folders, graph_builder, parity_refs, tmp_path, monkeypatch):
     """fp32 tokens that differ from transformers' fail the job and leave no folder behind."""
-    from vlsens import deploy
+    from vlsens.deploy import evaluate
+    from vlsens.deploy.build import build_folder
     from vlsens.errors import VlsensError
 
-    real = deploy.transformers_generate
-    monkeypatch.setattr(deploy, "transformers_generate",
+    real = evaluate.transformers_generate
+    monkeypatch.setattr(evaluate, "transformers_generate",
                         lambda *a, **k: [[t + 1 for t in toks] for toks in real(*a, **k)])
     dec, vis = graph_builder("decoder"), graph_builder("vision/dynamic")
     out = tmp_path / "fp32"
     with pytest.raises(VlsensError, match="differ from transformers"):
-        deploy.build_folder("fp32", out, dec.ckpt, dec.model("fp32"), dec.folder("fp32") / "embedding.onnx",
+        build_folder("fp32", out, dec.ckpt, dec.model("fp32"), dec.folder("fp32") / "embedding.onnx",
                             vis.model("fp32"), parity_refs, 4, TOL_FP32)
     assert not out.exists() and not list(tmp_path.glob(".fp32*"))
 
@@ -260,7 +262,7 @@ def test_chat_runs_a_folder_like_transformers(folders, tiny_ckpt, parity_refs, t
 def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, graph_builder, parity_refs, tmp_path):
     import shutil
 
-    from vlsens import deploy
+    from vlsens.deploy.build import build_folder
     from vlsens.errors import ArtifactError
 
     base = tmp_path / "fp32"
@@ -270,13 +272,13 @@ def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, gr
     dec, vis = graph_builder("decoder"), graph_builder("vision/dynamic")
     out = tmp_path / "fp16"
     with pytest.raises(ArtifactError, match=r"decoder\.onnx\.data"):
-        deploy.build_folder("fp16", out, dec.ckpt, dec.model("fp16"), dec.folder("fp16") / "embedding.onnx",
+        build_folder("fp16", out, dec.ckpt, dec.model("fp16"), dec.folder("fp16") / "embedding.onnx",
                             vis.model("fp16"), parity_refs, 4, TOL_FP16, fp32_folder=base)
     assert not out.exists()
 
 
 def test_evaluation_cases_have_two_sizes_from_one_image(parity_refs, tmp_path):
-    from vlsens.deploy import eval_cases
+    from vlsens.deploy.evaluate import eval_cases
 
     for refs in (parity_refs[:1], [parity_refs[0], parity_refs[0]]):
         cases = eval_cases(refs, tmp_path)

@@ -13,7 +13,7 @@ LAYERS = {
               "sensitivity.engine "
               "sensitivity.ranking sensitivity.stages sensitivity.baseline profile compare inc inc.settings inc.names "
               "inc.capture inc.stages inc.env records plan targets resources scripting",
-    "application": "runtime deploy report report.tables report.figures report.build",
+    "application": "runtime deploy deploy.assemble deploy.evaluate deploy.build report report.tables report.figures report.build",
 }
 LEVEL = {f"vlsens.{m}": i for i, names in enumerate(LAYERS.values()) for m in names.split()}
 TOWERS = {m for m in LEVEL if m.startswith("vlsens.towers.")}

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
-from vlsens import deploy
+from vlsens.deploy.build import build_folder
 from vlsens.inputs import checkpoint_dir, image_refs
 from vlsens.scripting import run
 
-run(snakemake, lambda sm: deploy.build_folder(  # noqa: F821
+run(snakemake, lambda sm: build_folder(  # noqa: F821
     sm.wildcards.precision, sm.output[0], checkpoint_dir(sm.input.checkpoint), sm.input.decoder,
     Path(sm.input.decoder_folder).with_name("embedding.onnx"),
     sm.input.vision, image_refs(sm.input.images), sm.params.max_new_tokens, sm.params.tolerance,

@@ -1,0 +1,98 @@
+"""Deploy folders: what ships. ``results/<model>/deploy/<precision>/`` is an onnxruntime-genai
+(ORT-GenAI) model folder for ``type: qwen2_5_vl`` (see :mod:`vlsens.genai` for its three graphs):
+
+==============  =====================================  ===========================================
+precision       text decoder + embedding               vision
+==============  =====================================  ===========================================
+``fp32``        ``decoder/fp32``                       ``vision/dynamic/fp32``
+``fp16``        ``decoder/fp16``                       ``vision/dynamic/fp16``
+``int8-mixed``  ``profile/decoder/fp32`` (+ the fp32   ``profile/vision/dynamic/fp32``
+                embedding)
+==============  =====================================  ===========================================
+
+Every graph comes from a gated variant folder (or a built profile), so each already passed its
+parity gate against transformers. The folder itself is then proven end to end by the runtime we
+did not write:
+
+* ``parity.json``: ``vision.onnx`` (the graph behind the index preamble) against transformers'
+  ``get_image_features`` on the evaluation images, at the sizes the runtime's own preprocessing
+  picks, gated (``parity.tolerance`` of fp32 / fp16, ``deploy.int8_tolerance`` for int8-mixed);
+* ``eval.json``: ORT-GenAI generates ``max_new_tokens`` greedy tokens for a text-only prompt, one
+  image, and two images of different sizes. The fp32 folder must generate exactly what
+  transformers' ``generate`` does (else the job fails and nothing is published). The fp16 and
+  INT8 folders are compared with the fp32 folder through ORT-GenAI, teacher-forced on the fp32
+  tokens: KL(fp32 || folder) per step and top-1 agreement; the INT8 folder's mean KL is compared
+  with the text profile's target.
+
+This package: the DAG-build side here (the folders' sources, config and runtime checks; no
+torch), :mod:`.assemble` (graphs, configs, tokenizer into a folder), :mod:`.evaluate` (the
+end-to-end checks through onnxruntime-genai and transformers), :mod:`.build` (the job: assemble,
+check, publish).
+"""
+
+from __future__ import annotations
+
+from vlsens import paths
+from vlsens.errors import ConfigError
+
+PRECISIONS = ("fp32", "fp16", "int8-mixed")
+DEPLOY = paths.DEPLOY
+#: The file that says a deploy folder is complete (written last).
+DONE = "eval.json"
+
+#: The graphs a deploy folder is made of: the decoder tower's and the dynamic vision graph.
+DECODER_GRAPH, VISION_GRAPH = "decoder", "vision/dynamic"
+
+
+def sources(precision: str) -> dict[str, str]:
+    """Path patterns (``{model}`` left) of the graphs a deploy folder is made of."""
+    dec = paths.fill(paths.VARIANT, graph=DECODER_GRAPH, variant="fp16" if precision == "fp16" else "fp32")
+    vis = paths.fill(paths.VARIANT, graph=VISION_GRAPH, variant="fp16" if precision == "fp16" else "fp32")
+    # The embedding graph is a secondary file of the decoder's variant folder: that folder's
+    # model.onnx and record stand for it as inputs (the job verifies it against the record).
+    out = {"decoder_folder": f"{dec}/{paths.MAIN}", "decoder_record": f"{dec}/{paths.RECORD}",
+           "vision_record": f"{vis}/{paths.RECORD}"}
+    if precision == "int8-mixed":
+        out["decoder"] = paths.fill(paths.PROFILE, graph=DECODER_GRAPH, variant="fp32") + "/model.onnx"
+        out["vision"] = paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") + "/model.onnx"
+    else:
+        out["decoder"] = f"{dec}/model.onnx"
+        out["vision"] = f"{vis}/model.onnx"
+    return out
+
+
+
+def check_config(config: dict) -> None:
+    """The graphs each requested precision needs are configured (else a ConfigError naming the key)."""
+    d = config["deploy"]
+    if not d["enabled"]:
+        return
+    dyn = config["vision"]["dynamic"]
+    if not dyn["enabled"]:
+        raise ConfigError("deploy.enabled: the deploy folders take the dynamic vision graph; set "
+                          "vision.dynamic.enabled: true or deploy.enabled: false")
+    for p in d["precisions"]:
+        need = {"fp32": [("vision.dynamic.variants", dyn["variants"], "fp32"),
+                         ("deploy.decoder.variants", d["decoder"]["variants"], "fp32")],
+                "fp16": [("vision.dynamic.variants", dyn["variants"], "fp16"),
+                         ("deploy.decoder.variants", d["decoder"]["variants"], "fp16")],
+                "int8-mixed": [("vision.dynamic.sensitivity_variants", dyn["sensitivity_variants"], "fp32"),
+                               ("deploy.decoder.sensitivity_variants", d["decoder"]["sensitivity_variants"], "fp32")]}
+        for key, have, want in need[p]:
+            if want not in have:
+                raise ConfigError(f"deploy.precisions has '{p}', which needs '{want}' in {key} (it has {list(have)}); "
+                                  f"add it or drop '{p}' from deploy.precisions")
+    if "fp32" not in d["precisions"] and len(d["precisions"]):
+        raise ConfigError("deploy.precisions: the fp16 and int8-mixed folders are evaluated against the fp32 "
+                          "folder; keep 'fp32' in the list")
+
+
+
+def check_runtime(config: dict) -> None:
+    """onnxruntime-genai is importable where the deploy folders are built (not checked for conda
+    deployments: envs/torch.yaml installs it)."""
+    from importlib.util import find_spec
+
+    if config["deploy"]["enabled"] and find_spec("onnxruntime_genai") is None:
+        raise ConfigError("deploy.enabled: true needs onnxruntime-genai in this environment: pip install -e "
+                          "'.[genai]' (`make run` installs it), or set deploy.enabled: false")

@@ -1,0 +1,39 @@
+"""A deploy folder's files: its three graphs (verified against their records), genai_config.json,
+processor_config.json and the tokenizer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from vlsens import genai
+
+
+def assemble(out_dir: str | Path, checkpoint: str | Path, decoder: str | Path, embedding: str | Path,
+             vision: str | Path, workdir: str | Path) -> dict[str, Path]:
+    """Write the folder's graphs, configs and tokenizer into ``out_dir`` (a staging folder)."""
+    from transformers import AutoConfig
+
+    from vlsens.artifacts import verify
+    from vlsens.fsutil import write_json
+    from vlsens.onnxutil import copy_model
+
+    out_dir, checkpoint = Path(out_dir), Path(checkpoint)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    gen_path = checkpoint / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    pre = json.loads((checkpoint / "preprocessor_config.json").read_text())
+    vc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).vision_config
+    files = {
+        "decoder": copy_model(verify(decoder), out_dir / genai.GRAPHS["decoder"]),
+        "embedding": copy_model(verify(embedding), out_dir / genai.GRAPHS["embedding"]),
+        "vision": genai.wrap_vision(verify(vision), out_dir / genai.GRAPHS["vision"], vc, workdir),
+    }
+    write_json(out_dir / "genai_config.json", genai.genai_config(cfg, gen))
+    write_json(out_dir / "processor_config.json", genai.processor_config(pre))
+    for name in genai.TOKENIZER_FILES:
+        if (checkpoint / name).is_file():
+            shutil.copyfile(checkpoint / name, out_dir / name)
+    return files
