@@ -269,27 +269,34 @@ def tower_provenance(stage, script):
 # --- resources ---------------------------------------------------------------------------------
 
 
-#: Whether jobs that run torch or ONNX Runtime take a ``gpu`` token: where they use a GPU
-#: (``device: cuda``, or ``auto`` on a host with one) and whenever jobs are submitted to a cluster,
-#: whose nodes may have one. A local run on a CPU-only host declares none, so its jobs do not
-#: queue one at a time for a token nothing uses.
-GPU_TOKENS = (
-    not workflow.local_exec
-    or workflow.remote_exec
-    or config["device"] == "cuda"
-    or (config["device"] == "auto" and gpu_present())
-)
+_GPU_HERE = gpu_present()
+
+
+def gpu_tokens():
+    """Whether jobs that run torch or ONNX Runtime take a ``gpu`` token: where they use a GPU
+    (``device: cuda``, or ``auto`` on a host with one) and whenever jobs are submitted to a
+    cluster, whose nodes may have one. A local run on a CPU-only host declares none, so its jobs
+    do not queue one at a time for a token nothing uses. Asked when jobs are made, not when the
+    Snakefile is read: the executor (local or SLURM) is known only then."""
+    return (
+        not workflow.local_exec
+        or workflow.remote_exec
+        or config["device"] == "cuda"
+        or (config["device"] == "auto" and _GPU_HERE)
+    )
 
 
 def cluster(rule, gpu=True):
     """Resources of a rule: ``gpu`` (1 for rules that run torch or ONNX Runtime where
-    :data:`GPU_TOKENS`; a function of the wildcards where it depends on the tower) and what SLURM
+    :func:`gpu_tokens`; a function of the wildcards where it depends on the tower) and what SLURM
     gets from the config's ``cluster:`` section: partition by GPU use, memory and runtime per rule
     name (or ``default``), optionally per graph (``vlsens.resources.cluster_value``)."""
     c = config["cluster"]
-    wants_gpu = gpu if callable(gpu) else (lambda wc: int(bool(gpu)))
-    if not GPU_TOKENS:
-        wants_gpu = lambda wc: 0
+    declared = gpu if callable(gpu) else (lambda wc: int(bool(gpu)))
+
+    def wants_gpu(wc):
+        return declared(wc) if gpu_tokens() else 0
+
     return {
         "gpu": wants_gpu,
         "slurm_partition": lambda wc: c["gpu_partition" if wants_gpu(wc) else "cpu_partition"],
