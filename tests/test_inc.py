@@ -129,14 +129,13 @@ def test_script_without_inc_says_how_to_get_it(planted, tmp_path):
     assert not (tmp_path / "inc.csv").exists() and not (tmp_path / "inc.json").exists()
 
 
-def _dag(tmp_path, inc_cfg, extra=None):
+def _dag(tmp_path, inc_cfg, vision=None):
     import yaml
 
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["sensitivity"]["engines"] = ["ort", "inc"]
     cfg["sensitivity"]["inc"] = inc_cfg
-    for k, v in (extra or {}).items():
-        cfg["sensitivity"][k] = v
+    cfg["vision"].update(vision or {})
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     return subprocess.run([sys.executable, "-m", "snakemake", "-n", "--snakefile", str(REPO / "Snakefile"),
                            "-d", str(tmp_path), "--configfile", str(tmp_path / "config.yaml")],
@@ -158,7 +157,7 @@ def test_interpreter_without_inc_fails_at_dag_build(tmp_path):
 
 
 def test_inc_on_fp16_only_is_refused_at_dag_build(tmp_path, inc_python):
-    r = _dag(tmp_path, {"python": str(inc_python)}, {"variants": ["fp16"]})
+    r = _dag(tmp_path, {"python": str(inc_python)}, {"sensitivity_variants": ["fp16"]})
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "fp32 variant only" in out, out[-3000:]
 
