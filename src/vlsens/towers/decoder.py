@@ -44,13 +44,7 @@ from vlsens.errors import ConfigError, VlsensError
 from vlsens.prompts import BUILTIN_PROMPTS
 from vlsens.samples import Samples
 from vlsens.sizes import parse_size
-from vlsens.towers.base import Tower
-from vlsens.towers.text import (
-    prompt_calibration_inputs,
-    prompt_calibration_set,
-    prompt_calibration_settings,
-    prompt_outside_inputs,
-)
+from vlsens.towers.text import PromptTower
 
 log = logging.getLogger(__name__)
 
@@ -234,18 +228,12 @@ def compute_decoder_reference(checkpoint, image_refs, prompts, repeats, height: 
     return cases
 
 
-class Decoder(Tower):
+class Decoder(PromptTower):
     kind = "decoder"
     pattern = r"decoder"
     files = ("model.onnx", "embedding.onnx")
     analysed = "model.onnx"
-    logits = True
     section_key = "deploy.decoder"
-    block_label = "layer"
-
-    def planted_site(self, preset: dict) -> tuple[int, str] | None:
-        o = preset.get("text_outlier")  # up_proj rows x scale, down_proj columns / scale: down_proj reads it
-        return (int(o["layer"]), "mlp.down_proj") if o else None
     libraries = {"export": ("onnxruntime-genai", "torch", "transformers", "onnx", "safetensors"),
                  "calibration": ("torch", "transformers", "pillow", "numpy")}
 
@@ -275,17 +263,6 @@ class Decoder(Tower):
     def export_settings(self) -> dict:
         return {"opset": self.config["export"]["opset"]}
 
-    # The text tower's calibration sequences (text.calibration) are this graph's, in prefill form.
-
-    def calibration_settings(self) -> dict:
-        return prompt_calibration_settings(self.config)
-
-    def outside_inputs(self, plan) -> dict:
-        return prompt_outside_inputs(self.config, plan)
-
-    def calibration_inputs(self, model, manifests) -> dict:
-        return prompt_calibration_inputs(manifests)
-
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         h, w = parse_size(settings["image_size"], key="text.parity.image_size", **self.size_rule)
         return compute_decoder_reference(checkpoint, images, BUILTIN_PROMPTS, settings["repeats"], h, w)
@@ -309,7 +286,7 @@ class Decoder(Tower):
     def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
         from transformers import AutoConfig
 
-        base = prompt_calibration_set(checkpoint, inputs, settings, self.size_rule)
+        base = self.prompt_calibration(checkpoint, inputs, settings)  # in prefill form below
         tc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).text_config
         past = empty_cache(tc)
         splits = {}

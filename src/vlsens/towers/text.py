@@ -386,53 +386,56 @@ def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], he
 # The tower
 
 
-def prompt_calibration_settings(config: dict) -> dict:
-    """The calibration settings of the language-model towers (text, decoder): ``text.calibration``."""
-    c = config["text"]["calibration"]
-    return {**{k: c[k] for k in ("prompts", "image_size", "num_calib", "num_eval", "seed")},
-            "skip_unreadable": config["calibration"]["skip_unreadable"]}
+class PromptTower(Tower):
+    """What the language-model towers (``text``, ``decoder``) share: logits out, layers as blocks,
+    the text plant, and the calibration sequences of ``text.calibration`` (the decoder's in prefill
+    form)."""
 
-
-def prompt_outside_inputs(config: dict, plan) -> dict:
-    """``text.calibration.prompts`` when it is a JSONL (not ``builtin``), with the images it names."""
-    spec = str(config["text"]["calibration"]["prompts"])
-    if spec == "builtin":
-        return {}
-    samples = load_prompt_samples(spec, plan.calib_images, key="text.calibration.prompts")
-    found = {str(x.image.path): x.image for x in samples if x.image is not None}
-    return {"text_prompts": (spec, [found[k] for k in sorted(found)])}
-
-
-def prompt_calibration_inputs(manifests: dict) -> dict:
-    out = {"images": manifests["calibration_images"]}
-    if "text_prompts" in manifests:  # a JSONL and the images it names
-        out["prompts"] = manifests["text_prompts"]
-    return out
-
-
-def prompt_calibration_set(checkpoint, inputs: dict, settings: dict, size_rule: dict) -> CalibrationSet:
-    """The language-model towers' calibration set: the prompt samples through the text graph's inputs."""
-    from vlsens.calibration import load_images
-    from vlsens.inputs import image_refs
-
-    images = load_images(image_refs(inputs["images"]), settings["skip_unreadable"])[0]
-    samples = load_prompt_samples(str(settings["prompts"]), images)
-    h, w = parse_size(settings["image_size"], key="text.calibration.image_size", **size_rule)
-    return text_calibration(checkpoint, samples, h, w, settings["num_calib"], settings["num_eval"], settings["seed"])
-
-
-class Text(Tower):
-    kind = "text"
-    pattern = r"text"
-    files = ("model.onnx", "embeds.onnx")
-    analysed = "embeds.onnx"
     logits = True
-    section_key = "text"
     block_label = "layer"
 
     def planted_site(self, preset: dict) -> tuple[int, str] | None:
         o = preset.get("text_outlier")  # up_proj rows x scale, down_proj columns / scale: down_proj reads it
         return (int(o["layer"]), "mlp.down_proj") if o else None
+
+    def calibration_settings(self) -> dict:
+        c = self.config["text"]["calibration"]
+        return {**{k: c[k] for k in ("prompts", "image_size", "num_calib", "num_eval", "seed")},
+                "skip_unreadable": self.config["calibration"]["skip_unreadable"]}
+
+    def outside_inputs(self, plan) -> dict:
+        """``text.calibration.prompts`` when it is a JSONL (not ``builtin``), with the images it names."""
+        spec = str(self.config["text"]["calibration"]["prompts"])
+        if spec == "builtin":
+            return {}
+        samples = load_prompt_samples(spec, plan.calib_images, key="text.calibration.prompts")
+        found = {str(x.image.path): x.image for x in samples if x.image is not None}
+        return {"text_prompts": (spec, [found[k] for k in sorted(found)])}
+
+    def calibration_inputs(self, model, manifests) -> dict:
+        out = {"images": manifests["calibration_images"]}
+        if "text_prompts" in manifests:  # a JSONL and the images it names
+            out["prompts"] = manifests["text_prompts"]
+        return out
+
+    def prompt_calibration(self, checkpoint, inputs: dict, settings: dict) -> CalibrationSet:
+        """The prompt samples through the text graph's inputs."""
+        from vlsens.calibration import load_images
+        from vlsens.inputs import image_refs
+
+        images = load_images(image_refs(inputs["images"]), settings["skip_unreadable"])[0]
+        samples = load_prompt_samples(str(settings["prompts"]), images)
+        h, w = parse_size(settings["image_size"], key="text.calibration.image_size", **self.size_rule)
+        return text_calibration(checkpoint, samples, h, w, settings["num_calib"], settings["num_eval"],
+                                settings["seed"])
+
+
+class Text(PromptTower):
+    kind = "text"
+    pattern = r"text"
+    files = ("model.onnx", "embeds.onnx")
+    analysed = "embeds.onnx"
+    section_key = "text"
     libraries = {"calibration": ("torch", "transformers", "pillow", "numpy")}  # runs the model
 
     @classmethod
@@ -471,15 +474,6 @@ class Text(Tower):
     def export_settings(self) -> dict:
         return {"exporter": self.section["exporter"], "fallback": self.section["fallback"],
                 "opset": self.config["export"]["opset"]}
-
-    def calibration_settings(self) -> dict:
-        return prompt_calibration_settings(self.config)
-
-    def outside_inputs(self, plan) -> dict:
-        return prompt_outside_inputs(self.config, plan)
-
-    def calibration_inputs(self, model, manifests) -> dict:
-        return prompt_calibration_inputs(manifests)
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         h, w = parse_size(settings["image_size"], key="text.parity.image_size", **self.size_rule)
@@ -522,4 +516,4 @@ class Text(Tower):
                         "mask": "4-D additive causal+padding mask built in the wrapper; explicit 3-D position ids"}
 
     def calibration(self, checkpoint, inputs, settings) -> CalibrationSet:
-        return prompt_calibration_set(checkpoint, inputs, settings, self.size_rule)
+        return self.prompt_calibration(checkpoint, inputs, settings)
