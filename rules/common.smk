@@ -20,7 +20,7 @@ from vlsens.errors import ConfigError
 from vlsens.plan import configure
 from vlsens.inputs import write_manifests
 from vlsens.quant_target import check_profile_objective as _check_objective, resolve as _resolve_quant
-from vlsens.resources import cluster_value
+from vlsens.resources import cluster_value, job_cores
 from vlsens.targets import all_targets
 from vlsens.versions import provenance as _provenance
 from snakemake.settings.types import DeploymentMethod
@@ -286,11 +286,26 @@ def gpu_tokens():
     )
 
 
-def cluster(rule, gpu=True):
+def cores(compute):
+    """``threads:`` of a rule whose job computes with ``compute`` threads (an int or a function of
+    the wildcards): the cores it reserves from ``--cores`` (``vlsens.resources.job_cores``)."""
+    return lambda wildcards: job_cores(
+        config["job_cores"], compute(wildcards) if callable(compute) else compute, PLAN.preset
+    )
+
+
+def calibration_threads(wildcards):
+    """The calibration job computes with ``threads`` where it runs the model, else with one."""
+    return config["threads"] if tower(wildcards).calibration_runs_model else 1
+
+
+def cluster(rule, gpu=True, threads=1):
     """Resources of a rule: ``gpu`` (1 for rules that run torch or ONNX Runtime where
-    :func:`gpu_tokens`; a function of the wildcards where it depends on the tower) and what SLURM
-    gets from the config's ``cluster:`` section: partition by GPU use, memory and runtime per rule
-    name (or ``default``), optionally per graph (``vlsens.resources.cluster_value``)."""
+    :func:`gpu_tokens`; a function of the wildcards where it depends on the tower),
+    ``compute_threads`` (what the job computes with, ``threads``, whatever :func:`cores` it
+    reserves: its numbers do not depend on ``--cores``) and what SLURM gets from the config's
+    ``cluster:`` section: partition by GPU use, memory and runtime per rule name (or ``default``),
+    optionally per graph (``vlsens.resources.cluster_value``)."""
     c = config["cluster"]
     declared = gpu if callable(gpu) else (lambda wc: int(bool(gpu)))
 
@@ -299,6 +314,7 @@ def cluster(rule, gpu=True):
 
     return {
         "gpu": wants_gpu,
+        "compute_threads": threads,
         "slurm_partition": lambda wc: c["gpu_partition" if wants_gpu(wc) else "cpu_partition"],
         "mem_mb": lambda wc: cluster_value(c["mem_mb"], rule, wc.get("graph", wc.get("precision"))),
         "runtime": lambda wc: cluster_value(c["runtime"], rule, wc.get("graph", wc.get("precision"))),

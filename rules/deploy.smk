@@ -14,9 +14,9 @@ rule deploy:
         paths.DEPLOY_BENCHMARK
     conda:
         "../envs/torch.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("deploy"),
+        **cluster("deploy", threads=config["threads"]),
     params:
         max_new_tokens=config["deploy"]["max_new_tokens"],
         tolerance=lambda wc: (

@@ -21,9 +21,9 @@ rule profile:
         paths.benchmark("profile", "{variant}")
     conda:
         "../envs/onnx.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("profile"),
+        **cluster("profile", threads=config["threads"]),
     params:
         models=profile_models,
         settings=tower_settings("profile"),

@@ -19,9 +19,9 @@ rule sensitivity_prepare:
         paths.benchmark("sensitivity_prepare", "{variant}")
     conda:
         "../envs/onnx.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("sensitivity_prepare"),
+        **cluster("sensitivity_prepare", threads=config["threads"]),
     params:
         model=analysed_model,
         settings=quant_settings(),
@@ -56,9 +56,9 @@ rule sensitivity_shard:
         n=r"\d+",
     conda:
         "../envs/onnx.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("sensitivity_shard"),
+        **cluster("sensitivity_shard", threads=config["threads"]),
     params:
         provenance=provenance("sensitivity", "sensitivity_shard.py"),
     script:
@@ -84,9 +84,9 @@ rule sensitivity_gather:
         paths.benchmark("sensitivity_gather", "{variant}")
     conda:
         "../envs/onnx.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("sensitivity_gather"),
+        **cluster("sensitivity_gather", threads=config["threads"]),
     params:
         provenance=provenance("sensitivity", "sensitivity_gather.py"),
     script:
@@ -111,9 +111,9 @@ rule sensitivity_inc:
         variant="fp32",
     conda:
         "../envs/inc.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("sensitivity_inc", gpu=False),
+        **cluster("sensitivity_inc", gpu=False, threads=config["threads"]),
     params:
         model=analysed_model,
         python=INC_PYTHON,
@@ -124,7 +124,7 @@ rule sensitivity_inc:
     shell:
         "{params.python} {params.script} --model {params.model:q} --calib {input.calib:q}"
         " --eval {input.eval:q} --csv {output.csv:q} --summary {output.summary:q} --log {log:q}"
-        " --settings {params.settings:q} --max-ops {params.max_ops} --threads {threads}"
+        " --settings {params.settings:q} --max-ops {params.max_ops} --threads {resources.compute_threads}"
 
 
 # INC's own fallback run to the profile's target (sensitivity.inc.tune: true).
@@ -143,9 +143,9 @@ rule sensitivity_inc_tune:
         variant="fp32",
     conda:
         "../envs/inc.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("sensitivity_inc_tune", gpu=False),
+        **cluster("sensitivity_inc_tune", gpu=False, threads=config["threads"]),
     params:
         model=analysed_model,
         python=INC_PYTHON,
@@ -159,7 +159,7 @@ rule sensitivity_inc_tune:
         "{params.python} {params.script} --tune --model {params.model:q} --calib {input.calib:q}"
         " --eval {input.eval:q} --summary {output.eval:q} --log {log:q}"
         " --settings {params.settings:q} --metric {params.metric} --target {params.target}"
-        " --max-trials {params.max_trials} --threads {threads}"
+        " --max-trials {params.max_trials} --threads {resources.compute_threads}"
 
 
 rule sensitivity_compare:

@@ -15,9 +15,9 @@ rule reference:
         paths.benchmark("reference")
     conda:
         "../envs/torch.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("reference"),
+        **cluster("reference", threads=config["threads"]),
     params:
         settings=tower_settings("reference"),
         provenance=tower_provenance("reference", "reference.py"),
@@ -41,9 +41,9 @@ rule export:
         paths.benchmark("export")
     conda:
         "../envs/torch.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("export"),
+        **cluster("export", threads=config["threads"]),
     params:
         settings=tower_settings("export"),
         tolerance=tolerance("fp32"),
@@ -63,9 +63,13 @@ rule calibration:
         paths.benchmark("calibration")
     conda:
         "../envs/torch.yaml"
-    threads: lambda wildcards: config["threads"] if tower(wildcards).calibration_runs_model else 1
+    threads: cores(calibration_threads)
     resources:
-        **cluster("calibration", gpu=lambda wildcards: int(tower(wildcards).calibration_runs_model)),
+        **cluster(
+            "calibration",
+            gpu=lambda wildcards: int(tower(wildcards).calibration_runs_model),
+            threads=calibration_threads,
+        ),
     params:
         settings=tower_settings("calibration"),
         provenance=tower_provenance("calibration", "calibration.py"),

@@ -18,9 +18,9 @@ rule fp16:
         paths.benchmark("fp16")
     conda:
         "../envs/onnx.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("fp16"),
+        **cluster("fp16", threads=config["threads"]),
     params:
         tolerance=tolerance("fp16"),
         max_activation=config["fp16"]["max_activation"],
@@ -45,9 +45,9 @@ rule simplify:
         paths.benchmark("simplify", "{base}")
     conda:
         "../envs/onnx.yaml"
-    threads: config["threads"]
+    threads: cores(config["threads"])
     resources:
-        **cluster("simplify"),
+        **cluster("simplify", threads=config["threads"]),
     params:
         tolerance=lambda wildcards: tolerance(wildcards.base),
         check_max_bytes=config["simplify"]["check_max_bytes"],

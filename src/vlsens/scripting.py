@@ -37,6 +37,13 @@ class _ConsoleFilter(logging.Filter):
         return record.name.startswith("vlsens") and not getattr(record, "log_only", False)
 
 
+def threads(snakemake: Any) -> int:
+    """The threads the job computes with: its rule's ``compute_threads`` resource (the config's
+    ``threads``, not the cores Snakemake reserved for it, so the numbers do not depend on
+    ``--cores``); the reserved cores for a rule that declares none."""
+    return int(getattr(snakemake.resources, "compute_threads", None) or snakemake.threads)
+
+
 def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
     from vlsens import job
 
@@ -54,11 +61,12 @@ def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
     log = logging.getLogger("vlsens.job")
-    log.info("rule %s, wildcards %s, threads %s", rule, dict(snakemake.wildcards), snakemake.threads)
+    log.info("rule %s, wildcards %s, threads %s (cores reserved: %s)", rule, dict(snakemake.wildcards),
+             threads(snakemake), snakemake.threads)
     job.set_rule(rule)
     from vlsens.device import set_threads
 
-    set_threads(snakemake.threads)
+    set_threads(threads(snakemake))
     t0 = time.perf_counter()
     try:
         with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):

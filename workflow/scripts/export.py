@@ -5,9 +5,9 @@ import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens import stages, towers
 from vlsens.inputs import checkpoint_dir
-from vlsens.scripting import run
+from vlsens.scripting import run, threads
 
 run(snakemake, lambda sm: stages.export(  # noqa: F821
     towers.for_graph(sm.config, sm.wildcards.graph), checkpoint_dir(sm.input.checkpoint), sm.input.reference,
-    Path(sm.output.model).parent, sm.params.tolerance, sm.params.settings, threads=sm.threads,
+    Path(sm.output.model).parent, sm.params.tolerance, sm.params.settings, threads=threads(sm),
     device=sm.config["device"]))

@@ -4,8 +4,8 @@ from pathlib import Path
 import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens import variants
-from vlsens.scripting import run
+from vlsens.scripting import run, threads
 
 run(snakemake, lambda sm: variants.fp16(  # noqa: F821
     Path(sm.input.model).parent, sm.input.reference, Path(sm.output.model).parent, sm.params.tolerance,
-    sm.params.max_activation, sm.params.max_initializer, threads=sm.threads, device=sm.config["device"]))
+    sm.params.max_activation, sm.params.max_initializer, threads=threads(sm), device=sm.config["device"]))

@@ -4,14 +4,14 @@ from pathlib import Path
 import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens.profile import build_profile
-from vlsens.scripting import run
+from vlsens.scripting import run, threads
 
 
 def main(sm):
     s = sm.params.settings
     build_profile(Path(sm.input.meta).parent, sm.input.ranking, sm.input.eval, sm.params.models,
                   Path(sm.output.eval).parent, s["metric"], float(s["target"]), s["max_evals"], sm.wildcards.variant,
-                  sm.threads, fail_if_unreachable=s["fail_if_unreachable"], objective=s["objective"],
+                  threads(sm), fail_if_unreachable=s["fail_if_unreachable"], objective=s["objective"],
                   latency_runs=s["latency_runs"])
 
 

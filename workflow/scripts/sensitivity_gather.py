@@ -3,8 +3,8 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
-from vlsens.scripting import run
+from vlsens.scripting import run, threads
 from vlsens.sensitivity.stages import gather
 
 run(snakemake, lambda sm: gather(  # noqa: F821
-    Path(sm.input.meta).parent, sm.input.eval, sm.input.shards, sm.output.csv, sm.output.summary, sm.threads))
+    Path(sm.input.meta).parent, sm.input.eval, sm.input.shards, sm.output.csv, sm.output.summary, threads(sm)))

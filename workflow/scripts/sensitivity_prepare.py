@@ -4,10 +4,10 @@ from pathlib import Path
 import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
 from vlsens.quant import QuantSettings
-from vlsens.scripting import run
+from vlsens.scripting import run, threads
 from vlsens.sensitivity.stages import prepare
 
 run(snakemake, lambda sm: prepare(  # noqa: F821
     sm.params.model, sm.input.calib, sm.input.eval, Path(sm.output.meta).parent,
-    QuantSettings.from_config(sm.params.settings), sm.threads, sm.params.suffix_cuts, sm.params.weights_only,
+    QuantSettings.from_config(sm.params.settings), threads(sm), sm.params.suffix_cuts, sm.params.weights_only,
     logits=sm.params.logits))

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
 
-from vlsens.scripting import run
+from vlsens.scripting import run, threads
 from vlsens.sensitivity.stages import run_shard
 
 run(snakemake, lambda sm: run_shard(  # noqa: F821
-    Path(sm.input.meta).parent, sm.input.eval, int(sm.wildcards.i), int(sm.wildcards.n), sm.output.csv, sm.threads))
+    Path(sm.input.meta).parent, sm.input.eval, int(sm.wildcards.i), int(sm.wildcards.n), sm.output.csv, threads(sm)))
