@@ -293,3 +293,41 @@ def test_old_keys_fail_in_the_library_too():
     cfg["sensitivity"]["variants"] = ["fp32"]
     with pytest.raises(ConfigError, match=r"sensitivity\.variants: renamed to vision\.sensitivity_variants"):
         configure(cfg)
+
+def test_job_cores_reserve_and_compute_threads_apart():
+    """A job computes with ``threads`` whatever it reserves: ``job_cores: auto`` reserves one core
+    on a tiny preset (jobs there are interpreter start-up and imports), ``threads`` elsewhere; a
+    number caps the reservation. Rules carry the compute count as ``compute_threads``."""
+    from vlsens.config import schema_errors
+    from vlsens.resources import job_cores
+
+    assert job_cores("auto", 2, "tiny") == 1 and job_cores("auto", 2, "tiny-qwen3vl") == 1
+    assert job_cores("auto", 2, "3b") == 2 and job_cores("auto", 4, None) == 4
+    assert job_cores(3, 8, None) == 3 and job_cores(3, 2, None) == 2 and job_cores(4, 1, "tiny") == 1
+    assert not schema_errors(_cfg(job_cores=3)) and not schema_errors(_cfg(job_cores="auto"))
+    assert schema_errors(_cfg(job_cores=0)) and schema_errors(_cfg(job_cores="all"))
+
+
+def test_dry_run_declares_cores_and_compute_threads(tmp_path):
+    """Snakemake's plan of the default run: every torch / ONNX Runtime job reserves one core and
+    computes with ``threads`` (2); with ``job_cores: 2`` the same jobs reserve two."""
+    import re
+
+    for job_cores, reserved in (("auto", {"1"}), (2, {"2"})):
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(yaml.safe_dump(_cfg(job_cores=job_cores)))
+        r = subprocess.run(
+            [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(tmp_path),
+             "--configfile", str(cfg), "-n", "--cores", "2"], capture_output=True, text=True, timeout=300)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-3000:]
+        threads: dict[str, list] = {}
+        for block in re.split(r"\n\n", out):
+            m = re.search(r"(?m)^(?:local)?rule (\w+):", block)
+            c = re.search(r"compute_threads=(\d+)", block)
+            if m and c:
+                t = re.search(r"(?m)^    threads: (\d+)", block)
+                threads.setdefault(m.group(1), []).append((c.group(1), t.group(1) if t else "1"))
+        export = threads["export"]
+        assert len(export) >= 5 and {c for c, _ in export} == {"2"}, export
+        assert {t for c, t in sum(threads.values(), []) if c == "2"} == reserved, threads

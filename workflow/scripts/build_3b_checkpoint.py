@@ -1,5 +1,5 @@
 """Build the 3b preset checkpoint (Snakemake script: unpacks the rule, calls the package)."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.presets.build import build_3b_checkpoint
 from vlsens.scripting import run

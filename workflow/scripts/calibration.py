@@ -1,7 +1,7 @@
 """Calibration and evaluation feeds of one graph (calib.npz, eval.npz, manifest.json)."""
 from pathlib import Path
 
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens import stages, towers
 from vlsens.inputs import checkpoint_dir

@@ -1,5 +1,5 @@
 """A calibration set as NPU toolchains take it: one .npy per sample in calib.tar / eval.tar."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens import stages
 from vlsens.scripting import run

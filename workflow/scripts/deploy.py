@@ -2,7 +2,7 @@
 generation checked through onnxruntime-genai (vlsens.deploy)."""
 from pathlib import Path
 
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.deploy.build import build_folder
 from vlsens.inputs import checkpoint_dir, image_refs

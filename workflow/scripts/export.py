@@ -1,7 +1,7 @@
 """The tower's FP32 graph file(s) of one graph, parity-gated against its reference."""
 from pathlib import Path
 
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens import stages, towers
 from vlsens.inputs import checkpoint_dir

@@ -1,7 +1,7 @@
 """FP32 -> FP16 (I/O FP32) with the range-based FP32 fallback, every graph file; parity-gated."""
 from pathlib import Path
 
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens import variants
 from vlsens.scripting import run, threads

@@ -1,7 +1,7 @@
 """Mixed-precision profile: search with the engine, build with ORT, measure, write."""
 from pathlib import Path
 
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.profile import build_profile
 from vlsens.scripting import run, threads

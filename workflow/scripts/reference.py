@@ -1,6 +1,6 @@
 """Parity cases of one graph: inputs from the checkpoint's processor and real images, and
 transformers' outputs (the reference every gate of that graph uses)."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens import stages, towers
 from vlsens.device import torch_device

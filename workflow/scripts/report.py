@@ -1,5 +1,5 @@
 """The report's figures and tables (rules/report.smk): one function per rule."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.report import build
 from vlsens.scripting import run

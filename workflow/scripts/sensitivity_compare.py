@@ -1,5 +1,5 @@
 """ort.csv + inc.csv -> compare.json (Spearman, top-k overlap, seconds per op)."""
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.compare import compare_stage
 from vlsens.scripting import run

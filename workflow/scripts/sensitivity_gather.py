@@ -1,7 +1,7 @@
 """Shards -> ranked ort.csv + ort.json."""
 from pathlib import Path
 
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.scripting import run, threads
 from vlsens.sensitivity.stages import gather

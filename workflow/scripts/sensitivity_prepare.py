@@ -1,7 +1,7 @@
 """Engine folder: float model, calibration (once), switch model, float reference outputs."""
 from pathlib import Path
 
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.quant import QuantSettings
 from vlsens.scripting import run, threads

@@ -1,7 +1,7 @@
 """Sensitivity rows of one shard of the op list."""
 from pathlib import Path
 
-import _vlsens  # noqa: F401  (src/ on sys.path when vlsens is not installed)
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.scripting import run, threads
 from vlsens.sensitivity.stages import run_shard
