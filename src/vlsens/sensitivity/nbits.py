@@ -1,0 +1,268 @@
+"""Engine ``nbits``: weight-only sensitivity of every weight MatMul, INT4 and INT8
+(:mod:`vlsens.nbits`), measured the fast way: one session over a switch model.
+
+The switch model holds, for every weight MatMul k,
+
+    If(bits[k] == 4) then MatMulNBits(x, W4_k ...)            (copied from the all-INT4 model)
+    else If(bits[k] == 8) then MatMulNBits(x, W8_k ...)       (copied from the all-INT8 model)
+    else MatMul(x, W_k)                                       (the float model's)
+
+with ``bits`` an int64 graph input (:data:`BITS_INPUT`), so one session evaluates any assignment
+of widths, and ONNX Runtime runs only the taken branch. The quantized nodes and weights are the
+ones ``MatMulNBitsQuantizer`` wrote (per node independent for ``rtn`` and ``k_quant``): an
+assignment evaluated here equals the model :func:`vlsens.nbits.quantize` builds for it, kernel for
+kernel (``tests/test_nbits.py`` checks every op against its one-op model, bit for bit).
+
+Engine folder: ``float.onnx`` (the base model untied), ``q4.onnx`` and ``q8.onnx`` (the all-op
+models), ``switch.onnx`` (reads the float weights from ``float.onnx.data``; its own data file holds
+the quantized weights), ``reference.npz`` (float outputs on the evaluation set) and
+``engine.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from vlsens.metrics import Metrics
+from vlsens.nbits import BITS, FLOAT, NBitsSettings, float_bytes, quantize, quantized_nodes, weight_matmuls
+
+log = logging.getLogger(__name__)
+
+BITS_INPUT = "vlsens_nbits"
+#: Columns of ``nbits.csv`` (``kl_*`` / ``top1_*`` only for graphs with logits).
+CSV_COLUMNS = ["rank", "op", "block", "role", "K", "N", "bytes_float", "bytes_int8", "bytes_int4",
+               "error_int4", "error_int8", "cosine_int4", "cosine_int8"]
+LOGIT_COLUMNS = ["kl_int4", "top1_int4", "kl_int8", "top1_int8"]
+FILES = {"float": "float.onnx", "q4": "q4.onnx", "q8": "q8.onnx", "switch": "switch.onnx",
+         "reference": "reference.npz", "meta": "engine.json"}
+
+
+def build_switch_model(float_model: str | Path, quantized: Mapping[int, str | Path], out_model: str | Path,
+                       ops: Sequence[str]) -> None:
+    """The switch model of ``float_model`` and its all-op quantized models (``{bits: path}``);
+    written beside ``float_model`` (its float weights stay in that model's data file)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from vlsens.onnxgraph import copy_node, element_types
+    from vlsens.onnxutil import save_with_external_data
+
+    if Path(out_model).resolve().parent != Path(float_model).resolve().parent:
+        raise ValueError(f"{out_model} must be written beside {float_model} (it reads that model's weights file)")
+    fm = onnx.load(str(float_model), load_external_data=False)
+    elem = element_types(float_model)
+    qms = {b: onnx.load(str(p), load_external_data=True) for b, p in quantized.items()}
+    q_nodes = {b: {n.name: n for n in m.graph.node} for b, m in qms.items()}
+    q_inits = {b: {i.name: i for i in m.graph.initializer} for b, m in qms.items()}
+    f_inits = {i.name for i in fm.graph.initializer}
+    index = {n: k for k, n in enumerate(ops)}
+    needed: dict[str, object] = {}
+    new_nodes: list = []
+
+    def out_info(name: str):
+        return helper.make_tensor_value_info(name, elem.get(name, TensorProto.FLOAT), None)
+
+    for node in fm.graph.node:
+        k = index.get(node.name)
+        if k is None:
+            new_nodes.append(node)
+            continue
+        tag = f"vlsens_nb{k}"
+        idx = f"{tag}_index"
+        needed[idx] = helper.make_tensor(idx, TensorProto.INT64, [], [k])
+        new_nodes.append(helper.make_node("Gather", [BITS_INPUT, idx], [f"{tag}_bits"], name=f"{tag}_Gather", axis=0))
+        out = node.output[0]
+        branch = helper.make_graph([copy_node(node, {out: f"{tag}_float"}, f"{node.name}__{tag}_float")],
+                                   f"{tag}_float", [], [out_info(f"{tag}_float")])
+        for b in sorted(quantized, reverse=True):  # innermost: the widest
+            qn = q_nodes[b].get(f"{node.name}_Q{b}")
+            if qn is None:
+                raise ValueError(f"{node.name} is not quantized to {b} bits in {quantized[b]}")
+            # The quantized weights are the branch's own initializers: ONNX Runtime prepacks a
+            # kernel's constant weights only from its own graph (an outer-scope weight takes
+            # MatMulNBits' unpacked path, whose INT8 arithmetic differs at accuracy_level 4).
+            weights = []
+            for x in qn.input[1:]:
+                if x in q_inits[b]:
+                    t = onnx.TensorProto()
+                    t.CopyFrom(q_inits[b][x])
+                    t.name = f"{x}__nb{b}"
+                    weights.append(t)
+            q = copy_node(qn, {x: f"{x}__nb{b}" for x in qn.input[1:] if x in q_inits[b]} | {qn.output[0]: f"{tag}_q{b}"},
+                          f"{node.name}__{tag}_q{b}")
+            q_graph = helper.make_graph([q], f"{tag}_q{b}", [], [out_info(f"{tag}_q{b}")], initializer=weights)
+            lit = f"{tag}_is{b}"
+            needed[lit] = helper.make_tensor(lit, TensorProto.INT64, [], [b])
+            cond, res = f"{tag}_cond{b}", f"{tag}_sel{b}"
+            if_node_inputs = [helper.make_node("Equal", [f"{tag}_bits", lit], [cond], name=f"{tag}_Equal{b}")]
+            if_node = helper.make_node("If", [cond], [res], name=f"{tag}_If{b}", then_branch=q_graph, else_branch=branch)
+            branch = helper.make_graph(if_node_inputs + [if_node], f"{tag}_sel{b}", [], [out_info(res)])
+        # The outermost selection computes ``out`` itself.
+        for n in branch.node:
+            if n.op_type == "If":
+                n.output[0] = out
+            new_nodes.append(n)
+    del fm.graph.node[:]
+    fm.graph.node.extend(new_nodes)
+    for name, init in needed.items():
+        if name not in f_inits:
+            fm.graph.initializer.append(init)
+    fm.graph.input.append(helper.make_tensor_value_info(BITS_INPUT, TensorProto.INT64, [len(ops)]))
+    del fm.graph.value_info[:]
+    domains = {o.domain for o in fm.opset_import}
+    for m in qms.values():
+        for imp in m.opset_import:
+            if imp.domain not in domains:
+                fm.opset_import.append(imp)
+                domains.add(imp.domain)
+    save_with_external_data(fm, out_model)
+
+
+class NBitsEngine:
+    """One session over the switch model: any assignment ``{op: 4 | 8}`` (others float)."""
+
+    def __init__(self, switch_model: str | Path, ops: Sequence[str], samples, logits: bool, threads: int = 0):
+        from vlsens.onnxutil import make_session
+
+        self.ops = list(ops)
+        self._index = {n: i for i, n in enumerate(self.ops)}
+        self.session = make_session(switch_model, threads=threads)
+        self.samples = samples
+        self.logits = bool(logits)
+        self.output = self.session.get_outputs()[0].name
+
+    def vector(self, bits: Mapping[str, int]) -> np.ndarray:
+        v = np.full(len(self.ops), FLOAT, dtype=np.int64)
+        for name, b in bits.items():
+            if b not in (FLOAT, *BITS):
+                raise ValueError(f"{name}: {b} bits; valid: {(FLOAT, *BITS)}")
+            v[self._index[name]] = b
+        return v
+
+    def outputs(self, bits: Mapping[str, int]):
+        v = self.vector(bits)
+        for feed in self.samples.feeds:
+            yield self.session.run([self.output], {**feed, BITS_INPUT: v})[0]
+
+    def evaluate(self, bits: Mapping[str, int], reference) -> dict[str, float]:
+        acc = Metrics(self.logits)
+        for i, out in enumerate(self.outputs(bits)):
+            acc.add(out, reference[i], self.samples.valid[i])
+        return acc.result()
+
+
+class Prepared:
+    """A prepared engine folder (``engine.json`` and the models)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.meta = json.loads((self.folder / FILES["meta"]).read_text())
+        self.ops = [o["name"] for o in self.meta["ops"]]
+        self.settings = NBitsSettings.from_config(self.meta["settings"])
+
+    def session(self, eval_npz: str | Path, threads: int = 0) -> NBitsEngine:
+        from vlsens.samples import Samples
+
+        samples = Samples.load(eval_npz, self.folder / FILES["float"])
+        return NBitsEngine(self.folder / FILES["switch"], self.ops, samples, self.meta["logits"], threads)
+
+    def reference(self):
+        from vlsens.samples import ReferenceStore
+
+        return ReferenceStore(self.folder / FILES["reference"])
+
+
+def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path, settings: NBitsSettings,
+            threads: int = 0, *, logits: bool) -> dict:
+    """Engine folder of ``base_model``: the float model, the all-INT4 and all-INT8 models, the
+    switch model, the float reference on the evaluation set; ``engine.json`` written last."""
+    from vlsens.artifacts import verify
+    from vlsens.fsutil import savez_stream, write_json
+    from vlsens.quant import prepare_float_model
+    from vlsens.samples import Samples
+
+    t0 = time.perf_counter()
+    d = Path(engine_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    fl = prepare_float_model(verify(base_model), d / FILES["float"])
+    ops = weight_matmuls(fl)
+    if not ops:
+        raise ValueError(f"no MatMul with a constant weight in {base_model}")
+    names = [o["name"] for o in ops]
+    paths = {b: quantize(fl, d / FILES[f"q{b}"], dict.fromkeys(names, b), settings) for b in BITS}
+    t_q = time.perf_counter()
+    nodes = {b: quantized_nodes(p) for b, p in paths.items()}
+    build_switch_model(fl, paths, d / FILES["switch"], names)
+    samples = Samples.load(eval_npz, fl)
+    eng = NBitsEngine(d / FILES["switch"], names, samples, logits, threads)
+    savez_stream(d / FILES["reference"], eng.outputs({}))
+    fb = float_bytes(ops)
+    meta = {
+        "engine": "nbits",
+        "base_model": str(base_model),
+        "settings": settings.as_dict(),
+        "logits": bool(logits),
+        "ops": [{**o, "bytes": {"float": fb[o["name"]], **{str(b): nodes[b][o["name"]]["bytes"] for b in BITS}}}
+                for o in ops],
+        "eval_samples": samples.count,
+        "seconds": {"quantize": t_q - t0, "total": time.perf_counter() - t0},
+    }
+    write_json(d / FILES["meta"], meta)
+    return meta
+
+
+def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Path, out_json: str | Path,
+                threads: int = 0) -> dict:
+    """One row per weight MatMul: its error with only it at INT4, and at INT8 (the rest float),
+    ranked by the INT4 error (KL per real token for logits, else 1 - cosine); plus the all-INT4
+    and all-INT8 models' metrics in the sidecar JSON."""
+    from vlsens.fsutil import write_csv, write_json
+    from vlsens.quant import parse_op_name
+
+    eng_dir = Prepared(engine_dir)
+    eng, ref = eng_dir.session(eval_npz, threads), eng_dir.reference()
+    t0 = time.perf_counter()
+    rows = []
+    for o in eng_dir.meta["ops"]:
+        block, role = parse_op_name(o["name"], "MatMul")
+        row = {"op": o["name"], "block": "" if block is None else block, "role": role, "K": o["K"], "N": o["N"],
+               "bytes_float": o["bytes"]["float"]}
+        for b in BITS:
+            m = eng.evaluate({o["name"]: b}, ref)
+            row[f"bytes_int{b}"] = o["bytes"][str(b)]
+            row[f"error_int{b}"] = error(m, eng.logits)
+            row[f"cosine_int{b}"] = m["cosine"]
+            if eng.logits:
+                row[f"kl_int{b}"], row[f"top1_int{b}"] = m["kl"], m["top1"]
+        rows.append(row)
+    per_op = (time.perf_counter() - t0) / max(len(rows), 1)
+    rows.sort(key=lambda r: -r["error_int4"])
+    for i, r in enumerate(rows, 1):
+        r["rank"] = i
+    write_csv(out_csv, rows, CSV_COLUMNS + (LOGIT_COLUMNS if eng.logits else []))
+    names = [r["op"] for r in rows]
+    summary = {
+        "engine": "nbits",
+        "ops": len(rows),
+        "settings": eng_dir.meta["settings"],
+        "all_int4": eng.evaluate(dict.fromkeys(names, 4), ref),
+        "all_int8": eng.evaluate(dict.fromkeys(names, 8), ref),
+        "bytes": {"float": sum(r["bytes_float"] for r in rows), "int4": sum(r["bytes_int4"] for r in rows),
+                  "int8": sum(r["bytes_int8"] for r in rows)},
+        "seconds_per_op": per_op,
+        "most_sensitive": names[:5],
+    }
+    write_json(out_json, summary)
+    return summary
+
+
+def error(metrics: Mapping[str, float], logits: bool) -> float:
+    """The number an op is ranked and a profile is held to: KL per real token for logits, else
+    1 - cosine."""
+    return float(metrics["kl"]) if logits else 1.0 - float(metrics["cosine"])

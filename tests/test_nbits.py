@@ -1,0 +1,75 @@
+"""Engine ``nbits`` (weight-only INT4 / INT8 of the decoder's MatMuls): the switch model equals,
+bit for bit, the model ONNX Runtime's MatMulNBitsQuantizer builds for the same assignment."""
+
+import numpy as np
+import pytest
+
+from vlsens.nbits import NBitsSettings, quantize, quantized_nodes, weight_matmuls
+from vlsens.onnxutil import make_session
+from vlsens.sensitivity import nbits as nb
+
+
+@pytest.fixture(scope="module")
+def decoder_engine(graph_builder, tmp_path_factory):
+    b = graph_builder("decoder")
+    folder = tmp_path_factory.mktemp("nbits")
+    settings = NBitsSettings(algorithm="k_quant", block_size=32, accuracy_level=4)
+    meta = nb.prepare(b.model("fp32"), b.calib / "eval.npz", folder / "engine", settings, threads=2, logits=True)
+    return b, folder, settings, meta
+
+
+def _outputs(model, samples):
+    sess = make_session(model, threads=2)
+    return [sess.run(["logits"], feed)[0] for feed in samples.feeds]
+
+
+def test_every_op_of_the_switch_equals_its_one_op_model(decoder_engine):
+    b, folder, settings, meta = decoder_engine
+    eng_dir = nb.Prepared(folder / "engine")
+    eng = eng_dir.session(b.calib / "eval.npz", threads=2)
+    samples = eng.samples
+    fl = folder / "engine" / nb.FILES["float"]
+    ops = [o["name"] for o in meta["ops"]]
+    assert len(ops) == 15 and ops[-1] == "/lm_head/MatMul"  # 2 layers x 7 + lm_head
+    float_out = _outputs(fl, samples)
+    for bits in (4, 8):
+        for op in ops:
+            one = quantize(fl, folder / f"one-{bits}.onnx", {op: bits}, settings)
+            assert set(quantized_nodes(one)) == {op} and quantized_nodes(one)[op]["bits"] == bits
+            want = _outputs(one, samples)
+            got = list(eng.outputs({op: bits}))
+            assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True)), (op, bits)
+            # ... and it is not the float model (the switch did switch)
+            assert not all(np.array_equal(w, f) for w, f in zip(want, float_out, strict=True)), (op, bits)
+    # A mixed assignment: INT4, INT8 and float in one model.
+    mixed = {op: (4 if i % 3 == 0 else 8) for i, op in enumerate(ops) if i % 3 != 2}
+    built = quantize(fl, folder / "mixed.onnx", mixed, settings)
+    assert {k: v["bits"] for k, v in quantized_nodes(built).items()} == mixed
+    assert all(np.array_equal(w, g) for w, g in zip(_outputs(built, samples), eng.outputs(mixed), strict=True))
+    assert all(np.array_equal(w, g) for w, g in zip(float_out, eng.outputs({}), strict=True))
+
+
+def test_sensitivity_csv_ranks_every_matmul_and_reads_bytes_from_the_models(decoder_engine, tmp_path):
+    import pandas as pd
+
+    b, folder, settings, meta = decoder_engine
+    summary = nb.sensitivity(folder / "engine", b.calib / "eval.npz", tmp_path / "nbits.csv", tmp_path / "nbits.json", 2)
+    df = pd.read_csv(tmp_path / "nbits.csv")
+    assert list(df["rank"]) == list(range(1, 16)) and set(df["op"]) == {o["name"] for o in meta["ops"]}
+    assert (df["error_int4"].diff().dropna() <= 0).all()  # ranked by the INT4 error
+    # INT8 of an op is at least as good as INT4 of it on every op that matters
+    top = df.head(5)
+    assert (top["kl_int8"] < top["kl_int4"]).all() and (top["kl_int4"] > 1e-6).all()
+    # bytes: INT4 < INT8 < float, as stored (weights, scales, zero points), per op
+    assert (df["bytes_int4"] < df["bytes_int8"]).all() and (df["bytes_int8"] < df["bytes_float"]).all()
+    q4 = quantized_nodes(folder / "engine" / nb.FILES["q4"])
+    assert int(df["bytes_int4"].sum()) == sum(v["bytes"] for v in q4.values()) == summary["bytes"]["int4"]
+    assert summary["all_int4"]["kl"] > summary["all_int8"]["kl"] > 0
+    assert len(weight_matmuls(b.model("fp32"))) == 15
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="nbits.algorithm"):
+        NBitsSettings(algorithm="gptq")
+    with pytest.raises(ValueError, match="nbits.block_size"):
+        NBitsSettings(block_size=24)
