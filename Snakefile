@@ -25,6 +25,7 @@ include: "rules/towers.smk"
 include: "rules/variants.smk"
 include: "rules/sensitivity.smk"
 include: "rules/profile.smk"
+include: "rules/nbits.smk"
 include: "rules/deploy.smk"
 include: "rules/report.smk"
 

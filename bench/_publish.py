@@ -66,6 +66,20 @@ def versions() -> str:
     return ", ".join(out)
 
 
+def named(base: str, option: str = "--towers", argv: list[str] | None = None) -> str:
+    """``base``, or ``base-<values>`` when the command line gives ``option`` (e.g. ``--towers 3b``
+    publishes ``sensitivity-3b``), so a run on other towers does not overwrite the default table."""
+    argv = sys.argv[1:] if argv is None else argv
+    if option not in argv:
+        return base
+    values = []
+    for a in argv[argv.index(option) + 1:]:
+        if a.startswith("-"):
+            break
+        values.append(a)
+    return "-".join([base, *values])
+
+
 @contextlib.contextmanager
 def published(name: str, title: str, folder: Path = DOCS):
     """Print as usual and, when the block finishes without an error, write what was printed to

@@ -201,5 +201,6 @@ def main() -> None:
 if __name__ == "__main__":
     from _publish import published
 
-    with published("deploy", "Deploy folders: tokens, KL, decode speed"):
+    results = sys.argv[sys.argv.index("--results") + 1] if "--results" in sys.argv else "results/tiny"
+    with published(f"deploy-{Path(results).name}", f"Deploy folders of {results}: decode speed"):
         main()

@@ -143,7 +143,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from _publish import published
+    from _publish import named, published
 
-    with published("dynamic", "The dynamic vision graph: time and memory by size"):
+    with published(named("dynamic"), "The dynamic vision graph: time and memory by size"):
         main()

@@ -145,7 +145,7 @@ def _vision_params(ckpt: Path) -> int:
 
 
 if __name__ == "__main__":
-    from _publish import published
+    from _publish import named, published
 
-    with published("families", "Model families at real widths"):
+    with published(named("families"), "Model families at real widths"):
         main()

@@ -199,7 +199,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from _publish import published
+    from _publish import named, published
 
-    with published("sensitivity", "Sensitivity engines: seconds per op"):
+    with published(named("sensitivity"), "Sensitivity engines: seconds per op"):
         main()

@@ -93,9 +93,38 @@ DEPLOY_SOURCES = {p: _deploy.sources(p) for p in _deploy.PRECISIONS}
 
 def get_final_output():
     deploy = config["deploy"]["precisions"] if config["deploy"]["enabled"] else []
-    return all_targets(PLAN, TOWERS.values(), report=config["report"]["enabled"]) + [
-        paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy
-    ]
+    int4 = (
+        [paths.fill(f, model=PLAN.model) for f in paths.DEPLOY_INT4.values()] if set(deploy) & set(_deploy.INT4) else []
+    )
+    if "int4-mixed" in deploy and config["report"]["enabled"]:
+        folder = paths.fill(paths.REPORT, model=PLAN.model)
+        int4 += [f"{folder}/{paths.REPORT_FILES[k]}" for k in ("int4_pareto", "nbits_heatmap")]
+    return (
+        all_targets(PLAN, TOWERS.values(), report=config["report"]["enabled"])
+        + [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy]
+        + int4
+    )
+
+
+def heuristic_input(wildcards):
+    """The builder's k_quant_mixed decoder (llama.cpp's heuristic), where the run builds it: the
+    int4-mixed profile is compared with it at its weight bytes."""
+    if "int4-k_quant_mixed" not in config["deploy"]["precisions"] or not config["deploy"]["enabled"]:
+        return {}
+    return {
+        "heuristic": paths.fill(
+            f"{paths.BUILDER_INT4}/{paths.MAIN}", model=wildcards.model, graph=wildcards.graph, algo="k_quant_mixed"
+        )
+    }
+
+
+def int4_folders(wildcards):
+    """The int4 deploy folders the run builds, by precision (rules/deploy.smk: deploy_int4)."""
+    return {
+        p: paths.fill(DEPLOY, model=wildcards.model, precision=p)
+        for p in config["deploy"]["precisions"]
+        if p in _deploy.INT4
+    }
 
 
 def tower(wildcards):

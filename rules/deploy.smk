@@ -25,8 +25,30 @@ rule deploy:
             else canonical(config["deploy"]["int8_tolerance"])
         ),
         target=lambda wc: (
-            canonical(TOWERS[_deploy.DECODER_GRAPH].profile_settings()) if wc.precision == "int8-mixed" else None
+            canonical(TOWERS[_deploy.DECODER_GRAPH].profile_settings())
+            if wc.precision in ("int8-mixed", "int4-mixed")
+            else None
         ),
         provenance=provenance("deploy", "deploy.py"),
     script:
         "../workflow/scripts/deploy.py"
+
+
+rule deploy_int4:
+    input:
+        unpack(int4_folders),
+    output:
+        **paths.DEPLOY_INT4,
+    log:
+        paths.model_log("deploy_int4"),
+    benchmark:
+        f"{paths.MODEL}/benchmarks/deploy/deploy_int4.tsv"
+    conda:
+        "../envs/onnx.yaml"
+    threads: 1
+    resources:
+        **cluster("deploy_int4", gpu=False),
+    params:
+        provenance=provenance("deploy", "deploy_int4.py"),
+    script:
+        "../workflow/scripts/deploy_int4.py"

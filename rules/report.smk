@@ -179,3 +179,37 @@ rule report_tables:
         provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
+
+
+rule report_int4:
+    input:
+        table=paths.DEPLOY_INT4["json"],
+        csv=paths.fill(f"{paths.SENSITIVITY}/{paths.NBITS_FILES['csv']}", graph=_deploy.DECODER_GRAPH, variant="fp32"),
+        profile=paths.fill(f"{paths.NBITS_PROFILE}/{paths.RECORD}", graph=_deploy.DECODER_GRAPH, variant="fp32"),
+    output:
+        pareto=report(
+            f"{paths.REPORT}/{paths.REPORT_FILES['int4_pareto']}",
+            caption="../report/int4.rst",
+            category="8. INT4 decoders",
+            subcategory="deploy folders",
+            labels={"figure": "size vs KL"},
+        ),
+        heatmap=report(
+            f"{paths.REPORT}/{paths.REPORT_FILES['nbits_heatmap']}",
+            caption="../report/nbits.rst",
+            category="8. INT4 decoders",
+            subcategory="deploy folders",
+            labels={"figure": "weight-only sensitivity and bits"},
+        ),
+    log:
+        paths.model_log("report_int4"),
+    benchmark:
+        paths.model_benchmark("report_int4")
+    conda:
+        "../envs/report.yaml"
+    resources:
+        **cluster("report_int4", gpu=False),
+    params:
+        provenance=REPORT_CODE,
+    script:
+        "../workflow/scripts/report.py"

@@ -34,7 +34,7 @@ class NBitsSettings:
 
     algorithm: str = "k_quant"
     block_size: int = 32
-    symmetric: bool = False
+    symmetric: bool = True
     accuracy_level: int = 4
 
     def __post_init__(self):
@@ -47,7 +47,8 @@ class NBitsSettings:
 
     @classmethod
     def from_config(cls, d: Mapping | None) -> NBitsSettings:
-        return cls(**dict(d or {}))
+        """From ``deploy.nbits`` (its ``tolerance`` is not a quantization setting) or a record."""
+        return cls(**{k: v for k, v in dict(d or {}).items() if k in cls.__dataclass_fields__})
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -45,10 +45,18 @@ ENGINE = SENSITIVITY + "/engine"
 SHARD = SENSITIVITY + "/shards/ort.{i}-of-{n}"
 INC_TUNE = SENSITIVITY + "/inc-tune"
 PROFILE = MODEL + "/profile/{graph}/{variant}"
+#: Engine nbits (weight-only INT4/INT8): its folder, its CSV and sidecar beside ort.csv, its profile.
+NBITS_ENGINE = SENSITIVITY + "/nbits-engine"
+NBITS_FILES = {"csv": "nbits.csv", "summary": "nbits.json"}
+NBITS_PROFILE = MODEL + "/profile/{graph}/{variant}-nbits"
+#: onnxruntime-genai's builder decoder at -p int4 with one algo_config (the int4-* anchors).
+BUILDER_INT4 = MODEL + "/{graph}/builder-{algo}"
 #: An onnxruntime-genai model folder (:mod:`vlsens.deploy`), its log and benchmark.
 DEPLOY = MODEL + "/deploy/{precision}"
 DEPLOY_LOG = MODEL + "/logs/deploy/deploy-{precision}.log"
 DEPLOY_BENCHMARK = MODEL + "/benchmarks/deploy/deploy-{precision}.tsv"
+#: The int4 folders side by side (vlsens.deploy.compare).
+DEPLOY_INT4 = {"json": MODEL + "/deploy/int4.json", "md": MODEL + "/deploy/int4.md"}
 #: The report's files (rules/report.smk): per analysed graph and variant, per graph, per model.
 REPORT = MODEL + "/report"
 REPORT_FIGURES = REPORT + "/{graph}/{variant}"
@@ -56,7 +64,8 @@ REPORT_FIGURES = REPORT + "/{graph}/{variant}"
 FIGURE_FILES = {"heatmap": "heatmap.png", "ranked": "ranked-{engine}.png", "pareto": "pareto.png",
                 "engines": "engines.png"}
 REPORT_FP16 = REPORT + "/{graph}/fp16-fallback.png"
-REPORT_FILES = {"latency": "latency.png", "parity": "parity.html", "profiles": "profiles.html"}
+REPORT_FILES = {"latency": "latency.png", "parity": "parity.html", "profiles": "profiles.html",
+                "int4_pareto": "int4-pareto.png", "nbits_heatmap": "nbits-heatmap.png"}
 LOGS = MODEL + "/logs/{graph}"
 BENCHMARKS = MODEL + "/benchmarks/{graph}"
 

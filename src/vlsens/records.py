@@ -14,6 +14,9 @@ record                 where                                                 sch
 ``eval.json``          ``sensitivity/<graph>/<variant>/inc-tune/``           ``inc_tune``
 ``parity.json``        ``deploy/<precision>/``                               ``deploy_parity``
 ``eval.json``          ``deploy/<precision>/``                               ``deploy_eval``
+``engine.json``        ``sensitivity/<graph>/<variant>/nbits-engine/``       ``nbits_engine``
+``nbits.json``         beside ``nbits.csv``                                  ``nbits``
+``int4.json``          ``deploy/``                                           ``deploy_int4``
 =====================  ====================================================  ===================
 
     python -m vlsens.records results/tiny     # check every record under a folder
@@ -28,7 +31,7 @@ from pathlib import Path
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "records"
 BY_NAME = {"parity.json": "parity", "manifest.json": "manifest", "engine.json": "engine", "ort.json": "ort",
-           "inc.json": "inc", "compare.json": "compare", "eval.json": "eval"}
+           "inc.json": "inc", "compare.json": "compare", "eval.json": "eval", "nbits.json": "nbits"}
 
 
 def schema_name(path: str | Path) -> str | None:
@@ -36,6 +39,10 @@ def schema_name(path: str | Path) -> str | None:
     path = Path(path)
     if path.name == "eval.json" and path.parent.name == "inc-tune":
         return "inc_tune"
+    if path.name == "engine.json" and path.parent.name == "nbits-engine":
+        return "nbits_engine"
+    if path.name == "int4.json" and path.parent.name == "deploy":
+        return "deploy_int4"
     if path.name == "manifest.json" and "calib" not in path.parts:
         return None
     if "deploy" in path.parts and path.name in ("parity.json", "eval.json"):

@@ -41,7 +41,7 @@ def threads(snakemake: Any) -> int:
     """The threads the job computes with: its rule's ``compute_threads`` resource (the config's
     ``threads``, not the cores Snakemake reserved for it, so the numbers do not depend on
     ``--cores``); the reserved cores for a rule that declares none."""
-    return int(getattr(snakemake.resources, "compute_threads", None) or snakemake.threads)
+    return int(getattr(getattr(snakemake, "resources", None), "compute_threads", None) or snakemake.threads)
 
 
 def run(snakemake: Any, main: Callable[[Any], Any]) -> None:

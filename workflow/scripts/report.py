@@ -25,6 +25,8 @@ def main(sm):
     elif rule == "report_tables":
         build.parity_table([*i.records, *(f"{d}/parity.json" for d in i.deploy)], p.root, o.parity)
         build.profile_table(p.profiles, o.profiles)
+    elif rule == "report_int4":
+        build.int4(i.table, i.csv, i.profile, o.pareto, o.heatmap)
     else:
         raise ValueError(f"report.py: no figure for rule {rule}")
 

@@ -8,7 +8,16 @@ precision       text decoder + embedding               vision
 ``fp16``        ``decoder/fp16``                       ``vision/dynamic/fp16``
 ``int8-mixed``  ``profile/decoder/fp32`` (+ the fp32   ``profile/vision/dynamic/fp32``
                 embedding)
+``int4-mixed``  ``profile/decoder/fp32-nbits``:        ``profile/vision/dynamic/fp32``
+                weight-only INT4/INT8/float per MatMul
+                (:mod:`vlsens.profile_nbits`)
+``int4-<algo>`` ``decoder/builder-<algo>``: the        ``profile/vision/dynamic/fp32``
+                builder's ``-p int4`` (``rtn``,
+                ``k_quant``, ``k_quant_mixed``)
 ==============  =====================================  ===========================================
+
+Every int4 folder takes the INT8-mixed vision graph (on the CPU the fastest vision graph that
+meets its profile), so the int4 folders differ only in their decoders.
 
 Every graph comes from a gated variant folder (or a built profile), so each already passed its
 parity gate against transformers. The folder itself is then proven end to end by the runtime we
@@ -35,7 +44,11 @@ from __future__ import annotations
 from vlsens import paths
 from vlsens.errors import ConfigError
 
-PRECISIONS = ("fp32", "fp16", "int8-mixed")
+#: The builder's ``algo_config`` values the int4 folders are compared with: uniform INT4 by
+#: round-to-nearest, by k_quant, and k_quant with llama.cpp's fixed mixed heuristic.
+BUILDER_ALGOS = ("rtn", "k_quant", "k_quant_mixed")
+INT4 = ("int4-mixed", *(f"int4-{a}" for a in BUILDER_ALGOS))
+PRECISIONS = ("fp32", "fp16", "int8-mixed", *INT4)
 DEPLOY = paths.DEPLOY
 #: The file that says a deploy folder is complete (written last).
 DONE = "eval.json"
@@ -52,9 +65,15 @@ def sources(precision: str) -> dict[str, str]:
     # model.onnx and record stand for it as inputs (the job verifies it against the record).
     out = {"decoder_folder": f"{dec}/{paths.MAIN}", "decoder_record": f"{dec}/{paths.RECORD}",
            "vision_record": f"{vis}/{paths.RECORD}"}
+    if precision in ("int8-mixed", *INT4):
+        out["vision"] = paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") + "/model.onnx"
     if precision == "int8-mixed":
         out["decoder"] = paths.fill(paths.PROFILE, graph=DECODER_GRAPH, variant="fp32") + "/model.onnx"
-        out["vision"] = paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") + "/model.onnx"
+    elif precision == "int4-mixed":
+        out["decoder"] = paths.fill(paths.NBITS_PROFILE, graph=DECODER_GRAPH, variant="fp32") + "/model.onnx"
+    elif precision in INT4:
+        out["decoder"] = paths.fill(paths.BUILDER_INT4, graph=DECODER_GRAPH, algo=precision.removeprefix("int4-")) + \
+            "/model.onnx"
     else:
         out["decoder"] = f"{dec}/model.onnx"
         out["vision"] = f"{vis}/model.onnx"
@@ -78,10 +97,17 @@ def check_config(config: dict) -> None:
                          ("deploy.decoder.variants", d["decoder"]["variants"], "fp16")],
                 "int8-mixed": [("vision.dynamic.sensitivity_variants", dyn["sensitivity_variants"], "fp32"),
                                ("deploy.decoder.sensitivity_variants", d["decoder"]["sensitivity_variants"], "fp32")]}
+        for q in INT4:  # the INT8-mixed vision graph; the decoder's fp32 variant
+            need[q] = [("vision.dynamic.sensitivity_variants", dyn["sensitivity_variants"], "fp32"),
+                       ("deploy.decoder.variants", d["decoder"]["variants"], "fp32")]
         for key, have, want in need[p]:
             if want not in have:
                 raise ConfigError(f"deploy.precisions has '{p}', which needs '{want}' in {key} (it has {list(have)}); "
                                   f"add it or drop '{p}' from deploy.precisions")
+    if "int4-mixed" in d["precisions"] and config["text"]["profile"]["metric"] != "kl":
+        raise ConfigError(f"deploy.precisions has 'int4-mixed', whose search holds the decoder's KL per token to "
+                          f"text.profile.target; text.profile.metric is {config['text']['profile']['metric']!r}: "
+                          f"set it to kl or drop 'int4-mixed'")
     if "fp32" not in d["precisions"] and len(d["precisions"]):
         raise ConfigError("deploy.precisions: the fp16 and int8-mixed folders are evaluated against the fp32 "
                           "folder; keep 'fp32' in the list")

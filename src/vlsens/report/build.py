@@ -121,3 +121,18 @@ def profile_table(profiles: dict[str, str], out: str | Path) -> int:
                       "arithmetic against its float base on the evaluation set, how many models were built, how much "
                       "of it runs in INT8, and its latency next to FP32 timed in the same process.")
     return len(rows)
+
+
+def int4(table_json: str | Path, nbits_csv: str | Path, profile_record: str | Path, pareto_out: str | Path,
+         heatmap_out: str | Path) -> dict:
+    """The int4 deploy folders' size against KL, and the decoder's weight-only sensitivity with
+    the bits the int4-mixed profile chose."""
+    import pandas as pd
+
+    table = json.loads(Path(table_json).read_text())
+    rows = pd.read_csv(nbits_csv, keep_default_na=False).to_dict("records")
+    bits = json.loads(Path(profile_record).read_text())["extra"]["graphs"]["model.onnx"]["bits"]
+    figures.int4_pareto(table, pareto_out, "int4 deploy folders: decoder size vs KL with the fp32 folder "
+                        "(onnxruntime-genai)")
+    return figures.nbits_heatmap(rows, bits, heatmap_out, "decoder: KL with each MatMul alone in INT4; "
+                                 "label: bits of the int4-mixed profile")

@@ -405,3 +405,66 @@ def latency_size(entries: list[dict], out: str | Path, title: str, deploy: list[
     fig.suptitle(title, fontsize=10)
     _save(fig, out)
     return drawn
+
+
+def nbits_heatmap(rows: list[dict], bits: dict[str, int], out: str | Path, title: str) -> dict:
+    """Weight-only sensitivity of the decoder: layers (rows) x MatMul roles (columns), coloured by
+    the error with that MatMul alone in INT4 (engine nbits), each cell labelled with the width the
+    int4-mixed profile chose (4, 8 or FP)."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    layers = sorted({int(r["block"]) for r in rows if str(r["block"]).strip() != ""})
+    roles = list(dict.fromkeys(str(r["role"]) for r in rows if str(r["block"]).strip() != ""))
+    outside = [r for r in rows if str(r["block"]).strip() == ""]  # lm_head
+    grid = np.full((len(layers) + len(outside), len(roles) or 1), np.nan)
+    labels = [[""] * grid.shape[1] for _ in range(grid.shape[0])]
+    names = {0: "FP", 4: "4", 8: "8"}
+    for r in rows:
+        e = max(float(r["error_int4"]), 1e-12)
+        if str(r["block"]).strip() != "":
+            i, j = layers.index(int(r["block"])), roles.index(str(r["role"]))
+        else:
+            i, j = len(layers) + outside.index(r), 0
+        grid[i, j] = e
+        labels[i][j] = names.get(bits.get(r["op"], 4), "?")
+    fig = _figure(1.6 + 1.1 * grid.shape[1], 1.4 + 0.42 * grid.shape[0])
+    ax = fig.add_subplot()
+    finite = grid[np.isfinite(grid)]
+    im = ax.imshow(grid, aspect="auto", cmap="viridis",
+                   norm=LogNorm(vmin=max(finite.min(), 1e-12), vmax=max(finite.max(), 1e-11)))
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            if labels[i][j]:
+                ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=10,
+                        color="white" if labels[i][j] == "4" else "#ff4040", fontweight="bold")
+    ax.set_xticks(range(len(roles)), roles, rotation=30, ha="right", fontsize=10)
+    ax.set_yticks(range(grid.shape[0]), [f"layer {n}" for n in layers] + [_short(r["op"]) for r in outside],
+                  fontsize=10)
+    ax.set_title(title, fontsize=11)
+    fig.colorbar(im, ax=ax, label="KL per token (alone INT4)" if "kl_int4" in rows[0] else "1 - cosine (alone INT4)")
+    _save(fig, out)
+    return {"cells": int(np.isfinite(grid).sum()), "not_int4": sum(1 for r in rows if bits.get(r["op"], 4) != 4)}
+
+
+def int4_pareto(result: dict, out: str | Path, title: str) -> int:
+    """Decoder bytes against the mean KL with the fp32 folder through onnxruntime-genai, one point
+    per int4 deploy folder (vlsens.deploy.compare)."""
+    fig = _figure(7.5, 4.8)
+    ax = fig.add_subplot()
+    styles = {"int4-mixed": ("*", "#d62728", 16)}
+    for p, r in result["rows"].items():
+        if r["mean_kl"] is None:
+            continue
+        marker, color, size = styles.get(p, ("o", "#1f77b4", 9))
+        ax.plot(r["decoder_bytes"] / 1e6, max(r["mean_kl"], 1e-12), marker, color=color, markersize=size)
+        ax.annotate(p, (r["decoder_bytes"] / 1e6, max(r["mean_kl"], 1e-12)), textcoords="offset points",
+                    xytext=(6, 6), fontsize=10)
+    ax.set_yscale("log")
+    ax.margins(x=0.25, y=0.15)  # room for the labels
+    ax.set_xlabel("decoder size, MB (graph + weights)", fontsize=10)
+    ax.set_ylabel("mean KL vs fp32 folder per step", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title, fontsize=11)
+    _save(fig, out)
+    return len(result["rows"])

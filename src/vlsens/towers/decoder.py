@@ -62,17 +62,21 @@ def builder_version() -> str:
     return onnxruntime_genai.__version__
 
 
-def build_decoder(checkpoint: str | Path, out_dir: str | Path, log_path: str | Path | None = None) -> Path:
-    """The text decoder with a KV cache from ORT-GenAI's model builder (FP32, CPU), taking
-    ``inputs_embeds`` (``exclude_embeds``). Runs in a child process (the builder loads the
-    checkpoint itself, from safetensors, ``trust_remote_code`` off by default); returns the
-    builder's ``model.onnx``. Its genai_config and tokenizer files are not used: the folder's own
-    are written by :func:`vlsens.genai.genai_config`."""
+def build_decoder(checkpoint: str | Path, out_dir: str | Path, log_path: str | Path | None = None,
+                  precision: str = "fp32", options: dict | None = None) -> Path:
+    """The text decoder with a KV cache from ORT-GenAI's model builder (CPU), taking
+    ``inputs_embeds`` (``exclude_embeds``): FP32, or ``precision="int4"`` with the builder's
+    weight-only ``options`` (``algo_config``, ``block_size``, ``accuracy_level``, ``is_symmetric``).
+    Runs in a child process (the builder loads the checkpoint itself, from safetensors,
+    ``trust_remote_code`` off by default); returns the builder's ``model.onnx``. Its genai_config
+    and tokenizer files are not used: the folder's own are written by
+    :func:`vlsens.genai.genai_config`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    extra = [f"{k}={v}" for k, v in (options or {}).items()]
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out_dir / "out"),
-           "-p", "fp32", "-e", "cpu", "-c", str(out_dir / "cache"),
-           "--extra_options", "exclude_embeds=true", "hf_token=false", "hf_remote=false"]
+           "-p", precision, "-e", "cpu", "-c", str(out_dir / "cache"),
+           "--extra_options", "exclude_embeds=true", "hf_token=false", "hf_remote=false", *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if log_path is not None:

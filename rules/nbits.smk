@@ -1,0 +1,88 @@
+# Weight-only INT4/INT8 of the decoder's MatMuls (vlsens.nbits): engine "nbits" (one switch
+# session, a CSV beside ort.csv), the int4-mixed profile (fewest bytes meeting the text profile's
+# KL target) and onnxruntime-genai's builder at -p int4 (the anchors it is compared with). Each
+# int4 decoder is a decoder variant folder gated against transformers (deploy.nbits.tolerance).
+
+NBITS = paths.files(paths.SENSITIVITY, paths.NBITS_FILES)
+
+
+rule sensitivity_nbits:
+    input:
+        parity=record("{variant}"),
+        eval=CALIB["eval"],
+    output:
+        **NBITS,
+        engine=directory(paths.NBITS_ENGINE),
+    log:
+        paths.log("sensitivity_nbits", "{variant}"),
+    benchmark:
+        paths.benchmark("sensitivity_nbits", "{variant}")
+    conda:
+        "../envs/onnx.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("sensitivity_nbits", threads=config["threads"]),
+    params:
+        model=analysed_model,
+        settings=canonical(config["deploy"]["nbits"]),
+        logits=lambda wc: tower(wc).logits,
+        provenance=provenance("sensitivity", "sensitivity_nbits.py"),
+    script:
+        "../workflow/scripts/sensitivity_nbits.py"
+
+
+rule profile_nbits:
+    input:
+        unpack(heuristic_input),
+        engine=rules.sensitivity_nbits.output.engine,
+        csv=rules.sensitivity_nbits.output.csv,
+        eval=CALIB["eval"],
+        parity=record("{variant}"),
+        reference=rules.reference.output.reference,
+    output:
+        model=f"{paths.NBITS_PROFILE}/{paths.MAIN}",
+        data=paths.data(f"{paths.NBITS_PROFILE}/{paths.MAIN}"),
+        parity=f"{paths.NBITS_PROFILE}/{paths.RECORD}",
+    log:
+        paths.log("profile_nbits", "{variant}"),
+    benchmark:
+        paths.benchmark("profile_nbits", "{variant}")
+    conda:
+        "../envs/onnx.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("profile_nbits", threads=config["threads"]),
+    params:
+        settings=tower_settings("profile"),
+        tolerance=canonical(config["deploy"]["nbits"]["tolerance"]),
+        provenance=provenance("sensitivity", "profile_nbits.py"),
+    script:
+        "../workflow/scripts/profile_nbits.py"
+
+
+rule builder_int4:
+    input:
+        checkpoint=checkpoint_dir,
+        parity=record("fp32"),
+        reference=rules.reference.output.reference,
+    output:
+        model=f"{paths.BUILDER_INT4}/{paths.MAIN}",
+        data=paths.data(f"{paths.BUILDER_INT4}/{paths.MAIN}"),
+        parity=f"{paths.BUILDER_INT4}/{paths.RECORD}",
+    log:
+        paths.log("builder_int4", "{algo}"),
+    benchmark:
+        paths.benchmark("builder_int4", "{algo}")
+    wildcard_constraints:
+        algo="|".join(_deploy.BUILDER_ALGOS),
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("builder_int4", threads=config["threads"]),
+    params:
+        settings=canonical(config["deploy"]["nbits"]),
+        tolerance=canonical(config["deploy"]["nbits"]["tolerance"]),
+        provenance=provenance("export", "builder_int4.py"),
+    script:
+        "../workflow/scripts/builder_int4.py"

@@ -1,0 +1,85 @@
+"""The int4 deploy folders side by side: ``results/<model>/deploy/int4.json`` and ``int4.md``.
+
+Per folder: the decoder's bytes (graph + data file, as shipped), how many MatMuls are INT4 /
+INT8 / float, the KL per generated step and top-1 agreement with the fp32 folder through
+onnxruntime-genai (teacher-forced on its tokens, from the folder's ``eval.json``) and the decode
+speed of its evaluation. The goal the int4-mixed folder is held to is stated next to it: at equal
+or fewer decoder bytes, a KL of at most half the builder's llama.cpp heuristic (``int4-k_quant_mixed``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vlsens import genai
+from vlsens.deploy import DONE
+
+HEURISTIC = "int4-k_quant_mixed"
+
+
+def decoder_bits(folder: Path) -> dict[str, int]:
+    import onnx
+
+    m = onnx.load(str(folder / genai.GRAPHS["decoder"]), load_external_data=False)
+    out = {"int4": 0, "int8": 0, "float": 0}
+    for n in m.graph.node:
+        if n.op_type == "MatMulNBits":
+            bits = next(a.i for a in n.attribute if a.name == "bits")
+            out[f"int{bits}"] += 1
+        elif n.op_type == "MatMul" and any(i in {t.name for t in m.graph.initializer} for i in n.input[1:]):
+            out["float"] += 1
+    return out
+
+
+def table(folders: dict[str, str | Path]) -> dict:
+    """``{precision: row}`` for the given deploy folders, and the goal's verdict."""
+    rows = {}
+    for precision, folder in folders.items():
+        folder = Path(folder)
+        ev = json.loads((folder / DONE).read_text())
+        dec = folder / genai.GRAPHS["decoder"]
+        rows[precision] = {
+            "decoder_bytes": dec.stat().st_size + Path(f"{dec}.data").stat().st_size,
+            "matmuls": decoder_bits(folder),
+            "mean_kl": ev.get("mean_kl"),
+            "top1_agreement": ev.get("top1_agreement"),
+            "tokens_per_second": ev.get("tokens_per_second"),
+        }
+    out = {"rows": rows, "reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens"}
+    mine, heur = rows.get("int4-mixed"), rows.get(HEURISTIC)
+    if mine and heur and mine["mean_kl"] is not None and heur["mean_kl"] is not None:
+        out["goal"] = {
+            "statement": f"int4-mixed: decoder bytes <= {HEURISTIC}'s and mean KL <= 0.5x {HEURISTIC}'s",
+            "bytes_ratio": mine["decoder_bytes"] / heur["decoder_bytes"],
+            "kl_ratio": mine["mean_kl"] / heur["mean_kl"] if heur["mean_kl"] > 0 else None,
+        }
+        out["goal"]["met"] = bool(out["goal"]["bytes_ratio"] <= 1.0 and out["goal"]["kl_ratio"] is not None
+                                  and out["goal"]["kl_ratio"] <= 0.5)
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = ["| folder | decoder MB | INT4 / INT8 / float MatMuls | mean KL vs fp32 | top-1 vs fp32 | tok/s |",
+             "| --- | ---: | --- | ---: | ---: | ---: |"]
+    for p, r in result["rows"].items():
+        m = r["matmuls"]
+        tps = r["tokens_per_second"]
+        lines.append(f"| {p} | {r['decoder_bytes'] / 1e6:.3f} | {m['int4']} / {m['int8']} / {m['float']} | "
+                     f"{r['mean_kl']:.3g} | {r['top1_agreement']:.3f} | {'-' if tps is None else f'{tps:.0f}'} |")
+    g = result.get("goal")
+    if g:
+        kl = "-" if g["kl_ratio"] is None else f"{g['kl_ratio']:.2f}"
+        lines += ["", f"Goal ({g['statement']}): bytes {g['bytes_ratio']:.2f}x, KL {kl}x: "
+                      f"{'met' if g['met'] else 'not met'}."]
+    return "\n".join(lines) + "\n"
+
+
+def write(folders: dict[str, str | Path], out_json: str | Path, out_md: str | Path) -> dict:
+    from vlsens.fsutil import atomic_file, write_json
+
+    result = table(folders)
+    write_json(out_json, result)
+    with atomic_file(out_md) as tmp:
+        Path(tmp).write_text(markdown(result))
+    return result

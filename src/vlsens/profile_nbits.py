@@ -1,0 +1,320 @@
+"""The weight-only mixed-precision profile: every weight MatMul INT4, INT8 or float, the fewest
+bytes whose error meets the target, built by ONNX Runtime's ``MatMulNBitsQuantizer`` and measured.
+
+Search (every candidate measured exactly in the ``nbits`` engine's switch session, which equals the
+built model kernel for kernel, :mod:`vlsens.sensitivity.nbits`):
+
+1. all INT4; done when it meets the target;
+2. upgrades INT4 -> INT8 in the order of error saved per byte added,
+   ``(error_int4 - error_int8) / (bytes_int8 - bytes_int4)`` from the sensitivity CSV; the
+   shortest prefix that meets the target, by bisection (errors fall as ops are upgraded);
+3. when even all INT8 misses it: INT8 -> float in the order of ``error_int8 / (bytes_float -
+   bytes_int8)``, the shortest prefix likewise;
+4. a pass that returns each upgraded op to its lower width when the target still holds without it
+   (the cheapest first), within ``max_evals``.
+
+The built model is measured again on its own (a plain session); the job fails when the built
+error differs from the search's estimate (they are the same arithmetic) or misses the target.
+
+Both the profile (:func:`profile_folder`) and the builder's ``-p int4`` decoders the comparison
+is made against (:func:`builder_folder`) are published as decoder variant folders: ``model.onnx``
+and the FP32 folder's ``embedding.onnx``, gated against transformers on the decoder's parity
+cases (``deploy.nbits.tolerance``), the parity record carrying the bits of every MatMul.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from vlsens.nbits import FLOAT, quantize, quantized_nodes, weight_matmuls
+from vlsens.sensitivity import nbits as nb
+
+log = logging.getLogger(__name__)
+
+MODEL = "model.onnx"
+BITS_FILE = "bits.json"
+EVAL = "eval.json"
+
+
+def _ratio(saved: float, added: float) -> float:
+    return saved / added if added > 0 else float("inf")
+
+
+def search(measure, rows: Sequence[Mapping], target: float, max_evals: int = 200) -> tuple[dict[str, int], list[dict]]:
+    """The assignment ``{op: bits}`` (0: float) and the trace of measured candidates; ``measure``
+    maps an assignment to its error (lower is better)."""
+    names = [r["op"] for r in rows]
+    by = {r["op"]: r for r in rows}
+    trace: list[dict] = []
+
+    def cost(a: Mapping[str, int]) -> int:
+        return sum(by[n]["bytes_float"] if b == FLOAT else by[n][f"bytes_int{b}"] for n, b in a.items())
+
+    def run(a: dict[str, int], step: str) -> float:
+        e = float(measure(a))
+        trace.append({"step": step, "int4": sum(b == 4 for b in a.values()), "int8": sum(b == 8 for b in a.values()),
+                      "float": sum(b == FLOAT for b in a.values()), "bytes": cost(a), "error": e})
+        return e
+
+    def shortest(prefix_of, n: int, step: str) -> int | None:
+        """Smallest k in 1..n with prefix_of(k) meeting the target (None if n does not)."""
+        if run(prefix_of(n), f"{step} all {n}") > target:
+            return None
+        lo, hi = 0, n  # prefix_of(lo) misses (lo = 0 measured by the caller), prefix_of(hi) meets
+        while hi - lo > 1 and len(trace) < max_evals:
+            mid = (lo + hi) // 2
+            if run(prefix_of(mid), f"{step} {mid}") <= target:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    base = dict.fromkeys(names, 4)
+    if run(base, "all int4") <= target:
+        chosen = base
+    else:
+        up8 = sorted(names, key=lambda n: -_ratio(by[n]["error_int4"] - by[n]["error_int8"],
+                                                   by[n]["bytes_int8"] - by[n]["bytes_int4"]))
+        k = shortest(lambda k: {**base, **dict.fromkeys(up8[:k], 8)}, len(up8), "int8")
+        if k is not None:
+            chosen = {**base, **dict.fromkeys(up8[:k], 8)}
+        else:
+            all8 = dict.fromkeys(names, 8)
+            upf = sorted(names, key=lambda n: -_ratio(by[n]["error_int8"], by[n]["bytes_float"] - by[n]["bytes_int8"]))
+            j = shortest(lambda j: {**all8, **dict.fromkeys(upf[:j], FLOAT)}, len(upf), "float")
+            chosen = {**all8, **dict.fromkeys(upf[:j], FLOAT)} if j is not None else dict.fromkeys(names, FLOAT)
+    # Give back what the target does not need, the largest savings first.
+    lower = {FLOAT: 8, 8: 4}
+    for n in sorted((n for n, b in chosen.items() if b != 4),
+                    key=lambda n: -(by[n]["bytes_float"] if chosen[n] == FLOAT else by[n]["bytes_int8"])):
+        if len(trace) >= max_evals:
+            break
+        trial = {**chosen, n: lower[chosen[n]]}
+        if run(trial, f"lower {n}") <= target:
+            chosen = trial
+    return chosen, trace
+
+
+def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int = 200,
+                  candidates: int = 8) -> tuple[dict[str, int], float]:
+    """The lowest-error assignment whose weights fit ``budget`` bytes (the comparison with another
+    model of that size). Four strategies from all INT4, every result measured, the best kept:
+    two fills that widen ops (INT4 -> INT8, then INT8 -> float) while they fit, in the order of
+    estimated error saved per byte and of estimated error (the sensitivity CSV); and two measured
+    greedies that, each step, measure the ``candidates`` best-estimated widenings that fit and keep
+    the one saving the most measured error per byte, or the most measured error."""
+    by = {r["op"]: r for r in rows}
+    names = [r["op"] for r in rows]
+    evals = [0]
+
+    def run(a):
+        evals[0] += 1
+        return float(measure(a))
+
+    def cost(a):
+        return sum(by[n]["bytes_float"] if b == FLOAT else by[n][f"bytes_int{b}"] for n, b in a.items())
+
+    def widen(n, b):
+        if b == 4:
+            return 8, by[n]["error_int4"] - by[n]["error_int8"], by[n]["bytes_int8"] - by[n]["bytes_int4"]
+        if b == 8:
+            return FLOAT, by[n]["error_int8"], by[n]["bytes_float"] - by[n]["bytes_int8"]
+        return None
+
+    def fill(key):
+        a = dict.fromkeys(names, 4)
+        while True:
+            options = [(n, *widen(n, a[n])) for n in names if widen(n, a[n]) is not None]
+            options = [o for o in options if cost({**a, o[0]: o[1]}) <= budget]
+            if not options:
+                return a
+            n, b, *_ = max(options, key=key)
+            a = {**a, n: b}
+
+    def greedy(per_byte: bool):
+        a = dict.fromkeys(names, 4)
+        e = run(a)
+        while evals[0] < max_evals:
+            options = [(n, *widen(n, a[n])) for n in names if widen(n, a[n]) is not None]
+            options = sorted((o for o in options if cost({**a, o[0]: o[1]}) <= budget),
+                             key=lambda o: -_ratio(o[2], o[3]))[:candidates]
+            best = None
+            for n, b, _, added in options:
+                t = run({**a, n: b})
+                gain = _ratio(e - t, added) if per_byte else e - t
+                if t < e and (best is None or gain > best[0]):
+                    best = (gain, n, b, t)
+            if best is None:
+                break
+            a, e = {**a, best[1]: best[2]}, best[3]
+        return a, e
+
+    found = [(a, run(a)) for a in (fill(lambda o: _ratio(o[2], o[3])), fill(lambda o: o[2]))]
+    found += [greedy(True), greedy(False)]
+    return min(found, key=lambda x: x[1])
+
+
+def _search(eng, ref, rows, target, max_evals):
+    """:func:`search` in the engine's session; also the chosen assignment's metrics."""
+    chosen, trace = search(lambda a: nb.error(eng.evaluate(a, ref), eng.logits), rows, target, max_evals)
+    return chosen, trace, eng.evaluate(chosen, ref)
+
+
+def build(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path, out_dir: str | Path,
+          target: float, max_evals: int = 200, threads: int = 0) -> dict:
+    """Search, build and measure the profile into ``out_dir`` (staged; ``eval.json`` last)."""
+    import pandas as pd
+
+    from vlsens.errors import VlsensError
+    from vlsens.fsutil import atomic_dir, write_json
+    from vlsens.metrics import Metrics
+    from vlsens.onnxutil import make_session
+    from vlsens.samples import Samples
+
+    t0 = time.perf_counter()
+    eng_dir = nb.Prepared(engine_dir)
+    ref = eng_dir.reference()
+    rows = pd.read_csv(sensitivity_csv).to_dict("records")
+    if sorted(r["op"] for r in rows) != sorted(eng_dir.ops):
+        raise VlsensError(f"{sensitivity_csv} does not list the engine's ops ({engine_dir})")
+    chosen, trace, estimate = _search(eng_dir.session(eval_npz, threads), ref, rows, target, max_evals)
+    t_search = time.perf_counter()
+    with atomic_dir(out_dir) as tmp:
+        model = quantize(eng_dir.folder / nb.FILES["float"], tmp / MODEL, {n: b for n, b in chosen.items() if b},
+                         eng_dir.settings)
+        sess = make_session(model, threads=threads)
+        acc = Metrics(eng_dir.meta["logits"])
+        samples = Samples.load(eval_npz, eng_dir.folder / nb.FILES["float"])
+        out_name = sess.get_outputs()[0].name
+        for i, feed in enumerate(samples.feeds):
+            acc.add(sess.run([out_name], feed)[0], ref[i], samples.valid[i])
+        built = acc.result()
+        del sess
+        e_est, e_built = nb.error(estimate, eng_dir.meta["logits"]), nb.error(built, eng_dir.meta["logits"])
+        if e_built != e_est:
+            raise VlsensError(f"the built model's error {e_built:.6g} differs from the search's {e_est:.6g}: "
+                              "the engine and the build are not the same arithmetic")
+        if e_built > target:
+            raise VlsensError(f"the built model's error {e_built:.6g} misses the target {target:g}")
+        by = {r["op"]: r for r in rows}
+        nodes = quantized_nodes(model)
+        size = {"float": sum(r["bytes_float"] for r in rows),
+                "chosen": sum(nodes[n]["bytes"] if n in nodes else by[n]["bytes_float"] for n in chosen),
+                "all_int4": sum(r["bytes_int4"] for r in rows), "all_int8": sum(r["bytes_int8"] for r in rows)}
+        write_json(tmp / BITS_FILE, {n: chosen[n] for n in eng_dir.ops})
+        record = {
+            "engine": "nbits",
+            "settings": eng_dir.settings.as_dict(),
+            "metric": "kl" if eng_dir.meta["logits"] else "1 - cosine",
+            "target": target,
+            "estimate": estimate,
+            "built": built,
+            "ops": {"int4": sum(b == 4 for b in chosen.values()), "int8": sum(b == 8 for b in chosen.values()),
+                    "float": sum(b == FLOAT for b in chosen.values())},
+            "weight_bytes": size,
+            "not_int4": [{"op": n, "bits": b, "error_int4": by[n]["error_int4"], "rank": int(by[n]["rank"])}
+                         for n, b in chosen.items() if b != 4],
+            "trace": trace,
+            "seconds": {"search": t_search - t0, "total": time.perf_counter() - t0},
+        }
+        write_json(tmp / EVAL, record)
+    log.info("nbits profile: %s INT4, %s INT8, %s float; %.4g (target %.4g); %d of %d weight bytes",
+             record["ops"]["int4"], record["ops"]["int8"], record["ops"]["float"], e_built, target,
+             size["chosen"], size["float"])
+    return record
+
+
+def _facts(model: str | Path) -> dict:
+    """Bits of every weight MatMul (0: float) and the bytes of all their weights as stored."""
+    nodes = quantized_nodes(model)
+    floats = {o["name"]: 4 * o["K"] * o["N"] for o in weight_matmuls(model)}
+    return {"bits": {**{n: v["bits"] for n, v in nodes.items()}, **dict.fromkeys(floats, FLOAT)},
+            "weight_bytes": sum(v["bytes"] for v in nodes.values()) + sum(floats.values())}
+
+
+def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path,
+                     other: str | Path, threads: int = 0) -> dict:
+    """``other`` (a decoder from the builder) measured on the engine's evaluation set, against
+    the lowest-error assignment :func:`search_budget` finds within its weight bytes."""
+    import pandas as pd
+
+    from vlsens.metrics import Metrics
+    from vlsens.onnxutil import make_session
+
+    eng_dir = nb.Prepared(engine_dir)
+    eng, ref = eng_dir.session(eval_npz, threads), eng_dir.reference()
+    rows = pd.read_csv(sensitivity_csv).to_dict("records")
+    facts = _facts(other)
+    sess, acc = make_session(other, threads=threads), Metrics(eng.logits)
+    out = sess.get_outputs()[0].name
+    for i, feed in enumerate(eng.samples.feeds):
+        acc.add(sess.run([out], feed)[0], ref[i], eng.samples.valid[i])
+    del sess
+    theirs = nb.error(acc.result(), eng.logits)
+    mine, e = search_budget(lambda a: nb.error(eng.evaluate(a, ref), eng.logits), rows, facts["weight_bytes"])
+    by = {r["op"]: r for r in rows}
+    mine_bytes = sum(by[n]["bytes_float"] if b == FLOAT else by[n][f"bytes_int{b}"] for n, b in mine.items())
+    return {"other": str(other), "other_weight_bytes": facts["weight_bytes"], "other_error": theirs,
+            "other_not_int4": {n: b for n, b in facts["bits"].items() if b != 4},
+            "vlsens_weight_bytes": mine_bytes, "vlsens_error": e,
+            "vlsens_not_int4": {n: b for n, b in mine.items() if b != 4},
+            "error_ratio": e / theirs if theirs > 0 else None}
+
+
+def profile_folder(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path, fp32_dir: str | Path,
+                   reference: str | Path, out_dir: str | Path, target: float, tolerance: dict, max_evals: int = 200,
+                   threads: int = 0, heuristic: str | Path | None = None) -> dict:
+    """The int4-mixed decoder folder: search (:func:`search`), build, measure the built model
+    against the search, gate against transformers, publish. ``heuristic``: a builder decoder to
+    compare with at its own weight bytes (:func:`compare_at_bytes`, in the record)."""
+    import shutil
+    import tempfile
+
+    from vlsens.onnxutil import copy_model
+    from vlsens.variants import build_variant
+
+    with tempfile.TemporaryDirectory(prefix="vlsens-nbits-") as work:
+        found = build(engine_dir, eval_npz, sensitivity_csv, Path(work) / "profile", target, max_evals, threads)
+        if heuristic is not None:
+            found["at_heuristic_bytes"] = compare_at_bytes(engine_dir, eval_npz, sensitivity_csv, heuristic, threads)
+        built = Path(work) / "profile" / MODEL
+
+        def transform(src: Path, feeds, staged: Path) -> dict:
+            if src.name != MODEL:
+                copy_model(src, staged)
+                return {}
+            copy_model(built, staged)
+            return {**_facts(staged), "search": {k: v for k, v in found.items() if k != "settings"},
+                    "settings": found["settings"]}
+
+        record = build_variant(fp32_dir, reference, out_dir, tolerance, "int4-mixed", transform, threads)
+        shutil.rmtree(Path(work) / "profile", ignore_errors=True)
+    return record
+
+
+def builder_folder(checkpoint: str | Path, algo: str, settings, fp32_dir: str | Path, reference: str | Path,
+                   out_dir: str | Path, tolerance: dict, threads: int = 0, log_path: str | Path | None = None) -> dict:
+    """onnxruntime-genai's builder decoder at ``-p int4 --extra_options algo_config=<algo>`` with the
+    run's block size, accuracy level and symmetry, as a gated decoder variant folder."""
+    import tempfile
+
+    from vlsens.onnxutil import copy_model, resave
+    from vlsens.towers.decoder import build_decoder
+    from vlsens.variants import build_variant
+
+    options = {"algo_config": algo, "block_size": settings.block_size, "accuracy_level": settings.accuracy_level,
+               "is_symmetric": str(settings.symmetric).lower()}
+    with tempfile.TemporaryDirectory(prefix="vlsens-int4-") as work:
+        built = build_decoder(checkpoint, work, log_path, precision="int4", options=options)
+
+        def transform(src: Path, feeds, staged: Path) -> dict:
+            if src.name != MODEL:
+                copy_model(src, staged)
+                return {}
+            resave(built, staged)  # the builder's layout -> vlsens' (one compact data file)
+            return {**_facts(staged), "builder": {"precision": "int4", "extra_options": options}}
+
+        return build_variant(fp32_dir, reference, out_dir, tolerance, f"int4-{algo}", transform, threads)

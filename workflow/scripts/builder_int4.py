@@ -1,0 +1,18 @@
+"""onnxruntime-genai's builder decoder at -p int4 with one algo_config, gated (vlsens.profile_nbits)."""
+from pathlib import Path
+
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
+
+from vlsens.inputs import checkpoint_dir
+from vlsens.nbits import NBitsSettings
+from vlsens.profile_nbits import builder_folder
+from vlsens.scripting import run, threads
+
+
+def main(sm):
+    builder_folder(checkpoint_dir(sm.input.checkpoint), sm.wildcards.algo, NBitsSettings.from_config(sm.params.settings),
+                   Path(sm.input.parity).parent, sm.input.reference, Path(sm.output.model).parent,
+                   sm.params.tolerance, threads(sm), log_path=Path(sm.log[0]).with_suffix(".builder.log"))
+
+
+run(snakemake, main)  # noqa: F821

@@ -1,0 +1,17 @@
+"""The int4-mixed decoder: searched in engine nbits, built by MatMulNBitsQuantizer, gated (vlsens.profile_nbits)."""
+from pathlib import Path
+
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
+
+from vlsens.profile_nbits import profile_folder
+from vlsens.scripting import run, threads
+
+
+def main(sm):
+    s = sm.params.settings
+    profile_folder(sm.input.engine, sm.input.eval, sm.input.csv, Path(sm.input.parity).parent, sm.input.reference,
+                   Path(sm.output.model).parent, float(s["target"]), sm.params.tolerance, s["max_evals"], threads(sm),
+                   heuristic=sm.input.get("heuristic"))
+
+
+run(snakemake, main)  # noqa: F821
