@@ -82,8 +82,9 @@ def weight_outlier(tmp_path_factory, parity_refs):
     nbits, the int4-mixed folder and the builder's k_quant_mixed folder."""
     from conftest import build_graph
 
+    from vlsens.deploy.anchors import builder_folder
     from vlsens.presets.build import build_tiny_checkpoint
-    from vlsens.profile_nbits import builder_folder, profile_folder
+    from vlsens.profile_nbits import profile_folder
 
     root = tmp_path_factory.mktemp("nbits-outlier")
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, text_outlier={"layer": 1, "channels": 4, "scale": 0.001})

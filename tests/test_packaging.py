@@ -84,7 +84,7 @@ def test_every_rule_declares_log_benchmark_conda_and_cluster_resources():
         for directive in ("log:", "benchmark:", "conda:", "shell:" if name in SHELL_RULES else "script:"):
             assert directive in body, f"rule {name} lacks {directive}"
         # GPU use, partition, memory and runtime from one helper (rules/common.smk: cluster)
-        assert re.search(r"resources:\s*\n\s*\*\*cluster\(\"" + name + r"\"", body), f"rule {name}: resources"
+        assert re.search(r"resources:\s*\n\s*\*\*cluster\(\s*\"" + name + r"\"", body), f"rule {name}: resources"
         assert "provenance=" in body or name == "all", f"rule {name} records no provenance (rerun trigger)"
 
 

@@ -16,8 +16,8 @@ built model kernel for kernel, :mod:`vlsens.sensitivity.nbits`):
 The built model is measured again on its own (a plain session); the job fails when the built
 error differs from the search's estimate (they are the same arithmetic) or misses the target.
 
-Both the profile (:func:`profile_folder`) and the builder's ``-p int4`` decoders the comparison
-is made against (:func:`builder_folder`) are published as decoder variant folders: ``model.onnx``
+The profile (:func:`profile_folder`), like the builder's ``-p int4`` decoders it is compared with
+(:mod:`vlsens.deploy.anchors`), is published as a decoder variant folder: ``model.onnx``
 and the FP32 folder's ``embedding.onnx``, gated against transformers on the decoder's parity
 cases (``deploy.nbits.tolerance``), the parity record carrying the bits of every MatMul.
 """
@@ -227,7 +227,7 @@ def build(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | P
     return record
 
 
-def _facts(model: str | Path) -> dict:
+def weight_facts(model: str | Path) -> dict:
     """Bits of every weight MatMul (0: float) and the bytes of all their weights as stored."""
     nodes = quantized_nodes(model)
     floats = {o["name"]: 4 * o["K"] * o["N"] for o in weight_matmuls(model)}
@@ -247,7 +247,7 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
     eng_dir = nb.Prepared(engine_dir)
     eng, ref = eng_dir.session(eval_npz, threads), eng_dir.reference()
     rows = pd.read_csv(sensitivity_csv).to_dict("records")
-    facts = _facts(other)
+    facts = weight_facts(other)
     sess, acc = make_session(other, threads=threads), Metrics(eng.logits)
     out = sess.get_outputs()[0].name
     for i, feed in enumerate(eng.samples.feeds):
@@ -287,34 +287,9 @@ def profile_folder(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv
                 copy_model(src, staged)
                 return {}
             copy_model(built, staged)
-            return {**_facts(staged), "search": {k: v for k, v in found.items() if k != "settings"},
+            return {**weight_facts(staged), "search": {k: v for k, v in found.items() if k != "settings"},
                     "settings": found["settings"]}
 
         record = build_variant(fp32_dir, reference, out_dir, tolerance, "int4-mixed", transform, threads)
         shutil.rmtree(Path(work) / "profile", ignore_errors=True)
     return record
-
-
-def builder_folder(checkpoint: str | Path, algo: str, settings, fp32_dir: str | Path, reference: str | Path,
-                   out_dir: str | Path, tolerance: dict, threads: int = 0, log_path: str | Path | None = None) -> dict:
-    """onnxruntime-genai's builder decoder at ``-p int4 --extra_options algo_config=<algo>`` with the
-    run's block size, accuracy level and symmetry, as a gated decoder variant folder."""
-    import tempfile
-
-    from vlsens.onnxutil import copy_model, resave
-    from vlsens.towers.decoder import build_decoder
-    from vlsens.variants import build_variant
-
-    options = {"algo_config": algo, "block_size": settings.block_size, "accuracy_level": settings.accuracy_level,
-               "is_symmetric": str(settings.symmetric).lower()}
-    with tempfile.TemporaryDirectory(prefix="vlsens-int4-") as work:
-        built = build_decoder(checkpoint, work, log_path, precision="int4", options=options)
-
-        def transform(src: Path, feeds, staged: Path) -> dict:
-            if src.name != MODEL:
-                copy_model(src, staged)
-                return {}
-            resave(built, staged)  # the builder's layout -> vlsens' (one compact data file)
-            return {**_facts(staged), "builder": {"precision": "int4", "extra_options": options}}
-
-        return build_variant(fp32_dir, reference, out_dir, tolerance, f"int4-{algo}", transform, threads)

@@ -1,11 +1,11 @@
-"""onnxruntime-genai's builder decoder at -p int4 with one algo_config, gated (vlsens.profile_nbits)."""
+"""onnxruntime-genai's builder decoder at -p int4 with one algo_config, gated (vlsens.deploy.anchors)."""
 from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
+from vlsens.deploy.anchors import builder_folder
 from vlsens.inputs import checkpoint_dir
 from vlsens.nbits import NBitsSettings
-from vlsens.profile_nbits import builder_folder
 from vlsens.scripting import run, threads
 
 
