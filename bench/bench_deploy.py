@@ -178,7 +178,9 @@ def main() -> None:
     if not list(res.glob("deploy/*/genai_config.json")):
         sys.exit(f"{res}/deploy/: no deploy folder; run the workflow first (make run, or make scale for results/3b)")
     rows = []
-    for precision in ("fp32", "fp16", "int8-mixed"):
+    from vlsens.deploy import PRECISIONS
+
+    for precision in PRECISIONS:
         folder = res / "deploy" / precision
         if (folder / "genai_config.json").is_file():
             rows.append((f"deploy/{precision} (onnxruntime-genai)", _spawn("genai", args, folder=folder)))

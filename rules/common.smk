@@ -19,6 +19,7 @@ from vlsens.device import gpu_present
 from vlsens.errors import ConfigError
 from vlsens.plan import configure
 from vlsens.inputs import write_manifests
+from vlsens.nbits import NBitsSettings
 from vlsens.quant_target import check_profile_objective as _check_objective, resolve as _resolve_quant
 from vlsens.resources import cluster_value, job_cores
 from vlsens.targets import all_targets
@@ -88,7 +89,7 @@ wildcard_constraints:
 
 
 DEPLOY = _deploy.DEPLOY
-DEPLOY_SOURCES = {p: _deploy.sources(p) for p in _deploy.PRECISIONS}
+DEPLOY_SOURCES = {p: _deploy.sources(p, config["deploy"]["nbits"]["vision"]) for p in _deploy.PRECISIONS}
 
 
 def get_final_output():
@@ -176,6 +177,12 @@ def shard_csvs(wildcards):
     return [f"{paths.fill(paths.SHARD, i=i, n=n, **dict(wildcards.items()))}.csv" for i in range(n)]
 
 
+def deploy_tolerance(precision):
+    """The vision gate of a deploy folder: its vision graph's precision's tolerance."""
+    vp = _deploy.vision_precision(precision, config["deploy"]["nbits"]["vision"])
+    return tolerance(vp) if vp in ("fp32", "fp16") else canonical(config["deploy"]["int8_tolerance"])
+
+
 def deploy_inputs(wildcards):
     """A deploy folder's graphs (vlsens.deploy.sources), the checkpoint, the evaluation images,
     and (fp16, int8-mixed) the fp32 folder it is measured against."""
@@ -254,6 +261,12 @@ def report_figure(figure, caption, category, figure_labels=None):
 
 def tolerance(variant):
     return tolerance_for(config, variant)
+
+
+def nbits_settings():
+    """``deploy.nbits``' quantization settings alone (not its tolerance or vision choice): a param of
+    the rules that quantize, so only a change of these re-runs them."""
+    return canonical(NBitsSettings.from_config(config["deploy"]["nbits"]).as_dict())
 
 
 def quant_settings():

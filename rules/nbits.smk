@@ -24,7 +24,7 @@ rule sensitivity_nbits:
         **cluster("sensitivity_nbits", threads=config["threads"]),
     params:
         model=analysed_model,
-        settings=canonical(config["deploy"]["nbits"]),
+        settings=nbits_settings(),
         logits=lambda wc: tower(wc).logits,
         provenance=provenance("sensitivity", "sensitivity_nbits.py"),
     script:
@@ -81,7 +81,7 @@ rule builder_int4:
     resources:
         **cluster("builder_int4", threads=config["threads"]),
     params:
-        settings=canonical(config["deploy"]["nbits"]),
+        settings=nbits_settings(),
         tolerance=canonical(config["deploy"]["nbits"]["tolerance"]),
         provenance=provenance("export", "builder_int4.py"),
     script:

@@ -89,6 +89,27 @@ def test_config_check_names_the_missing_graph():
         check_config(default_config(**{"deploy.decoder.variants": ["fp32"]}))
     with pytest.raises(ConfigError, match="vision.dynamic.enabled"):
         check_config(default_config(**{"vision.dynamic.enabled": False}))
+    # the int4 folders' vision graph (deploy.nbits.vision): fp16 needs the dynamic graph's fp16 variant
+    fp16_vision = {"deploy.precisions": ["fp32", "int4-mixed"], "deploy.nbits.vision": "fp16",
+                   "vision.dynamic.sensitivity_variants": []}
+    check_config(default_config(**fp16_vision))
+    with pytest.raises(ConfigError, match=r"int4-mixed.*'fp16' in vision\.dynamic\.variants"):
+        check_config(default_config(**fp16_vision, **{"vision.dynamic.variants": ["fp32"]}))
+    with pytest.raises(ConfigError, match=r"int4-mixed.*vision\.dynamic\.sensitivity_variants"):
+        check_config(default_config(**{**fp16_vision, "deploy.nbits.vision": "int8-mixed"}))
+
+
+def test_int4_folders_take_the_configured_vision_graph():
+    from vlsens.deploy import INT4, sources
+
+    for p in INT4:
+        assert sources(p)["vision"] == "results/{model}/profile/vision/dynamic/fp32/model.onnx"
+        assert sources(p, "fp16")["vision"] == "results/{model}/vision/dynamic/fp16/model.onnx"
+        assert sources(p, "fp16")["vision_record"] == "results/{model}/vision/dynamic/fp16/parity.json"
+        assert sources(p, "fp32")["vision"] == "results/{model}/vision/dynamic/fp32/model.onnx"
+    # the other folders keep their own
+    assert sources("fp16", "fp32")["vision"] == "results/{model}/vision/dynamic/fp16/model.onnx"
+    assert sources("int8-mixed", "fp16")["vision"] == "results/{model}/profile/vision/dynamic/fp32/model.onnx"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,12 +242,12 @@ def test_fp16_and_int8_folders_are_measured_against_fp32_through_the_runtime(fol
 
 def test_a_folder_that_misses_its_check_is_not_written(folders, graph_builder, parity_refs, tmp_path, monkeypatch):
     """fp32 tokens that differ from transformers' fail the job and leave no folder behind."""
-    from vlsens.deploy import evaluate
+    from vlsens.deploy import build
     from vlsens.deploy.build import build_folder
     from vlsens.errors import VlsensError
 
-    real = evaluate.transformers_generate
-    monkeypatch.setattr(evaluate, "transformers_generate",
+    real = build.transformers_generate  # the job generates transformers' tokens before loading the folder
+    monkeypatch.setattr(build, "transformers_generate",
                         lambda *a, **k: [[t + 1 for t in toks] for toks in real(*a, **k)])
     dec, vis = graph_builder("decoder"), graph_builder("vision/dynamic")
     out = tmp_path / "fp32"

@@ -129,6 +129,19 @@ def test_whole_dag_builds_verified_models(finished_run):
         else:
             assert ev["mean_kl"] >= 0 and ev["top1_agreement"] > 0.5
     assert json.loads((wd / "results" / "tiny" / "deploy" / "int8-mixed" / "eval.json").read_text())["target"]["met"]
+    # the int4 folders: the searched decoder and the builder's three anchors, side by side
+    int4 = json.loads((wd / "results" / "tiny" / "deploy" / "int4.json").read_text())
+    assert set(int4["rows"]) == {"int4-mixed", "int4-rtn", "int4-k_quant", "int4-k_quant_mixed"}
+    fp32_bytes = sum(f.stat().st_size for f in (wd / "results" / "tiny" / "deploy" / "fp32").glob("decoder.onnx*"))
+    for precision, row in int4["rows"].items():
+        ev = json.loads((wd / "results" / "tiny" / "deploy" / precision / "eval.json").read_text())
+        assert ev["mean_kl"] == row["mean_kl"] and ev["top1_agreement"] > 0.5, precision
+        assert row["matmuls"]["int4"] > 0 and row["decoder_bytes"] < fp32_bytes, (precision, row)
+    mixed = json.loads((wd / "results" / "tiny" / "deploy" / "int4-mixed" / "eval.json").read_text())
+    assert mixed["target"]["met"], mixed["target"]
+    # all-INT4 (k_quant) misses the KL target, so the search widened some MatMuls, fewer bytes than all INT8
+    assert mixed["target"]["measured"] <= mixed["target"]["target"] < int4["rows"]["int4-k_quant"]["mean_kl"]
+    assert int4["rows"]["int4-mixed"]["matmuls"]["int8"] > 0
     assert not [p for p in (wd / "results").rglob("*") if ".staging-" in p.name or ".tmp-" in p.name]
     # text: the video+prompt case is gated in every variant; per-step video graph: one case per step
     for variant in ("fp32", "fp16", "fp32-sim", "fp16-sim"):

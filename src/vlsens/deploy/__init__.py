@@ -8,16 +8,17 @@ precision       text decoder + embedding               vision
 ``fp16``        ``decoder/fp16``                       ``vision/dynamic/fp16``
 ``int8-mixed``  ``profile/decoder/fp32`` (+ the fp32   ``profile/vision/dynamic/fp32``
                 embedding)
-``int4-mixed``  ``profile/decoder/fp32-nbits``:        ``profile/vision/dynamic/fp32``
+``int4-mixed``  ``profile/decoder/fp32-nbits``:        ``deploy.nbits.vision``
                 weight-only INT4/INT8/float per MatMul
                 (:mod:`vlsens.profile_nbits`)
-``int4-<algo>`` ``decoder/builder-<algo>``: the        ``profile/vision/dynamic/fp32``
+``int4-<algo>`` ``decoder/builder-<algo>``: the        ``deploy.nbits.vision``
                 builder's ``-p int4`` (``rtn``,
                 ``k_quant``, ``k_quant_mixed``)
 ==============  =====================================  ===========================================
 
-Every int4 folder takes the INT8-mixed vision graph (on the CPU the fastest vision graph that
-meets its profile), so the int4 folders differ only in their decoders.
+Every int4 folder takes the same vision graph, ``deploy.nbits.vision`` (default ``int8-mixed``:
+on the CPU the fastest vision graph that meets its profile; ``fp16`` or ``fp32`` where the
+dynamic graph is not analysed, as at real size), so the int4 folders differ only in their decoders.
 
 Every graph comes from a gated variant folder (or a built profile), so each already passed its
 parity gate against transformers. The folder itself is then proven end to end by the runtime we
@@ -57,16 +58,26 @@ DONE = "eval.json"
 DECODER_GRAPH, VISION_GRAPH = "decoder", "vision/dynamic"
 
 
-def sources(precision: str) -> dict[str, str]:
+#: The vision graphs an int4 folder may take (``deploy.nbits.vision``).
+INT4_VISION = ("int8-mixed", "fp16", "fp32")
+
+
+def vision_precision(precision: str, int4_vision: str = "int8-mixed") -> str:
+    """The precision of a deploy folder's vision graph: its own, or ``int4_vision`` for an int4 folder."""
+    return int4_vision if precision in INT4 else precision
+
+
+def sources(precision: str, int4_vision: str = "int8-mixed") -> dict[str, str]:
     """Path patterns (``{model}`` left) of the graphs a deploy folder is made of."""
+    vp = vision_precision(precision, int4_vision)
     dec = paths.fill(paths.VARIANT, graph=DECODER_GRAPH, variant="fp16" if precision == "fp16" else "fp32")
-    vis = paths.fill(paths.VARIANT, graph=VISION_GRAPH, variant="fp16" if precision == "fp16" else "fp32")
+    vis = paths.fill(paths.VARIANT, graph=VISION_GRAPH, variant="fp16" if vp == "fp16" else "fp32")
     # The embedding graph is a secondary file of the decoder's variant folder: that folder's
     # model.onnx and record stand for it as inputs (the job verifies it against the record).
     out = {"decoder_folder": f"{dec}/{paths.MAIN}", "decoder_record": f"{dec}/{paths.RECORD}",
            "vision_record": f"{vis}/{paths.RECORD}"}
-    if precision in ("int8-mixed", *INT4):
-        out["vision"] = paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") + "/model.onnx"
+    out["vision"] = (paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") if vp == "int8-mixed" else vis) + \
+        "/model.onnx"
     if precision == "int8-mixed":
         out["decoder"] = paths.fill(paths.PROFILE, graph=DECODER_GRAPH, variant="fp32") + "/model.onnx"
     elif precision == "int4-mixed":
@@ -76,7 +87,6 @@ def sources(precision: str) -> dict[str, str]:
             "/model.onnx"
     else:
         out["decoder"] = f"{dec}/model.onnx"
-        out["vision"] = f"{vis}/model.onnx"
     return out
 
 
@@ -97,9 +107,9 @@ def check_config(config: dict) -> None:
                          ("deploy.decoder.variants", d["decoder"]["variants"], "fp16")],
                 "int8-mixed": [("vision.dynamic.sensitivity_variants", dyn["sensitivity_variants"], "fp32"),
                                ("deploy.decoder.sensitivity_variants", d["decoder"]["sensitivity_variants"], "fp32")]}
-        for q in INT4:  # the INT8-mixed vision graph; the decoder's fp32 variant
-            need[q] = [("vision.dynamic.sensitivity_variants", dyn["sensitivity_variants"], "fp32"),
-                       ("deploy.decoder.variants", d["decoder"]["variants"], "fp32")]
+        vision = d["nbits"]["vision"]
+        for q in INT4:  # deploy.nbits.vision's vision graph; the decoder's fp32 variant
+            need[q] = [need[vision][0], ("deploy.decoder.variants", d["decoder"]["variants"], "fp32")]
         for key, have, want in need[p]:
             if want not in have:
                 raise ConfigError(f"deploy.precisions has '{p}', which needs '{want}' in {key} (it has {list(have)}); "

@@ -8,7 +8,7 @@ from pathlib import Path
 from vlsens import paths
 from vlsens.deploy import DONE
 from vlsens.deploy.assemble import assemble
-from vlsens.deploy.evaluate import eval_cases, evaluate, vision_parity
+from vlsens.deploy.evaluate import eval_cases, evaluate, transformers_generate, vision_parity
 from vlsens.runtime import Chat
 
 
@@ -26,12 +26,16 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
     with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="vlsens-deploy-") as work:
         files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble")
         cases = eval_cases(images, Path(work) / "images")
+        # transformers' tokens before the folder is loaded: the two float32 models never sit in
+        # memory together (at 3B with all 36 layers each is 14-15 GB)
+        expected = transformers_generate(checkpoint, cases, max_new_tokens) if precision == "fp32" else None
         runtime = Chat(tmp)  # loaded once for both checks
         parity = vision_parity(tmp, checkpoint, cases, tolerance, runtime)
         parity["files"] = file_entries(files.values())
         parity["sources"] = {"decoder": str(decoder), "embedding": str(embedding), "vision": str(vision)}
         write_json(tmp / paths.RECORD, parity)
-        record = evaluate(tmp, precision, checkpoint, cases, max_new_tokens, fp32_folder, fp32_eval, target, runtime)
+        record = evaluate(tmp, precision, checkpoint, cases, max_new_tokens, fp32_folder, fp32_eval, target, runtime,
+                          expected)
         del runtime
         for c in record["cases"]:  # the images lived in a temporary folder: keep their names
             c["images"] = [{"source": f["source"], "size": f["size"]} for f in c["images"]]

@@ -90,9 +90,10 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
 
 def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: list[dict], max_new_tokens: int,
              fp32_folder: str | Path | None, fp32_eval: dict | None, target: dict | None,
-             runtime: Chat | None = None) -> dict:
+             runtime: Chat | None = None, expected: list[list[int]] | None = None) -> dict:
     """``eval.json`` of a folder (see the module docs); raises VlsensError when the fp32 folder's
-    tokens differ from transformers'. ``runtime``: the folder already loaded."""
+    tokens differ from transformers'. ``runtime``: the folder already loaded; ``expected``:
+    transformers' tokens for ``cases``, already generated (:func:`transformers_generate`)."""
     from vlsens.processor import load_processor
 
     processor = load_processor(checkpoint)
@@ -113,7 +114,8 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
                               "cases (image encoding, prefill and greedy decode; the first call included)"}
 
     if precision == "fp32":
-        expected = transformers_generate(checkpoint, cases, max_new_tokens)
+        if expected is None:
+            expected = transformers_generate(checkpoint, cases, max_new_tokens)
         for case, ref in zip(cases, expected):
             got = generate(chat_text(processor, case), case)
             rows.append({"case": case["name"], "images": case["images"], "tokens": got, "transformers": ref,
