@@ -43,11 +43,16 @@ def weights(results: Path, graph: str) -> float:
                if (results / graph / "fp32" / f).is_file())
 
 
-def main() -> None:
+def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path, help="results/<model>")
     ap.add_argument("--activations", type=float, default=1.5, help="A of the budget, GB")
-    a = ap.parse_args()
+    ap.add_argument("--machine-gb", type=float, default=24 * 2**30 / GB,
+                    help="no job may peak above the machine's memory (default 24 GiB), whatever its budget")
+    return ap.parse_args()
+
+
+def main(a: argparse.Namespace) -> None:
     bench = a.results / "benchmarks"
     vision_graphs = sorted({str(p.parent.relative_to(bench)) for p in bench.glob("vision/*/*.tsv")})
     vision_w = max((weights(a.results, g) for g in vision_graphs), default=0.0)
@@ -65,15 +70,16 @@ def main() -> None:
             w = weights(a.results, graph)
             if graph in ("text", "decoder") and re.match(r"(reference|calibration)$", stage):
                 w += vision_w  # the multimodal forward runs the vision tower too
-        budget = 2 * w + a.activations * GB if w else None
-        ok = budget is None or m["rss_mb"] * 1e6 <= budget
+        budget = min(2 * w + a.activations * GB, a.machine_gb * GB) if w else a.machine_gb * GB
+        ok = m["rss_mb"] * 1e6 <= budget
         rows.append((graph, stage, m["s"], m["rss_mb"] / 1e3, w / GB, budget / GB if budget else None, ok))
         if not ok:
             over.append(f"{graph} {stage}")
-    print(f"| graph | stage | s | peak RSS GB | model GB (fp32 W) | budget GB (2W + {a.activations:g}) | within |")
+    print(f"| graph | stage | s | peak RSS GB | model GB (fp32 W) | budget GB (2W + {a.activations:g}, at most "
+          f"{a.machine_gb:.1f}) | within |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     for g, st, s, rss, w, b, ok in rows:
-        print(f"| {g} | {st} | {s:.0f} | {rss:.2f} | {w:.2f} | {'-' if b is None else f'{b:.2f}'} | "
+        print(f"| {g} | {st} | {s:.0f} | {rss:.2f} | {w:.2f} | {b:.2f} | "
               f"{'yes' if ok else '**no**'} |")
     total = sum(r[2] for r in rows)
     print(f"\n{len(rows)} jobs, {total / 60:.1f} min of job time, highest peak {max(r[3] for r in rows):.2f} GB")
@@ -85,5 +91,8 @@ def main() -> None:
 if __name__ == "__main__":
     from _publish import published
 
-    with published("scale", "make scale: every stage of the 3b preset"):
-        main()
+    # results/3b: make scale's table; another model (make scale-int4's 3b-full) publishes its own
+    args = parse()
+    name = args.results.name
+    with published("scale" if name == "3b" else f"scale-{name}", f"every stage of results/{name}"):
+        main(args)

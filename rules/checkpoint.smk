@@ -10,7 +10,7 @@ rule tiny_checkpoint:
     benchmark:
         paths.model_benchmark("tiny_checkpoint")
     wildcard_constraints:
-        model="tiny|tiny-qwen2vl|tiny-qwen3vl",
+        model=PRESET_NAMES["tiny"],
     conda:
         "../envs/torch.yaml"
     threads: 1
@@ -34,7 +34,7 @@ rule checkpoint_3b:
     benchmark:
         paths.model_benchmark("checkpoint_3b")
     wildcard_constraints:
-        model="3b",
+        model=PRESET_NAMES["3b"],
     conda:
         "../envs/torch.yaml"
     threads: 1

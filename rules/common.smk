@@ -20,6 +20,7 @@ from vlsens.errors import ConfigError
 from vlsens.plan import configure
 from vlsens.inputs import write_manifests
 from vlsens.nbits import NBitsSettings
+from vlsens.presets import rule_names as _preset_rule_names
 from vlsens.quant_target import check_profile_objective as _check_objective, resolve as _resolve_quant
 from vlsens.resources import cluster_value, job_cores
 from vlsens.targets import all_targets
@@ -90,6 +91,8 @@ wildcard_constraints:
 
 DEPLOY = _deploy.DEPLOY
 DEPLOY_SOURCES = {p: _deploy.sources(p, config["deploy"]["nbits"]["vision"]) for p in _deploy.PRECISIONS}
+# The {model} names the preset builders make; model.name may rename a preset
+PRESET_NAMES = {kind: _preset_rule_names(kind, PLAN.preset, PLAN.model) for kind in ("tiny", "3b")}
 
 
 def get_final_output():

@@ -185,6 +185,27 @@ def test_scale_config_plans_the_3b_preset(tmp_path):
     assert errors and any("text_layers" in e for e in errors), errors
 
 
+def test_full_depth_int4_config_plans_a_renamed_3b_preset(tmp_path):
+    """`make scale-int4`'s config: the 3b preset at 36 layers under its own name (results/3b-full/,
+    beside make scale's results/3b/), the decoder, engine nbits, the int4-mixed profile, the
+    heuristic anchor and the int4 folders with the fp16 dynamic vision graph; no text graphs."""
+    r = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(tmp_path),
+         "--configfile", str(REPO / "config" / "scale-int4.yaml"), "-n", "--cores", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert "results/3b-full/checkpoint" in out and "results/3b/" not in out
+    for rule in ("checkpoint_3b", "sensitivity_nbits", "profile_nbits", "builder_int4", "deploy", "deploy_int4"):
+        assert f"rule {rule}:" in out, rule
+    assert "results/3b-full/vision/dynamic/fp16/model.onnx" in out and "results/3b-full/text/" not in out
+    plan, _ = make_plan(_cfg(model__checkpoint="3b", model__name="3b-full"))
+    assert plan.model == "3b-full" and plan.preset == "3b"
+    with pytest.raises(ConfigError, match="model.name: 'tiny' is another preset's name"):
+        make_plan(_cfg(model__checkpoint="3b", model__name="tiny"))
+
+
 def test_cluster_memory_and_runtime_per_rule_and_per_graph():
     """cluster.mem_mb / runtime: one value per rule, or one per graph (a real-size text LM asks
     SLURM for more than a small vision graph), each with a default; checked by the schema."""

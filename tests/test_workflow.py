@@ -51,9 +51,10 @@ def planned(workdir, overrides=None) -> tuple[set[str], str]:
 GRAPHS = {"vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/224x224-t2", "vision/dynamic", "text",
           "decoder"}
 REPORT_RULES = {"report_heatmap", "report_ranked", "report_pareto", "report_engines", "report_fp16", "report_latency",
-                "report_tables"}
+                "report_tables", "report_int4"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
-              "sensitivity_compare", "deploy"} | REPORT_RULES  # deploy: checked with onnxruntime(-genai)
+              "sensitivity_compare", "deploy", "sensitivity_nbits", "profile_nbits", "builder_int4",
+              "deploy_int4"} | REPORT_RULES  # deploy: checked with onnxruntime(-genai)
 
 
 @pytest.fixture(scope="module")
@@ -235,10 +236,11 @@ def test_every_record_matches_its_schema(finished_run):
 
     found = records.records_under(finished_run / "results")
     kinds = Counter(records.schema_name(p) for p in found)
-    # parity: 4 + 4 + 2 (224x224-u8) + 2 (224x224-t2) + 4 + 4 + 2 variant folders; calibration
-    # sets, engines, rankings and profiles per analysed graph and variant
-    assert kinds == {"parity": 22, "manifest": 7, "engine": 10, "ort": 10, "eval": 10, "inc": 2, "compare": 2,
-                     "deploy_parity": 3, "deploy_eval": 3}, kinds
+    # parity: 4 + 4 + 2 (224x224-u8) + 2 (224x224-t2) + 4 + 4 + 2 variant folders, the int4-mixed
+    # decoder and the builder's 3 int4 decoders; calibration sets, engines, rankings and profiles per
+    # analysed graph and variant; 7 deploy folders, the int4 comparison, engine nbits of the decoder
+    assert kinds == {"parity": 26, "manifest": 7, "engine": 10, "ort": 10, "eval": 10, "inc": 2, "compare": 2,
+                     "deploy_parity": 7, "deploy_eval": 7, "deploy_int4": 1, "nbits_engine": 1, "nbits": 1}, kinds
     assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
     for name, key in (("parity.json", "passed"), ("ort.json", "ops"), ("manifest.json", "counts"),
                       ("deploy_eval", "cases"), ("deploy_parity", "images")):
@@ -313,7 +315,8 @@ def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
                            ("vlsens.towers.decoder", {"decoder"})):
         jobs, _ = dry_run(finished_run, f"{module}=edited")
         assert {g for _, g in jobs} - {""} == graphs, jobs
-        assert {r for r, g in jobs if not g} == {"deploy", "report_latency", "report_tables"}, jobs
+        assert {r for r, g in jobs if not g} == {"deploy", "deploy_int4", "report_latency", "report_tables",
+                                                 "report_int4"}, jobs
         stages = {"reference", "export", "fp16", "sensitivity_prepare", "profile"}
         assert stages | ({"simplify"} if graphs != {"decoder"} else set()) <= {r for r, _ in jobs}  # no onnxsim: decoder
     jobs, _ = dry_run(finished_run, "vlsens.variants=edited")
@@ -332,7 +335,7 @@ def test_matplotlib_upgrade_redraws_only_the_figures(finished_run):
 
 REPORT_CATEGORIES = {"1. Parity and profiles", "2. Sensitivity heatmaps", "3. Most sensitive ops",
                      "4. Profiles: INT8 coverage vs accuracy", "5. Engine agreement", "6. FP16 fallback",
-                     "7. Latency and size"}
+                     "7. Latency and size", "8. INT4 decoders"}
 
 
 @pytest.mark.slow

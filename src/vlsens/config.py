@@ -110,9 +110,12 @@ def model_name(config: dict) -> str:
     ckpt = str(config["model"]["checkpoint"])
     name = config["model"].get("name")
     if ckpt in PRESETS:
-        if name and name != ckpt:
-            raise ConfigError(f"model.name: '{name}' cannot rename the preset '{ckpt}'; leave it unset.")
-        return ckpt
+        # a preset may be built under another name (e.g. the 3b preset at full depth beside make
+        # scale's two layers), but not under another preset's
+        if name and name != ckpt and name in PRESETS:
+            raise ConfigError(f"model.name: '{name}' is another preset's name; the preset '{ckpt}' may be "
+                              f"named anything else (or leave it unset: '{ckpt}').")
+        name = name or ckpt
     if not name:
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(ckpt.rstrip("/")).name) or "model"
     if not NAME_RE.match(name):

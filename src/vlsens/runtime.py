@@ -86,6 +86,14 @@ class Chat:
         self.processor = self.model.create_multimodal_processor()
         self.tokenizer = og.Tokenizer(self.model)
 
+    def close(self) -> None:
+        """Release the folder's sessions now (the object may still be referenced elsewhere): a
+        check that runs two folders one after the other holds one at a time."""
+        import gc
+
+        self.model = self.processor = self.tokenizer = None
+        gc.collect()
+
     def prompt(self, text: str, n_images: int = 0) -> str:
         """The folder's chat template around ``text`` with ``n_images`` image placeholders."""
         content = [{"type": "image"}] * n_images + [{"type": "text", "text": text}]

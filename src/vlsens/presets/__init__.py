@@ -30,3 +30,15 @@ PRESETS = tuple(PRESET_FAMILY)
 
 
 TINY_PRESETS = tuple(p for p in PRESETS if p.startswith("tiny"))
+
+
+def rule_names(kind: str, preset: str | None, model: str) -> str:
+    """The results/<model> names a preset rule builds, as a wildcard pattern: the presets of
+    ``kind`` (``tiny``: every tiny preset; ``3b``), and ``model`` when this run's preset is one of
+    them under another name (``model.name``)."""
+    import re
+
+    names = [p for p in PRESETS if p.startswith(kind)]
+    if preset in names and model not in names:
+        names.append(model)
+    return "|".join(re.escape(n) for n in names)
