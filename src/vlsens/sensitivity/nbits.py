@@ -195,12 +195,19 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     if not ops:
         raise ValueError(f"no MatMul with a constant weight in {base_model}")
     names = [o["name"] for o in ops]
-    paths = {b: quantize(fl, d / FILES[f"q{b}"], dict.fromkeys(names, b), settings) for b in BITS}
+    paths = {}
+    for b in BITS:
+        log.info("quantizing all %d weight MatMuls to %d bits (%s, block %d)", len(names), b, settings.algorithm,
+                 settings.block_size)
+        paths[b] = quantize(fl, d / FILES[f"q{b}"], dict.fromkeys(names, b), settings)
     t_q = time.perf_counter()
+    log.info("quantized in %.0f s; building the switch model", t_q - t0)
     nodes = {b: quantized_nodes(p) for b, p in paths.items()}
     build_switch_model(fl, paths, d / FILES["switch"], names)
     samples = Samples.load(eval_npz, fl)
     eng = NBitsEngine(d / FILES["switch"], names, samples, logits, threads)
+    log.info("switch session ready (%.0f s); float reference on %d evaluation samples", time.perf_counter() - t0,
+             samples.count)
     savez_stream(d / FILES["reference"], eng.outputs({}))
     fb = float_bytes(ops)
     meta = {
@@ -229,7 +236,12 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
     eng, ref = eng_dir.session(eval_npz, threads), eng_dir.reference()
     t0 = time.perf_counter()
     rows = []
-    for o in eng_dir.meta["ops"]:
+    every = max(10, len(eng_dir.meta["ops"]) // 10)  # about ten progress lines on a real-size decoder
+    for k, o in enumerate(eng_dir.meta["ops"]):
+        if k and k % every == 0:
+            done = time.perf_counter() - t0
+            log.info("%d of %d ops scored (%.0f s, about %.0f s left)", k, len(eng_dir.meta["ops"]), done,
+                     done / k * (len(eng_dir.meta["ops"]) - k))
         block, role = parse_op_name(o["name"], "MatMul")
         row = {"op": o["name"], "block": "" if block is None else block, "role": role, "K": o["K"], "N": o["N"],
                "bytes_float": o["bytes"]["float"]}
