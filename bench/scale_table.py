@@ -72,7 +72,7 @@ def main(a: argparse.Namespace) -> None:
                 w += vision_w  # the multimodal forward runs the vision tower too
         budget = min(2 * w + a.activations * GB, a.machine_gb * GB) if w else a.machine_gb * GB
         ok = m["rss_mb"] * 1e6 <= budget
-        rows.append((graph, stage, m["s"], m["rss_mb"] / 1e3, w / GB, budget / GB if budget else None, ok))
+        rows.append((graph, stage, m["s"], m["rss_mb"] / 1e3, w / GB, budget / GB, ok))
         if not ok:
             over.append(f"{graph} {stage}")
     print(f"| graph | stage | s | peak RSS GB | model GB (fp32 W) | budget GB (2W + {a.activations:g}, at most "

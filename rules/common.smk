@@ -180,12 +180,6 @@ def shard_csvs(wildcards):
     return [f"{paths.fill(paths.SHARD, i=i, n=n, **dict(wildcards.items()))}.csv" for i in range(n)]
 
 
-def deploy_tolerance(precision):
-    """The vision gate of a deploy folder: its vision graph's precision's tolerance."""
-    vp = _deploy.vision_precision(precision, config["deploy"]["nbits"]["vision"])
-    return tolerance(vp) if vp in ("fp32", "fp16") else canonical(config["deploy"]["int8_tolerance"])
-
-
 def deploy_inputs(wildcards):
     """A deploy folder's graphs (vlsens.deploy.sources), the checkpoint, the evaluation images,
     and (fp16, int8-mixed) the fp32 folder it is measured against."""

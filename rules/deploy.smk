@@ -19,7 +19,7 @@ rule deploy:
         **cluster("deploy", threads=config["threads"]),
     params:
         max_new_tokens=config["deploy"]["max_new_tokens"],
-        tolerance=lambda wc: deploy_tolerance(wc.precision),
+        tolerance=lambda wc: _deploy.vision_tolerance(config, wc.precision),
         target=lambda wc: (
             canonical(TOWERS[_deploy.DECODER_GRAPH].profile_settings())
             if wc.precision in ("int8-mixed", "int4-mixed")

@@ -99,6 +99,22 @@ def test_config_check_names_the_missing_graph():
         check_config(default_config(**{**fp16_vision, "deploy.nbits.vision": "int8-mixed"}))
 
 
+def test_vision_gate_follows_the_vision_graph():
+    from conftest import default_config
+
+    from vlsens.config import tolerance_for
+    from vlsens.deploy import INT4, vision_tolerance
+
+    cfg = default_config()
+    int8 = cfg["deploy"]["int8_tolerance"]
+    assert vision_tolerance(cfg, "fp32") == tolerance_for(cfg, "fp32")
+    assert vision_tolerance(cfg, "fp16") == tolerance_for(cfg, "fp16")
+    assert vision_tolerance(cfg, "int8-mixed") == int8
+    for p in INT4:
+        assert vision_tolerance(cfg, p) == int8  # deploy.nbits.vision: int8-mixed
+        assert vision_tolerance(default_config(**{"deploy.nbits.vision": "fp16"}), p) == tolerance_for(cfg, "fp16")
+
+
 def test_int4_folders_take_the_configured_vision_graph():
     from vlsens.deploy import INT4, sources
 

@@ -58,13 +58,19 @@ DONE = "eval.json"
 DECODER_GRAPH, VISION_GRAPH = "decoder", "vision/dynamic"
 
 
-#: The vision graphs an int4 folder may take (``deploy.nbits.vision``).
-INT4_VISION = ("int8-mixed", "fp16", "fp32")
-
-
 def vision_precision(precision: str, int4_vision: str = "int8-mixed") -> str:
-    """The precision of a deploy folder's vision graph: its own, or ``int4_vision`` for an int4 folder."""
+    """The precision of a deploy folder's vision graph: its own, or ``int4_vision`` (the config's
+    ``deploy.nbits.vision``) for an int4 folder."""
     return int4_vision if precision in INT4 else precision
+
+
+def vision_tolerance(config: dict, precision: str) -> dict:
+    """The gate of a deploy folder's ``vision.onnx``: ``parity.tolerance`` of its vision graph's
+    precision (fp32, fp16), ``deploy.int8_tolerance`` for the INT8-mixed graph."""
+    from vlsens.config import canonical, tolerance_for
+
+    vp = vision_precision(precision, config["deploy"]["nbits"]["vision"])
+    return tolerance_for(config, vp) if vp in ("fp32", "fp16") else canonical(config["deploy"]["int8_tolerance"])
 
 
 def sources(precision: str, int4_vision: str = "int8-mixed") -> dict[str, str]:

@@ -236,12 +236,12 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
     eng, ref = eng_dir.session(eval_npz, threads), eng_dir.reference()
     t0 = time.perf_counter()
     rows = []
-    every = max(10, len(eng_dir.meta["ops"]) // 10)  # about ten progress lines on a real-size decoder
+    n = len(eng_dir.meta["ops"])
+    every = max(10, n // 10)  # about ten progress lines on a real-size decoder
     for k, o in enumerate(eng_dir.meta["ops"]):
         if k and k % every == 0:
             done = time.perf_counter() - t0
-            log.info("%d of %d ops scored (%.0f s, about %.0f s left)", k, len(eng_dir.meta["ops"]), done,
-                     done / k * (len(eng_dir.meta["ops"]) - k))
+            log.info("%d of %d ops scored (%.0f s, about %.0f s left)", k, n, done, done / k * (n - k))
         block, role = parse_op_name(o["name"], "MatMul")
         row = {"op": o["name"], "block": "" if block is None else block, "role": role, "K": o["K"], "N": o["N"],
                "bytes_float": o["bytes"]["float"]}
