@@ -8,7 +8,7 @@ from vlsens.sensitivity import nbits
 
 def main(sm):
     nbits.prepare(sm.params.model, sm.input.eval, sm.output.engine, NBitsSettings.from_config(sm.params.settings),
-                  threads(sm), logits=sm.params.logits)
+                  threads(sm), logits=sm.params.logits, suffix_cuts=sm.params.suffix_cuts)
     nbits.sensitivity(sm.output.engine, sm.input.eval, sm.output.csv, sm.output.summary, threads(sm))
 
 

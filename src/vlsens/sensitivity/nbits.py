@@ -13,10 +13,21 @@ ones ``MatMulNBitsQuantizer`` wrote (per node independent for ``rtn`` and ``k_qu
 assignment evaluated here equals the model :func:`vlsens.nbits.quantize` builds for it, kernel for
 kernel (``tests/test_nbits.py`` checks every op against its one-op model, bit for bit).
 
+Suffix-only (:mod:`vlsens.sensitivity.suffix`, ``sensitivity.suffix_cuts``): an op changes nothing
+computed before its switch, so the sensitivity pass (one op at a time) runs each op from the cut
+before it on, the float state at that cut cached once per evaluation input; on a decoder whose
+MatMuls are spread evenly that is about half a forward per op. The same test runs through it.
+
 Engine folder: ``float.onnx`` (the base model untied), ``q4.onnx`` and ``q8.onnx`` (the all-op
-models), ``switch.onnx`` (reads the float weights from ``float.onnx.data``; its own data file holds
-the quantized weights), ``reference.npz`` (float outputs on the evaluation set) and
-``engine.json``.
+models), ``switch.onnx`` (a graph only: it reads the float weights from ``float.onnx.data`` and the
+quantized ones from ``q4.onnx.data`` / ``q8.onnx.data``, so building it loads no weight and writes
+none), ``reference.npz`` (float outputs on the evaluation set) and ``engine.json``.
+
+Memory of the switch session: ONNX Runtime prepacks the quantized weights (each branch's own
+initializers) into its own buffers, about their size on disk, and memory-maps the float weights
+(outer-scope initializers are not prepacked): resident ``bytes_int4 + bytes_int8`` plus the float
+weights as file pages the kernel may drop and re-read. At 3B (36 layers, 3.1 B MatMul weights):
+1.7 + 3.3 GB resident, 12.4 GB mapped.
 """
 
 from __future__ import annotations
@@ -31,6 +42,9 @@ import numpy as np
 
 from vlsens.metrics import Metrics
 from vlsens.nbits import BITS, FLOAT, NBitsSettings, float_bytes, quantize, quantized_nodes, weight_matmuls
+from vlsens.sensitivity.suffix import SKIP_INPUT, SuffixCache, SuffixPlan
+from vlsens.sensitivity.suffix import build as build_suffix
+from vlsens.sensitivity.switch import SwitchMap
 
 log = logging.getLogger(__name__)
 
@@ -39,25 +53,28 @@ BITS_INPUT = "vlsens_nbits"
 CSV_COLUMNS = ["rank", "op", "block", "role", "K", "N", "bytes_float", "bytes_int8", "bytes_int4",
                "error_int4", "error_int8", "cosine_int4", "cosine_int8"]
 LOGIT_COLUMNS = ["kl_int4", "top1_int4", "kl_int8", "top1_int8"]
-FILES = {"float": "float.onnx", "q4": "q4.onnx", "q8": "q8.onnx", "switch": "switch.onnx",
+FILES = {"float": "float.onnx", "q4": "q4.onnx", "q8": "q8.onnx", "switch": "switch.onnx", "probe": "probe.onnx",
          "reference": "reference.npz", "meta": "engine.json"}
 
 
 def build_switch_model(float_model: str | Path, quantized: Mapping[int, str | Path], out_model: str | Path,
                        ops: Sequence[str]) -> None:
-    """The switch model of ``float_model`` and its all-op quantized models (``{bits: path}``);
-    written beside ``float_model`` (its float weights stay in that model's data file)."""
+    """The switch model of ``float_model`` and its all-op quantized models (``{bits: path}``),
+    all in one folder: written beside them, a graph whose weights stay in their data files (loaded
+    without weights: its memory is the graphs', whatever the model's size)."""
     import onnx
     from onnx import TensorProto, helper
 
     from vlsens.onnxgraph import copy_node, element_types
     from vlsens.onnxutil import save_with_external_data
 
-    if Path(out_model).resolve().parent != Path(float_model).resolve().parent:
-        raise ValueError(f"{out_model} must be written beside {float_model} (it reads that model's weights file)")
+    folder = Path(out_model).resolve().parent
+    for src in (float_model, *quantized.values()):
+        if Path(src).resolve().parent != folder:
+            raise ValueError(f"{out_model} must be written beside {src} (it reads that model's weights file)")
     fm = onnx.load(str(float_model), load_external_data=False)
     elem = element_types(float_model)
-    qms = {b: onnx.load(str(p), load_external_data=True) for b, p in quantized.items()}
+    qms = {b: onnx.load(str(p), load_external_data=False) for b, p in quantized.items()}
     q_nodes = {b: {n.name: n for n in m.graph.node} for b, m in qms.items()}
     q_inits = {b: {i.name: i for i in m.graph.initializer} for b, m in qms.items()}
     f_inits = {i.name for i in fm.graph.initializer}
@@ -76,7 +93,9 @@ def build_switch_model(float_model: str | Path, quantized: Mapping[int, str | Pa
         tag = f"vlsens_nb{k}"
         idx = f"{tag}_index"
         needed[idx] = helper.make_tensor(idx, TensorProto.INT64, [], [k])
-        new_nodes.append(helper.make_node("Gather", [BITS_INPUT, idx], [f"{tag}_bits"], name=f"{tag}_Gather", axis=0))
+        # named like every engine's switch of op k: the suffix plan starts op k's group there
+        new_nodes.append(helper.make_node("Gather", [BITS_INPUT, idx], [f"{tag}_bits"], name=f"vlsens_op{k}_Gather",
+                                          axis=0))
         out = node.output[0]
         branch = helper.make_graph([copy_node(node, {out: f"{tag}_float"}, f"{node.name}__{tag}_float")],
                                    f"{tag}_float", [], [out_info(f"{tag}_float")])
@@ -87,6 +106,7 @@ def build_switch_model(float_model: str | Path, quantized: Mapping[int, str | Pa
             # The quantized weights are the branch's own initializers: ONNX Runtime prepacks a
             # kernel's constant weights only from its own graph (an outer-scope weight takes
             # MatMulNBits' unpacked path, whose INT8 arithmetic differs at accuracy_level 4).
+            # Copied as references: a large one still points into q<b>.onnx.data.
             weights = []
             for x in qn.input[1:]:
                 if x in q_inits[b]:
@@ -125,9 +145,12 @@ def build_switch_model(float_model: str | Path, quantized: Mapping[int, str | Pa
 
 
 class NBitsEngine:
-    """One session over the switch model: any assignment ``{op: 4 | 8}`` (others float)."""
+    """One session over the switch model: any assignment ``{op: 4 | 8}`` (others float). With a
+    :class:`~vlsens.sensitivity.suffix.SuffixCache`, an assignment runs from the cut of its
+    earliest non-float op on (:mod:`vlsens.sensitivity.suffix`; the float prefix is cached)."""
 
-    def __init__(self, switch_model: str | Path, ops: Sequence[str], samples, logits: bool, threads: int = 0):
+    def __init__(self, switch_model: str | Path, ops: Sequence[str], samples, logits: bool, threads: int = 0,
+                 suffix: SuffixCache | None = None):
         from vlsens.onnxutil import make_session
 
         self.ops = list(ops)
@@ -136,6 +159,9 @@ class NBitsEngine:
         self.samples = samples
         self.logits = bool(logits)
         self.output = self.session.get_outputs()[0].name
+        self.suffix = suffix
+        skip = next((i for i in self.session.get_inputs() if i.name == SKIP_INPUT), None)
+        self._no_skip = {SKIP_INPUT: np.zeros(skip.shape[0], dtype=bool)} if skip is not None else {}
 
     def vector(self, bits: Mapping[str, int]) -> np.ndarray:
         v = np.full(len(self.ops), FLOAT, dtype=np.int64)
@@ -147,8 +173,12 @@ class NBitsEngine:
 
     def outputs(self, bits: Mapping[str, int]):
         v = self.vector(bits)
-        for feed in self.samples.feeds:
-            yield self.session.run([self.output], {**feed, BITS_INPUT: v})[0]
+        group = None
+        if self.suffix is not None:
+            group = self.suffix.plan.group_of([n for n, b in bits.items() if b != FLOAT])
+        for i, feed in enumerate(self.samples.feeds):
+            start = self.suffix.feed(group, i) if group is not None else self._no_skip
+            yield self.session.run([self.output], {**feed, BITS_INPUT: v, **start})[0]
 
     def evaluate(self, bits: Mapping[str, int], reference) -> dict[str, float]:
         acc = Metrics(self.logits)
@@ -166,11 +196,18 @@ class Prepared:
         self.ops = [o["name"] for o in self.meta["ops"]]
         self.settings = NBitsSettings.from_config(self.meta["settings"])
 
-    def session(self, eval_npz: str | Path, threads: int = 0) -> NBitsEngine:
+    def session(self, eval_npz: str | Path, threads: int = 0, cache_dir: str | Path | None = None) -> NBitsEngine:
+        """The engine on the evaluation set; with ``cache_dir`` (a private scratch folder) and a
+        segmented switch model, the suffix engine (its cache filled there by one float pass)."""
         from vlsens.samples import Samples
 
         samples = Samples.load(eval_npz, self.folder / FILES["float"])
-        return NBitsEngine(self.folder / FILES["switch"], self.ops, samples, self.meta["logits"], threads)
+        suffix = None
+        plan = SuffixPlan.from_json(self.meta["suffix"]) if self.meta.get("suffix") else None
+        if cache_dir is not None and plan is not None and plan.segments:
+            suffix = SuffixCache.fill(self.folder / FILES["probe"], plan, samples.feeds, cache_dir, BITS_INPUT,
+                                      len(self.ops), threads, mask_dtype=np.int64, basic=False)
+        return NBitsEngine(self.folder / FILES["switch"], self.ops, samples, self.meta["logits"], threads, suffix)
 
     def reference(self):
         from vlsens.samples import ReferenceStore
@@ -179,9 +216,10 @@ class Prepared:
 
 
 def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path, settings: NBitsSettings,
-            threads: int = 0, *, logits: bool) -> dict:
+            threads: int = 0, *, logits: bool, suffix_cuts: int = 32) -> dict:
     """Engine folder of ``base_model``: the float model, the all-INT4 and all-INT8 models, the
-    switch model, the float reference on the evaluation set; ``engine.json`` written last."""
+    switch model (segmented for the suffix engine when ``suffix_cuts`` > 0, its probe beside it),
+    the float reference on the evaluation set; ``engine.json`` written last."""
     from vlsens.artifacts import verify
     from vlsens.fsutil import savez_stream, write_json
     from vlsens.quant import prepare_float_model
@@ -204,6 +242,10 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     log.info("quantized in %.0f s; building the switch model", t_q - t0)
     nodes = {b: quantized_nodes(p) for b, p in paths.items()}
     build_switch_model(fl, paths, d / FILES["switch"], names)
+    sp = build_suffix(d / FILES["switch"], d / FILES["probe"], SwitchMap(names, {}), suffix_cuts) if suffix_cuts > 0 \
+        else None
+    if sp is None:
+        (d / FILES["probe"]).write_bytes(b"")
     samples = Samples.load(eval_npz, fl)
     eng = NBitsEngine(d / FILES["switch"], names, samples, logits, threads)
     log.info("switch session ready (%.0f s); float reference on %d evaluation samples", time.perf_counter() - t0,
@@ -218,6 +260,7 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
         "ops": [{**o, "bytes": {"float": fb[o["name"]], **{str(b): nodes[b][o["name"]]["bytes"] for b in BITS}}}
                 for o in ops],
         "eval_samples": samples.count,
+        "suffix": sp.to_json() if sp is not None else None,
         "seconds": {"quantize": t_q - t0, "total": time.perf_counter() - t0},
     }
     write_json(d / FILES["meta"], meta)
@@ -229,11 +272,36 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
     """One row per weight MatMul: its error with only it at INT4, and at INT8 (the rest float),
     ranked by the INT4 error (KL per real token for logits, else 1 - cosine); plus the all-INT4
     and all-INT8 models' metrics in the sidecar JSON."""
-    from vlsens.fsutil import write_csv, write_json
-    from vlsens.quant import parse_op_name
+    from vlsens.fsutil import staging_dir, write_csv, write_json
 
     eng_dir = Prepared(engine_dir)
-    eng, ref = eng_dir.session(eval_npz, threads), eng_dir.reference()
+    with staging_dir(out_csv) as scratch:  # the suffix cache: private to this job, removed after
+        t0 = time.perf_counter()
+        eng = eng_dir.session(eval_npz, threads, cache_dir=scratch)
+        setup = time.perf_counter() - t0
+        rows, per_op, totals = _score(eng_dir, eng, eng_dir.reference())
+        del eng
+    write_csv(out_csv, rows, CSV_COLUMNS + (LOGIT_COLUMNS if eng_dir.meta["logits"] else []))
+    summary = {
+        "engine": "nbits",
+        "ops": len(rows),
+        "settings": eng_dir.meta["settings"],
+        **totals,
+        "bytes": {"float": sum(r["bytes_float"] for r in rows), "int4": sum(r["bytes_int4"] for r in rows),
+                  "int8": sum(r["bytes_int8"] for r in rows)},
+        "seconds_per_op": per_op,
+        "suffix": bool(eng_dir.meta.get("suffix") and eng_dir.meta["suffix"]["segments"]),
+        "setup_seconds": setup,
+        "most_sensitive": [r["op"] for r in rows[:5]],
+    }
+    write_json(out_json, summary)
+    return summary
+
+
+def _score(eng_dir: Prepared, eng: NBitsEngine, ref) -> tuple[list[dict], float, dict]:
+    """The ranked rows, seconds per op, and the all-INT4 / all-INT8 metrics."""
+    from vlsens.quant import parse_op_name
+
     t0 = time.perf_counter()
     rows = []
     n = len(eng_dir.meta["ops"])
@@ -257,21 +325,9 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
     rows.sort(key=lambda r: -r["error_int4"])
     for i, r in enumerate(rows, 1):
         r["rank"] = i
-    write_csv(out_csv, rows, CSV_COLUMNS + (LOGIT_COLUMNS if eng.logits else []))
     names = [r["op"] for r in rows]
-    summary = {
-        "engine": "nbits",
-        "ops": len(rows),
-        "settings": eng_dir.meta["settings"],
-        "all_int4": eng.evaluate(dict.fromkeys(names, 4), ref),
-        "all_int8": eng.evaluate(dict.fromkeys(names, 8), ref),
-        "bytes": {"float": sum(r["bytes_float"] for r in rows), "int4": sum(r["bytes_int4"] for r in rows),
-                  "int8": sum(r["bytes_int8"] for r in rows)},
-        "seconds_per_op": per_op,
-        "most_sensitive": names[:5],
-    }
-    write_json(out_json, summary)
-    return summary
+    return rows, per_op, {"all_int4": eng.evaluate(dict.fromkeys(names, 4), ref),
+                          "all_int8": eng.evaluate(dict.fromkeys(names, 8), ref)}
 
 
 def error(metrics: Mapping[str, float], logits: bool) -> float:

@@ -285,14 +285,17 @@ class SuffixCache:
 
     @classmethod
     def fill(cls, probe_model: str | Path, sp: SuffixPlan, feeds: list[dict], folder: str | Path,
-             mask_input: str, mask_size: int, threads: int = 0) -> "SuffixCache":
-        """One float pass of the probe per input; live tensor j of input i saved as ``<i>/<j>.npy``."""
+             mask_input: str, mask_size: int, threads: int = 0, mask_dtype=bool, basic: bool = True) -> "SuffixCache":
+        """One float pass of the probe per input (the switch input all zeros, of ``mask_dtype``;
+        ``basic``: the engine session's optimization level, so the cached values are the ones the
+        full switch model computes); live tensor j of input i saved as ``<i>/<j>.npy``."""
         from vlsens.onnxutil import make_session
 
         folder = Path(folder)
         names = sorted({t for live in sp.live for t in live})
-        sess = make_session(probe_model, threads=threads, basic=True)
-        base = {mask_input: np.zeros(mask_size, dtype=bool), SKIP_INPUT: np.zeros(max(sp.segments, 1), dtype=bool)}
+        sess = make_session(probe_model, threads=threads, basic=basic)
+        base = {mask_input: np.zeros(mask_size, dtype=mask_dtype),
+                SKIP_INPUT: np.zeros(max(sp.segments, 1), dtype=bool)}
         for i, feed in enumerate(feeds):
             vals = sess.run(names, {**feed, **base})
             d = folder / str(i)
