@@ -1,7 +1,8 @@
 # Weight-only INT4/INT8 of the decoder's MatMuls (vlsens.nbits): engine "nbits" (one switch
 # session, a CSV beside ort.csv), the int4-mixed profile (fewest bytes meeting the text profile's
 # KL target) and onnxruntime-genai's builder at -p int4 (the anchors it is compared with). Each
-# int4 decoder is a decoder variant folder gated against transformers (deploy.nbits.tolerance).
+# int4 decoder is a decoder variant folder gated against transformers run on the graph's own
+# dequantized weights: with float activations at FP32's tolerance, as shipped at deploy.nbits.tolerance.
 
 NBITS = paths.files(paths.SENSITIVITY, paths.NBITS_FILES)
 
@@ -26,6 +27,7 @@ rule sensitivity_nbits:
         model=analysed_model,
         settings=nbits_settings(),
         logits=lambda wc: tower(wc).logits,
+        suffix_cuts=config["sensitivity"]["suffix_cuts"],
         provenance=provenance("sensitivity", "sensitivity_nbits.py"),
     script:
         "../workflow/scripts/sensitivity_nbits.py"
@@ -34,6 +36,7 @@ rule sensitivity_nbits:
 rule profile_nbits:
     input:
         unpack(heuristic_input),
+        checkpoint=checkpoint_dir,
         engine=rules.sensitivity_nbits.output.engine,
         csv=rules.sensitivity_nbits.output.csv,
         eval=CALIB["eval"],
@@ -55,6 +58,7 @@ rule profile_nbits:
     params:
         settings=tower_settings("profile"),
         tolerance=canonical(config["deploy"]["nbits"]["tolerance"]),
+        exact_tolerance=tolerance("fp32"),
         provenance=provenance("sensitivity", "profile_nbits.py"),
     script:
         "../workflow/scripts/profile_nbits.py"
@@ -83,6 +87,7 @@ rule builder_int4:
     params:
         settings=nbits_settings(),
         tolerance=canonical(config["deploy"]["nbits"]["tolerance"]),
+        exact_tolerance=tolerance("fp32"),
         provenance=provenance("export", "builder_int4.py"),
     script:
         "../workflow/scripts/builder_int4.py"

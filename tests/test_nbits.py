@@ -23,10 +23,13 @@ def _outputs(model, samples):
     return [sess.run(["logits"], feed)[0] for feed in samples.feeds]
 
 
-def test_every_op_of_the_switch_equals_its_one_op_model(decoder_engine):
+def test_every_op_of_the_switch_equals_its_one_op_model(decoder_engine, tmp_path):
+    """Through the suffix engine (each op from the cut before it on, the float prefix cached), as
+    engine nbits scores; a mixed assignment and the all-float one too."""
     b, folder, settings, meta = decoder_engine
     eng_dir = nb.Prepared(folder / "engine")
-    eng = eng_dir.session(b.calib / "eval.npz", threads=2)
+    eng = eng_dir.session(b.calib / "eval.npz", threads=2, cache_dir=tmp_path)
+    assert eng.suffix is not None and len(eng.suffix.plan.cuts) >= 10  # 15 ops, their own cuts
     samples = eng.samples
     fl = folder / "engine" / nb.FILES["float"]
     ops = [o["name"] for o in meta["ops"]]
@@ -47,6 +50,21 @@ def test_every_op_of_the_switch_equals_its_one_op_model(decoder_engine):
     assert {k: v["bits"] for k, v in quantized_nodes(built).items()} == mixed
     assert all(np.array_equal(w, g) for w, g in zip(_outputs(built, samples), eng.outputs(mixed), strict=True))
     assert all(np.array_equal(w, g) for w, g in zip(float_out, eng.outputs({}), strict=True))
+
+
+def test_the_switch_model_holds_no_weight_of_its_own(decoder_engine):
+    """Its branches read the all-op models' data files (building it loads no weight: at 3B both
+    quantized models and their copies exceeded 23 GB)."""
+    import onnx
+    from onnx.external_data_helper import _get_initializer_tensors, uses_external_data
+
+    _, folder, _, _ = decoder_engine
+    d = folder / "engine"
+    assert (d / "switch.onnx.data").stat().st_size == 0
+    m = onnx.load(str(d / nb.FILES["switch"]), load_external_data=False)
+    files = {e.value for t in _get_initializer_tensors(m) if uses_external_data(t)
+             for e in t.external_data if e.key == "location"}
+    assert files == {"float.onnx.data", "q4.onnx.data", "q8.onnx.data"}
 
 
 def test_sensitivity_csv_ranks_every_matmul_and_reads_bytes_from_the_models(decoder_engine, tmp_path):
@@ -75,6 +93,18 @@ def test_settings_are_checked():
         NBitsSettings(block_size=24)
 
 
+def _config_tolerances():
+    from pathlib import Path
+
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+    return cfg["deploy"]["nbits"]["tolerance"], cfg["parity"]["tolerance"]["fp32"]
+
+
+NBITS_TOLERANCE, EXACT = _config_tolerances()
+
+
 @pytest.fixture(scope="module")
 def weight_outlier(tmp_path_factory, parity_refs):
     """The tiny checkpoint with a weight outlier in layer 1's down_proj (its input rows x 1000, the
@@ -85,6 +115,7 @@ def weight_outlier(tmp_path_factory, parity_refs):
     from vlsens.deploy.anchors import builder_folder
     from vlsens.presets.build import build_tiny_checkpoint
     from vlsens.profile_nbits import profile_folder
+    from vlsens.towers.decoder import weight_reference
 
     root = tmp_path_factory.mktemp("nbits-outlier")
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, text_outlier={"layer": 1, "channels": 4, "scale": 0.001})
@@ -93,12 +124,13 @@ def weight_outlier(tmp_path_factory, parity_refs):
     eng = root / "engine"
     nb.prepare(b.model("fp32"), b.calib / "eval.npz", eng, settings, threads=2, logits=True)
     nb.sensitivity(eng, b.calib / "eval.npz", root / "nbits.csv", root / "nbits.json", 2)
-    tol = {"min_cosine": 0.9, "max_rel_error": 10.0}
     heuristic = builder_folder(ckpt, "k_quant_mixed", settings, b.folder("fp32"), b.reference,
-                               root / "k_quant_mixed", tol, threads=2)
+                               root / "k_quant_mixed", NBITS_TOLERANCE, EXACT, threads=2)
     mixed = profile_folder(eng, b.calib / "eval.npz", root / "nbits.csv", b.folder("fp32"), b.reference,
-                           root / "int4-mixed", 1e-4, tol, threads=2, heuristic=root / "k_quant_mixed" / "model.onnx")
-    return b, root, mixed, heuristic
+                           root / "int4-mixed", 1e-4, NBITS_TOLERANCE, EXACT,
+                           lambda staged, cases: weight_reference(ckpt, staged["model.onnx"], cases), threads=2,
+                           heuristic=root / "k_quant_mixed" / "model.onnx")
+    return b, root, mixed, heuristic, ckpt
 
 
 def _kl(model, b, eng_dir):
@@ -115,7 +147,7 @@ def _kl(model, b, eng_dir):
 def test_planted_weight_outlier_keeps_its_matmul_wide_and_the_heuristic_loses(weight_outlier):
     import pandas as pd
 
-    b, root, mixed, heuristic = weight_outlier
+    b, root, mixed, heuristic, _ = weight_outlier
     planted = "/model/layers.1/mlp/down_proj/MatMul"
     df = pd.read_csv(root / "nbits.csv")
     # rank 1, and alone in INT4 it misses the target the whole decoder is held to
@@ -140,3 +172,68 @@ def test_planted_weight_outlier_keeps_its_matmul_wide_and_the_heuristic_loses(we
     assert "/model/layers.1/mlp/down_proj/MatMul" in same["vlsens_not_int4"]
     search = mixed["extra"]["graphs"]["model.onnx"]["search"]
     assert search["built"] == search["estimate"]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("algorithm", ["rtn", "k_quant"])
+def test_dequantize_reads_the_weight_matmulnbits_multiplies_by(tmp_path, bits, symmetric, algorithm):
+    """At accuracy_level 0 (float activations) ONNX Runtime's MatMulNBits equals x @ W for the
+    dequantized W bit for bit: the layout is read the way the kernel reads it (K of 4 blocks; also
+    80, not a multiple of the block, with symmetric RTN: the only setting whose quantizer handles an
+    odd block count; the others fail packing their zero points)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vlsens.nbits import dequantize
+    from vlsens.onnxutil import save_with_external_data
+
+    rng = np.random.default_rng(bits)
+    for k in (128, 80) if symmetric and algorithm == "rtn" else (128,):
+        w = rng.standard_normal((k, 48)).astype(np.float32)
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "W")])
+        save_with_external_data(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
+                                tmp_path / f"f{k}.onnx")
+        settings = NBitsSettings(algorithm=algorithm, block_size=32, symmetric=symmetric, accuracy_level=0)
+        q = quantize(tmp_path / f"f{k}.onnx", tmp_path / f"q{k}.onnx", {"mm": bits}, settings)
+        assert any(n.op_type == "MatMulNBits" for n in onnx.load(str(q), load_external_data=False).graph.node)
+        ((name, deq),) = list(dequantize(q))
+        x = rng.standard_normal((3, k)).astype(np.float32)
+        assert name == "mm" and deq.shape == (k, 48)
+        assert np.array_equal(make_session(q).run(None, {"x": x})[0], x @ deq)
+        err = np.abs(deq - w).max()  # a quantized weight: close to W, not W
+        assert 0 < err < (0.5 if bits == 4 else 0.03)
+
+
+def test_int4_gate_compares_with_the_graphs_own_weights_and_fails_a_bad_one(weight_outlier, tmp_path):
+    """The int4 folders' gate: with float activations the graph equals transformers on its own
+    dequantized weights at FP32's tolerance (the planted outlier makes INT4 far from the float
+    model, which is measured apart); one MatMul's scales doubled and the gate fails, no folder."""
+    from vlsens.errors import ParityError
+    from vlsens.onnxutil import copy_model
+    from vlsens.towers.decoder import weight_reference
+    from vlsens.variants import build_variant
+
+    b, root, mixed, heuristic, ckpt = weight_outlier
+    for rec in (mixed, heuristic):
+        ex = rec["extra"]["exact"]
+        assert ex["passed"] and ex["metrics"]["min_cosine"] >= EXACT["min_cosine"]
+        assert ex["metrics"]["max_rel_error"] <= EXACT["max_rel_error"]
+        assert rec["reference"].startswith("transformers") and "own weights" in rec["reference"]
+        # the quantization error against the checkpoint's model: recorded, larger than the kernel's
+        fl = rec["extra"]["float_reference"]["metrics"]
+        assert fl["max_rel_error"] > rec["metrics"]["max_rel_error"] > ex["metrics"]["max_rel_error"]
+    # A graph whose weights are not the ones transformers is given: int4-mixed's graph (the planted
+    # MatMul wide) against the heuristic's weights (it at INT4).
+    def other_graph(source, feeds, staged):
+        copy_model(root / "int4-mixed" / source.name if source.name == "model.onnx" else source, staged)
+        return {}
+
+    with pytest.raises(ParityError, match="float activations"):
+        build_variant(root / "k_quant_mixed", b.reference, tmp_path / "bad", NBITS_TOLERANCE, "int4-bad", other_graph,
+                      2, reference_for=lambda staged, cases: weight_reference(ckpt, root / "k_quant_mixed" / "model.onnx",
+                                                                              cases), exact_tolerance=EXACT)
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())

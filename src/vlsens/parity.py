@@ -47,25 +47,39 @@ def check(models: dict[str, Path], cases: Cases, tolerance: dict, variant: str, 
           device: str = "auto", extra: dict[str, Any] | None = None, artifact: str | Path | None = None) -> dict:
     """The parity record of ``models`` (``{graph file: path}``) on every case; raises
     :class:`ParityError` (carrying the record) when any case misses ``tolerance``."""
-    missing = [g for g in cases.graphs if g not in models]
-    if missing:
-        raise ParityError(f"parity cases name graph(s) {missing} that were not given ({sorted(models)})")
-    per_input, providers = [], []
-    for graph in cases.graphs:
-        sess = make_session(models[graph], threads=threads, device=device)
-        providers = sess.get_providers()
-        for c in cases.for_graph(graph):
-            out = run_fitted(sess, c.inputs)
-            per_input.append({"case": c.name, "graph": graph, "shape": list(np.shape(next(iter(c.inputs.values())))),
-                              **c.meta, **compare(out, c.expected, c.valid, c.logits)})
-        del sess
+    per_input, providers = measure(models, cases, threads, device)
     record = make_record(artifact or next(iter(models.values())), variant, per_input, tolerance, cases.source,
                          providers, extra)
     gate(record)
     return record
 
 
-def make_record(artifact, variant, per_input, tolerance, reference, providers, extra=None) -> dict:
+def measure(models: dict[str, Path], cases: Cases, threads: int = 0, device: str = "auto",
+            also: Cases | None = None) -> tuple[list[dict], list[str]]:
+    """Every case's metrics (and the providers that ran them); ``also``: second cases with the
+    same inputs (another reference), compared with the same outputs (``per_input`` of its own,
+    returned as ``(first, providers, second)``)."""
+    missing = [g for g in cases.graphs if g not in models]
+    if missing:
+        raise ParityError(f"parity cases name graph(s) {missing} that were not given ({sorted(models)})")
+    per_input, second, providers = [], [], []
+    others = {c.name: c for c in also} if also is not None else {}
+    for graph in cases.graphs:
+        sess = make_session(models[graph], threads=threads, device=device)
+        providers = sess.get_providers()
+        for c in cases.for_graph(graph):
+            out = run_fitted(sess, c.inputs)
+            head = {"case": c.name, "graph": graph, "shape": list(np.shape(next(iter(c.inputs.values())))), **c.meta}
+            per_input.append({**head, **compare(out, c.expected, c.valid, c.logits)})
+            if c.name in others:
+                o = others[c.name]
+                second.append({**head, **compare(out, o.expected, o.valid, o.logits)})
+        del sess
+    return (per_input, providers, second) if also is not None else (per_input, providers)
+
+
+def summary(per_input: list[dict]) -> dict:
+    """``{"metrics": worst case over the cases}``."""
     metrics = {
         "max_abs_diff": max(p["max_abs_diff"] for p in per_input),
         "mean_abs_diff": float(np.mean([p["mean_abs_diff"] for p in per_input])),
@@ -74,6 +88,11 @@ def make_record(artifact, variant, per_input, tolerance, reference, providers, e
     }
     if any("top1_agreement" in p for p in per_input):
         metrics["min_top1_agreement"] = min(p["top1_agreement"] for p in per_input if "top1_agreement" in p)
+    return {"metrics": metrics}
+
+
+def make_record(artifact, variant, per_input, tolerance, reference, providers, extra=None) -> dict:
+    metrics = summary(per_input)["metrics"]
     tol = {"min_cosine": float(tolerance["min_cosine"]), "max_rel_error": float(tolerance["max_rel_error"])}
     passed = metrics["min_cosine"] >= tol["min_cosine"] and metrics["max_rel_error"] <= tol["max_rel_error"]
     return {

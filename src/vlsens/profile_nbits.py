@@ -265,10 +265,11 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
 
 
 def profile_folder(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path, fp32_dir: str | Path,
-                   reference: str | Path, out_dir: str | Path, target: float, tolerance: dict, max_evals: int = 200,
-                   threads: int = 0, heuristic: str | Path | None = None) -> dict:
+                   reference: str | Path, out_dir: str | Path, target: float, tolerance: dict, exact_tolerance: dict,
+                   reference_for, max_evals: int = 200, threads: int = 0, heuristic: str | Path | None = None) -> dict:
     """The int4-mixed decoder folder: search (:func:`search`), build, measure the built model
-    against the search, gate against transformers, publish. ``heuristic``: a builder decoder to
+    against the search, gate against transformers on its own weights (``reference_for``, the
+    tower's: :func:`vlsens.variants.gate_own_weights`), publish. ``heuristic``: a builder decoder to
     compare with at its own weight bytes (:func:`compare_at_bytes`, in the record)."""
     import shutil
     import tempfile
@@ -290,6 +291,7 @@ def profile_folder(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv
             return {**weight_facts(staged), "search": {k: v for k, v in found.items() if k != "settings"},
                     "settings": found["settings"]}
 
-        record = build_variant(fp32_dir, reference, out_dir, tolerance, "int4-mixed", transform, threads)
+        record = build_variant(fp32_dir, reference, out_dir, tolerance, "int4-mixed", transform, threads,
+                               reference_for=reference_for, exact_tolerance=exact_tolerance)
         shutil.rmtree(Path(work) / "profile", ignore_errors=True)
     return record

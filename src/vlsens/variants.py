@@ -27,10 +27,17 @@ log = logging.getLogger(__name__)
 Transform = Callable[[Path, list, Path], dict]
 
 
+#: ``reference_for(staged graphs, cases) -> cases``: the expected outputs of a lossy variant with
+#: its own weights (the cases' inputs unchanged)
+Reference = Callable[[dict, Cases], Cases]
+
+
 def build_variant(src_dir: str | Path, reference: str | Path, out_dir: str | Path, tolerance: dict,
-                  variant: str, transform: Transform, threads: int = 0, device: str = "auto") -> dict:
+                  variant: str, transform: Transform, threads: int = 0, device: str = "auto",
+                  reference_for: Reference | None = None, exact_tolerance: dict | None = None) -> dict:
     """``out_dir``: every graph file of ``src_dir`` that the cases name, transformed, gated and
-    published (``model.onnx`` last)."""
+    published (``model.onnx`` last). With ``reference_for`` (a weight-only INT4 variant, whose
+    weights are not the checkpoint's), :func:`gate_own_weights` is the gate."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     cases = Cases.load(reference)
     files = [paths.MAIN] + [g for g in cases.graphs if g != paths.MAIN]
@@ -40,9 +47,56 @@ def build_variant(src_dir: str | Path, reference: str | Path, out_dir: str | Pat
             src = verify(src_dir / f)
             staged[f] = tmp / f
             facts[f] = transform(src, fit_batch(cases.feeds(f), input_batch(src)[1]), staged[f])
-        record = parity.check(staged, cases, tolerance, variant, threads, device,
-                              extra={"source": str(src_dir), "graphs": facts}, artifact=out_dir)
+        extra = {"source": str(src_dir), "graphs": facts}
+        if reference_for is None:
+            record = parity.check(staged, cases, tolerance, variant, threads, device, extra=extra, artifact=out_dir)
+        else:
+            record = gate_own_weights(staged, cases, reference_for(staged, cases), tolerance, exact_tolerance,
+                                      variant, threads, device, extra, out_dir)
         publish_models(staged, record, out_dir)
+    return record
+
+
+def gate_own_weights(staged: dict, cases: Cases, own: Cases, tolerance: dict, exact_tolerance: dict, variant: str,
+                     threads: int, device: str, extra: dict, artifact) -> dict:
+    """The parity gate of a weight-only quantized decoder, against ``own``: transformers run on
+    the graph's own (dequantized) weights, so that a bad graph fails whatever the checkpoint's
+    weights make of INT4:
+
+    1. exact: the graph with float activations (``accuracy_level`` 0) within ``exact_tolerance``
+       (FP32's): the export, the weight packing and the kernel, to rounding;
+    2. as shipped (its ``accuracy_level``; 4 quantizes activations to INT8 per block) within
+       ``tolerance``: the record's ``metrics``.
+
+    ``extra.float_reference``: the shipped graph against the checkpoint's model (``cases``), the
+    quantization error, measured, not gated."""
+    from vlsens.errors import ParityError
+    from vlsens.nbits import float_activations_copy
+
+    main = staged[paths.MAIN]
+    exact = float_activations_copy(main, main.with_name(".exact-" + main.name))
+    try:
+        per_exact, _ = parity.measure({**staged, paths.MAIN: exact}, own, threads, device)
+    finally:
+        exact.unlink(missing_ok=True)
+    per_input, providers, vs_float = parity.measure(staged, own, threads, device, also=cases)
+    ex = parity.summary(per_exact)["metrics"]
+    exact_passed = (ex["min_cosine"] >= float(exact_tolerance["min_cosine"])
+                    and ex["max_rel_error"] <= float(exact_tolerance["max_rel_error"]))
+    extra["exact"] = {"note": "the graph with float activations (accuracy_level 0) against the same reference",
+                      "tolerance": {k: float(v) for k, v in exact_tolerance.items()}, "passed": exact_passed,
+                      "metrics": ex, "per_input": per_exact}
+    extra["float_reference"] = {"reference": cases.source, "note": "the graph as shipped against the checkpoint's "
+                                "own model: the quantization error, measured, not gated",
+                                **parity.summary(vs_float), "per_input": vs_float}
+    record = parity.make_record(artifact, variant, per_input, tolerance, own.source, providers, extra)
+    if not exact_passed:
+        record["passed"] = False
+        raise ParityError(f"parity gate failed for {artifact} ({variant}): with float activations it differs from "
+                          f"transformers on its own weights: min cosine {ex['min_cosine']:.8f} (needs >= "
+                          f"{exact_tolerance['min_cosine']}), max relative error {ex['max_rel_error']:.3e} (needs <= "
+                          f"{exact_tolerance['max_rel_error']}). No model was written.", record)
+    parity.gate(record)
     return record
 
 

@@ -12,7 +12,8 @@ from vlsens.scripting import run, threads
 def main(sm):
     builder_folder(checkpoint_dir(sm.input.checkpoint), sm.wildcards.algo, NBitsSettings.from_config(sm.params.settings),
                    Path(sm.input.parity).parent, sm.input.reference, Path(sm.output.model).parent,
-                   sm.params.tolerance, threads(sm), log_path=Path(sm.log[0]).with_suffix(".builder.log"))
+                   sm.params.tolerance, sm.params.exact_tolerance, threads(sm),
+                   log_path=Path(sm.log[0]).with_suffix(".builder.log"))
 
 
 run(snakemake, main)  # noqa: F821

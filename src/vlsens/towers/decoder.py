@@ -232,6 +232,80 @@ def compute_decoder_reference(checkpoint, image_refs, prompts, repeats, height: 
     return cases
 
 
+# ----------------------------------------------------------------------------------------------
+# The reference of a decoder with quantized weights
+
+_LAYER_MATMUL = r"^/model/layers\.(\d+)/(attn|mlp)/(\w+_proj)/MatMul$"
+WEIGHT_SOURCE = ("transformers Qwen2_5_VLForConditionalGeneration (PyTorch, float32, eager) with the graph's own "
+                 "weights: every MatMulNBits weight dequantized into its Linear (vlsens.nbits.dequantize)")
+
+
+def linear_of(matmul: str) -> str:
+    """transformers' Linear (module path) that the builder's decoder MatMul ``matmul`` computes."""
+    import re
+
+    if matmul == "/lm_head/MatMul":
+        return "lm_head"
+    m = re.match(_LAYER_MATMUL, matmul)
+    if m is None:
+        raise VlsensError(f"{matmul}: not a MatMul of onnxruntime-genai's decoder layout "
+                          "(/model/layers.<i>/attn|mlp/<x>_proj/MatMul or /lm_head/MatMul)")
+    i, block, proj = m.groups()
+    return f"model.language_model.layers.{i}.{'self_attn' if block == 'attn' else 'mlp'}.{proj}"
+
+
+def forward_case(model, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """transformers' logits for a decoder case's inputs (``past_key_values.<i>.*`` as its cache)."""
+    import torch
+    from transformers import DynamicCache
+
+    tc = model.config.text_config
+    cache = None
+    if inputs["past_key_values.0.key"].shape[2]:
+        cache = DynamicCache(config=model.config)
+        for i in range(int(tc.num_hidden_layers)):
+            cache.update(torch.from_numpy(inputs[f"past_key_values.{i}.key"]),
+                         torch.from_numpy(inputs[f"past_key_values.{i}.value"]), i)
+    with torch.no_grad():
+        out = model(inputs_embeds=torch.from_numpy(inputs["inputs_embeds"]),
+                    attention_mask=torch.from_numpy(inputs["attention_mask"]),
+                    position_ids=torch.from_numpy(inputs["position_ids"]), past_key_values=cache, use_cache=True)
+    return out.logits.numpy()
+
+
+def weight_reference(checkpoint, graph: str | Path, cases: Cases) -> Cases:
+    """``cases`` with the decoder's expected logits recomputed by transformers after each Linear
+    that ``graph`` quantized (``MatMulNBits``) is given the dequantized weight the graph multiplies
+    by; the other cases (the embedding graph's) unchanged. The parity reference of a weight-only
+    INT4 decoder: the graph's own weights, so the gate checks the export, the packing and the
+    kernels, while the quantization error (against the checkpoint's model) is measured apart.
+    Memory: the language model in float32 (4 bytes per text parameter; 12.4 GB at 3B), one
+    dequantized weight at a time."""
+    import torch
+
+    from vlsens.loading import load_model
+    from vlsens.nbits import dequantize
+
+    model = load_model(checkpoint, attn_implementation="eager", part="text")
+    replaced = 0
+    for name, w in dequantize(graph):
+        linear = model.get_submodule(linear_of(name))
+        if tuple(linear.weight.shape) != (w.shape[1], w.shape[0]):
+            raise VlsensError(f"{graph}: {name} is {w.shape[0]}x{w.shape[1]}; {linear_of(name)} holds "
+                              f"{tuple(linear.weight.shape)} (transposed)")
+        linear.weight = torch.nn.Parameter(torch.from_numpy(w.T.copy()), requires_grad=False)  # unties lm_head
+        replaced += 1
+    log.info("%s: %d quantized weights in transformers' model; recomputing %d decoder cases", graph, replaced,
+             len(cases.for_graph("model.onnx")))
+    out = Cases(source=f"{WEIGHT_SOURCE} ({replaced} weights)")
+    for c in cases:
+        if c.graph == "model.onnx":
+            c = Case(c.name, c.graph, c.inputs, forward_case(model, c.inputs), c.valid, c.logits, c.meta)
+        out.add(c)
+    del model
+    return out
+
+
 class Decoder(PromptTower):
     kind = "decoder"
     pattern = r"decoder"
