@@ -51,7 +51,7 @@ def run_genai(args) -> dict:
 
     from vlsens.runtime import Chat
 
-    chat = Chat(args.folder)
+    chat = Chat(args.folder, prepack=not args.no_prepack)
     images = _image(args)
     for _ in range(2):  # the first run warms up (allocations); the second is reported
         out = _genai_once(og, chat, images, args.tokens)
@@ -143,6 +143,7 @@ def worker(argv) -> None:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--image", action="store_true")
+    p.add_argument("--no-prepack", action="store_true")
     args = p.parse_args(argv)
     out = WORKERS[args.kind](args)
     out["peak_gb"] = _peak_gb()
@@ -153,7 +154,10 @@ def _spawn(kind: str, args, **extra) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--tokens", str(args.tokens), "--threads", str(args.threads),
            "--workdir", args.workdir, *(["--image"] if args.image else [])]
     for k, v in extra.items():
-        cmd += [f"--{k}", str(v)]
+        if v is True:
+            cmd.append(f"--{k}")
+        elif v is not False:
+            cmd += [f"--{k}", str(v)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     line = next((s for s in r.stdout.splitlines() if s.startswith("RESULT ")), None)
     if line is None:
@@ -172,6 +176,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--image", action="store_true", help="one image + prompt (else text only)")
     p.add_argument("--workdir", default="/tmp/vlsens-bench-deploy")
+    p.add_argument("--precisions", nargs="+", help="deploy folders to run (default: every one built)")
+    p.add_argument("--no-prepack", nargs="*", default=[], metavar="PRECISION",
+                   help="folders loaded with ONNX Runtime's weight prepacking off (memory-mapped weights: the "
+                        "36-layer fp32 folder's 16.4 GB do not fit twice in 24 GiB)")
+    p.add_argument("--no-transformers", action="store_true", help="skip transformers' generate")
     args = p.parse_args()
     res = Path(args.results)
     ckpt = res / "checkpoint"
@@ -180,11 +189,14 @@ def main() -> None:
     rows = []
     from vlsens.deploy import PRECISIONS
 
-    for precision in PRECISIONS:
+    for precision in args.precisions or PRECISIONS:
         folder = res / "deploy" / precision
         if (folder / "genai_config.json").is_file():
-            rows.append((f"deploy/{precision} (onnxruntime-genai)", _spawn("genai", args, folder=folder)))
-    rows.append(("transformers generate (fp32, sdpa)", _spawn("transformers", args, checkpoint=ckpt)))
+            lean = precision in args.no_prepack
+            rows.append((f"deploy/{precision} (onnxruntime-genai{', prepacking off' if lean else ''})",
+                         _spawn("genai", args, folder=folder, **{"no-prepack": lean})))
+    if not args.no_transformers:
+        rows.append(("transformers generate (fp32, sdpa)", _spawn("transformers", args, checkpoint=ckpt)))
     nocache = res / "text" / "fp32" / "embeds.onnx"
     if nocache.is_file() and not args.image:
         rows.append(("text/fp32/embeds.onnx, no KV cache", _spawn("nocache", args, folder=nocache, checkpoint=ckpt)))

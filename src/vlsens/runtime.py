@@ -72,17 +72,31 @@ class VisionEncoder:
         return np.split(feats, np.cumsum(counts)[:-1])
 
 
+def _parts(folder: Path) -> list[str]:
+    """The sections of a folder's ``genai_config.json`` that hold a session (decoder, vision, ...)."""
+    model = json.loads((folder / "genai_config.json").read_text())["model"]
+    return [k for k, v in model.items() if isinstance(v, dict) and "filename" in v]
+
+
 class Chat:
     """A deploy folder run by onnxruntime-genai (greedy search by default, KV cache): the one
     wrapper of the runtime, for users (:meth:`__call__`, :meth:`tokens`) and for the deploy
     stage's checks (:meth:`generate`, :meth:`forced_logits` on a ready prompt text)."""
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, prepack: bool = True):
+        """``prepack=False``: ONNX Runtime keeps the folder's weights memory-mapped from their data
+        files instead of copying each MatMul weight into a prepacked buffer (the folder's own
+        ``genai_config.json`` is not changed): a float32 folder then costs file pages, not
+        anonymous memory (the 36-layer 3B fp32 folder: 16.4 GB of weights)."""
         import onnxruntime_genai as og
 
         self.og = og
         self.folder = Path(folder)
-        self.model = og.Model(str(self.folder))
+        config = og.Config(str(self.folder))
+        if not prepack:
+            config.overlay(json.dumps({"model": {part: {"session_options": {"session.disable_prepacking": "1"}}
+                                                 for part in _parts(self.folder)}}))
+        self.model = og.Model(config)
         self.processor = self.model.create_multimodal_processor()
         self.tokenizer = og.Tokenizer(self.model)
 

@@ -97,7 +97,7 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     from vlsens.processor import load_processor
 
     processor = load_processor(checkpoint)
-    folder_rt = runtime or Chat(folder)
+    folder_rt = runtime or Chat(folder, prepack=precision != "fp32")
     rows = []
     timing = {"seconds": 0.0, "tokens": 0}
 
@@ -108,10 +108,15 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
         timing["tokens"] += len(got)
         return got
 
+    prepacked = precision != "fp32"
+
     def speed() -> dict:
         return {"tokens_per_second": timing["tokens"] / timing["seconds"] if timing["seconds"] else None,
+                "prepacked": prepacked,
                 "speed_note": "tokens generated / seconds of onnxruntime-genai generate over the evaluation "
-                              "cases (image encoding, prefill and greedy decode; the first call included)"}
+                              "cases (image encoding, prefill and greedy decode; the first call included)"
+                              + ("" if prepacked else "; weight prepacking off (the fp32 reference folder is "
+                                 "checked memory-mapped): bench/bench_deploy.py measures it as users load it")}
 
     if precision == "fp32":
         if expected is None:
@@ -142,7 +147,7 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
         got = generate(text, case)
         mine.append((text, ref_tokens, got, folder_rt.forced_logits(text, _case_images(case), ref_tokens)))
     folder_rt.close()
-    base = Chat(fp32_folder)
+    base = Chat(fp32_folder, prepack=False)  # a reference: memory-mapped weights
     kls, agree = [], []
     for case, (text, ref_tokens, got, q) in zip(cases, mine):
         p = base.forced_logits(text, _case_images(case), ref_tokens)
