@@ -123,11 +123,12 @@ def heuristic_input(wildcards):
 
 
 def int4_folders(wildcards):
-    """The int4 deploy folders the run builds, by precision (rules/deploy.smk: deploy_int4)."""
+    """The int4 deploy folders the run builds, by precision, and the fp32 / fp16 folders their
+    sizes are compared with (rules/deploy.smk: deploy_int4)."""
     return {
         p: paths.fill(DEPLOY, model=wildcards.model, precision=p)
         for p in config["deploy"]["precisions"]
-        if p in _deploy.INT4
+        if p in _deploy.INT4 or p in ("fp32", "fp16")
     }
 
 

@@ -32,21 +32,39 @@ def decoder_bits(folder: Path) -> dict[str, int]:
     return out
 
 
+def folder_bytes(folder: Path) -> int:
+    """Every file of a deploy folder (graphs, data files, configs, tokenizer), as shipped."""
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+
+
 def table(folders: dict[str, str | Path]) -> dict:
-    """``{precision: row}`` for the given deploy folders, and the goal's verdict."""
+    """``{precision: row}`` for the given int4 deploy folders, their sizes against the fp16
+    folder's (or, where none was built, half the fp32 folder's: every weight in 2 bytes), and
+    the goal's verdict."""
     rows = {}
     for precision, folder in folders.items():
+        if precision in ("fp32", "fp16"):
+            continue
         folder = Path(folder)
         ev = json.loads((folder / DONE).read_text())
         dec = folder / genai.GRAPHS["decoder"]
         rows[precision] = {
             "decoder_bytes": dec.stat().st_size + Path(f"{dec}.data").stat().st_size,
+            "folder_bytes": folder_bytes(folder),
             "matmuls": decoder_bits(folder),
             "mean_kl": ev.get("mean_kl"),
             "top1_agreement": ev.get("top1_agreement"),
             "tokens_per_second": ev.get("tokens_per_second"),
         }
     out = {"rows": rows, "reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens"}
+    if "fp16" in folders:
+        out["fp16_bytes"], out["fp16_source"] = folder_bytes(Path(folders["fp16"])), "the fp16 folder"
+    elif "fp32" in folders:
+        out["fp16_bytes"] = folder_bytes(Path(folders["fp32"])) // 2
+        out["fp16_source"] = "half the fp32 folder (no fp16 folder built)"
+    if "fp16_bytes" in out:
+        for r in rows.values():
+            r["folder_vs_fp16"] = r["folder_bytes"] / out["fp16_bytes"]
     mine, heur = rows.get("int4-mixed"), rows.get(HEURISTIC)
     if mine and heur and mine["mean_kl"] is not None and heur["mean_kl"] is not None:
         out["goal"] = {
@@ -60,13 +78,20 @@ def table(folders: dict[str, str | Path]) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| folder | decoder MB | INT4 / INT8 / float MatMuls | mean KL vs fp32 | top-1 vs fp32 | tok/s |",
-             "| --- | ---: | --- | ---: | ---: | ---: |"]
+    lines = ["| folder | decoder MB | folder / fp16 | INT4 / INT8 / float MatMuls | mean KL vs fp32 | top-1 vs fp32 "
+             "| tok/s |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: |"]
     for p, r in result["rows"].items():
         m = r["matmuls"]
         tps = r["tokens_per_second"]
-        lines.append(f"| {p} | {r['decoder_bytes'] / 1e6:.3f} | {m['int4']} / {m['int8']} / {m['float']} | "
-                     f"{r['mean_kl']:.3g} | {r['top1_agreement']:.3f} | {'-' if tps is None else f'{tps:.0f}'} |")
+        ratio = r.get("folder_vs_fp16")
+        lines.append(f"| {p} | {r['decoder_bytes'] / 1e6:.3f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
+                     f"{m['int4']} / {m['int8']} / {m['float']} | {r['mean_kl']:.3g} | {r['top1_agreement']:.3f} | "
+                     f"{'-' if tps is None else f'{tps:.1f}'} |")
+    if "fp16_bytes" in result:
+        lines += ["", f"fp16: {result['fp16_bytes'] / 1e6:.1f} MB ({result['fp16_source']}). tok/s: tokens of "
+                      "onnxruntime-genai's generate over the evaluation cases / their seconds (image encoding and "
+                      "prefill included; bench/bench_deploy.py separates decode)."]
     g = result.get("goal")
     if g:
         kl = "-" if g["kl_ratio"] is None else f"{g['kl_ratio']:.2f}"
