@@ -185,7 +185,7 @@ def test_dequantize_reads_the_weight_matmulnbits_multiplies_by(tmp_path, bits, s
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from vlsens.nbits import dequantize
+    from vlsens.onnxgraph import dequantize_matmulnbits as dequantize
     from vlsens.onnxutil import save_with_external_data
 
     rng = np.random.default_rng(bits)
@@ -237,3 +237,33 @@ def test_int4_gate_compares_with_the_graphs_own_weights_and_fails_a_bad_one(weig
                       2, reference_for=lambda staged, cases: weight_reference(ckpt, root / "k_quant_mixed" / "model.onnx",
                                                                               cases), exact_tolerance=EXACT)
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
+
+
+def test_the_anchors_equal_the_builders_own_int4_graphs(weight_outlier, tmp_path):
+    """vlsens.deploy.anchors builds -p int4 from the builder's FP32 graph with the builder's own
+    placement and quantizer: the same MatMulNBits nodes, attributes and weights as the builder's
+    own -p int4 export (algo_config=k_quant_mixed, the run's settings)."""
+    import onnx
+
+    from vlsens.onnxutil import tensor_array
+    from vlsens.towers.decoder import build_decoder
+
+    b, root, mixed, heuristic, ckpt = weight_outlier
+    theirs = build_decoder(ckpt, tmp_path, precision="int4",
+                           options={"algo_config": "k_quant_mixed", "block_size": 32, "accuracy_level": 4,
+                                    "is_symmetric": "true"})
+    mine = root / "k_quant_mixed" / "model.onnx"
+
+    def nodes(path):
+        m = onnx.load(str(path), load_external_data=False)
+        inits = {i.name: i for i in m.graph.initializer}
+        return {n.name: ({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},
+                         [tensor_array(inits[x], path.parent) for x in n.input[1:] if x])
+                for n in m.graph.node if n.op_type == "MatMulNBits"}
+
+    a, t = nodes(mine), nodes(theirs)
+    assert sorted(a) == sorted(t) and len(a) == 15
+    assert sum(attrs["bits"] == 8 for attrs, _ in a.values()) == 3  # lm_head, layer 0's v_proj and down_proj
+    for name in a:
+        assert a[name][0] == t[name][0], name
+        assert all(np.array_equal(x, y) for x, y in zip(a[name][1], t[name][1], strict=True)), name

@@ -149,3 +149,54 @@ def copy_node(node, rename: dict[str, str], name: str):
     for i, x in enumerate(n.output):
         n.output[i] = rename.get(x, x)
     return n
+
+
+def dequantize_matmulnbits(model: str | Path):
+    """``(float MatMul name, W)`` for every ``MatMulNBits`` node of ``model`` (a path; its data file
+    memory-mapped): ``W`` (K, N) float32, the weight the node multiplies by, as ONNX Runtime's
+    contrib-op spec defines it: ``B`` (N, blocks, block_size * bits / 8) holds the quantized values
+    of each output column's input blocks, low bits first; ``scales`` (N * blocks); zero point: the
+    ``zero_points`` input (packed like ``B``) or ``2 ** (bits - 1)``;
+    ``W[k, n] = (q[n, k] - zero_point[n, k // block_size]) * scale[n, k // block_size]``. One
+    weight in memory at a time. ``g_idx`` and a float ``zero_points`` (not written by
+    vlsens' quantizer) raise ``ValueError``."""
+    import numpy as np
+    import onnx
+
+    from vlsens.onnxutil import tensor_array
+
+    path = Path(model)
+    m = onnx.load(str(path), load_external_data=False)
+    inits = {i.name: i for i in m.graph.initializer}
+    for n in m.graph.node:
+        if n.op_type != "MatMulNBits":
+            continue
+        a = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
+        k, nn, bits, bs = int(a["K"]), int(a["N"]), int(a["bits"]), int(a["block_size"])
+        if bits not in (4, 8) or len(n.input) > 4 and n.input[4]:
+            raise ValueError(f"{n.name}: {bits} bits / g_idx: not a layout vlsens reads")
+        blocks = -(-k // bs)
+        q = _unpack(tensor_array(inits[n.input[1]], path.parent), bits).reshape(nn, blocks * bs)
+        scale = tensor_array(inits[n.input[2]], path.parent).astype(np.float32).reshape(nn, blocks)
+        if len(n.input) > 3 and n.input[3]:
+            zp_t = inits[n.input[3]]
+            if zp_t.data_type != onnx.TensorProto.UINT8:
+                raise ValueError(f"{n.name}: zero points of type {zp_t.data_type}: not a layout vlsens reads")
+            zp = _unpack(tensor_array(zp_t, path.parent), bits).reshape(nn, -1)[:, :blocks]
+        else:
+            zp = np.full((nn, blocks), 2 ** (bits - 1), np.uint8)
+        w = (q.reshape(nn, blocks, bs).astype(np.float32) - zp[..., None]) * scale[..., None]
+        yield n.name.rsplit("_Q", 1)[0], np.ascontiguousarray(w.reshape(nn, blocks * bs)[:, :k].T)
+
+
+def _unpack(packed, bits: int):
+    """uint8 bytes -> one value per element (4 bits: the low nibble first)."""
+    import numpy as np
+
+    b = np.asarray(packed, np.uint8).reshape(packed.shape[0], -1)
+    if bits == 8:
+        return b
+    out = np.empty((b.shape[0], b.shape[1] * 2), np.uint8)
+    out[:, 0::2], out[:, 1::2] = b & 0x0F, b >> 4
+    return out
+

@@ -1,4 +1,5 @@
-"""onnxruntime-genai's builder decoder at -p int4 with one algo_config, gated (vlsens.deploy.anchors)."""
+"""onnxruntime-genai's builder decoder at -p int4 with one algo_config (its placement and quantizer on its FP32
+graph), gated (vlsens.deploy.anchors)."""
 from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
@@ -12,8 +13,7 @@ from vlsens.scripting import run, threads
 def main(sm):
     builder_folder(checkpoint_dir(sm.input.checkpoint), sm.wildcards.algo, NBitsSettings.from_config(sm.params.settings),
                    Path(sm.input.parity).parent, sm.input.reference, Path(sm.output.model).parent,
-                   sm.params.tolerance, sm.params.exact_tolerance, threads(sm),
-                   log_path=Path(sm.log[0]).with_suffix(".builder.log"))
+                   sm.params.tolerance, sm.params.exact_tolerance, threads(sm))
 
 
 run(snakemake, main)  # noqa: F821

@@ -237,7 +237,7 @@ def compute_decoder_reference(checkpoint, image_refs, prompts, repeats, height: 
 
 _LAYER_MATMUL = r"^/model/layers\.(\d+)/(attn|mlp)/(\w+_proj)/MatMul$"
 WEIGHT_SOURCE = ("transformers Qwen2_5_VLForConditionalGeneration (PyTorch, float32, eager) with the graph's own "
-                 "weights: every MatMulNBits weight dequantized into its Linear (vlsens.nbits.dequantize)")
+                 "weights: every MatMulNBits weight dequantized into its Linear (vlsens.onnxgraph.dequantize_matmulnbits)")
 
 
 def linear_of(matmul: str) -> str:
@@ -284,7 +284,7 @@ def weight_reference(checkpoint, graph: str | Path, cases: Cases) -> Cases:
     import torch
 
     from vlsens.loading import load_model
-    from vlsens.nbits import dequantize
+    from vlsens.onnxgraph import dequantize_matmulnbits as dequantize
 
     model = load_model(checkpoint, attn_implementation="eager", part="text")
     replaced = 0
