@@ -57,6 +57,7 @@ def search(measure, rows: Sequence[Mapping], target: float, max_evals: int = 200
         e = float(measure(a))
         trace.append({"step": step, "int4": sum(b == 4 for b in a.values()), "int8": sum(b == 8 for b in a.values()),
                       "float": sum(b == FLOAT for b in a.values()), "bytes": cost(a), "error": e})
+        log.info("search %d: %s -> %.4g (%d bytes)", len(trace), step, e, trace[-1]["bytes"])
         return e
 
     def shortest(prefix_of, n: int, step: str) -> int | None:
@@ -112,6 +113,8 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
 
     def run(a):
         evals[0] += 1
+        if evals[0] % 10 == 0:
+            log.info("search within %d bytes: %d assignments measured", budget, evals[0])
         return float(measure(a))
 
     def cost(a):
@@ -236,9 +239,10 @@ def weight_facts(model: str | Path) -> dict:
 
 
 def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path,
-                     other: str | Path, threads: int = 0) -> dict:
+                     other: str | Path, threads: int = 0, max_evals: int = 200) -> dict:
     """``other`` (a decoder from the builder) measured on the engine's evaluation set, against
-    the lowest-error assignment :func:`search_budget` finds within its weight bytes."""
+    the lowest-error assignment :func:`search_budget` finds within its weight bytes (at most
+    ``max_evals`` measured assignments)."""
     import pandas as pd
 
     from vlsens.metrics import Metrics
@@ -254,7 +258,10 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
         acc.add(sess.run([out], feed)[0], ref[i], eng.samples.valid[i])
     del sess
     theirs = nb.error(acc.result(), eng.logits)
-    mine, e = search_budget(lambda a: nb.error(eng.evaluate(a, ref), eng.logits), rows, facts["weight_bytes"])
+    t0 = time.perf_counter()
+    mine, e = search_budget(lambda a: nb.error(eng.evaluate(a, ref), eng.logits), rows, facts["weight_bytes"],
+                            max_evals)
+    log.info("at the heuristic's %d weight bytes: searched in %.0f s", facts["weight_bytes"], time.perf_counter() - t0)
     by = {r["op"]: r for r in rows}
     mine_bytes = sum(by[n]["bytes_float"] if b == FLOAT else by[n][f"bytes_int{b}"] for n, b in mine.items())
     return {"other": str(other), "other_weight_bytes": facts["weight_bytes"], "other_error": theirs,
@@ -280,7 +287,8 @@ def profile_folder(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv
     with tempfile.TemporaryDirectory(prefix="vlsens-nbits-") as work:
         found = build(engine_dir, eval_npz, sensitivity_csv, Path(work) / "profile", target, max_evals, threads)
         if heuristic is not None:
-            found["at_heuristic_bytes"] = compare_at_bytes(engine_dir, eval_npz, sensitivity_csv, heuristic, threads)
+            found["at_heuristic_bytes"] = compare_at_bytes(engine_dir, eval_npz, sensitivity_csv, heuristic, threads,
+                                                           max_evals)
         built = Path(work) / "profile" / MODEL
 
         def transform(src: Path, feeds, staged: Path) -> dict:
