@@ -267,3 +267,27 @@ def test_the_anchors_equal_the_builders_own_int4_graphs(weight_outlier, tmp_path
     for name in a:
         assert a[name][0] == t[name][0], name
         assert all(np.array_equal(x, y) for x, y in zip(a[name][1], t[name][1], strict=True)), name
+
+
+def test_quantizing_in_batches_changes_nothing(decoder_engine, tmp_path):
+    """One MatMul per quantizer run (as a real-size decoder's batches are) or all in one: the
+    same graph file and the same weight bytes."""
+    import filecmp
+
+    import onnx
+
+    b, folder, settings, meta = decoder_engine
+    fl = folder / "engine" / nb.FILES["float"]
+    bits = {o["name"]: (8 if i % 4 == 0 else 4) for i, o in enumerate(meta["ops"]) if i % 5 != 4}
+    one = quantize(fl, tmp_path / "one.onnx", bits, settings)
+    each = quantize(fl, tmp_path / "each.onnx", bits, settings, batch_bytes=1)
+    assert filecmp.cmp(f"{one}.data", f"{each}.data", shallow=False)
+    graphs = []
+    for path in (one, each):
+        m = onnx.load(str(path), load_external_data=False)
+        for t in m.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = "data"
+        graphs.append(m.SerializeToString())
+    assert graphs[0] == graphs[1]
