@@ -160,13 +160,21 @@ def _quantize_batch(batch: Sequence[dict], inits: dict, weights_dir: Path, bits:
     out = q.model.model if hasattr(q.model, "model") else q.model
     tensors = {t.name: t for t in out.graph.initializer}
     found = {}
+
+    def copy(message):  # a part of a protobuf message keeps the whole message (float weights too) alive
+        c = type(message)()
+        c.CopyFrom(message)
+        return c
+
     for node in out.graph.node:
         if node.op_type != "MatMulNBits":
             continue
+        node = copy(node)
         # RTN and k_quant leave it unset
         if settings.accuracy_level and not any(a.name == "accuracy_level" for a in node.attribute):
             node.attribute.append(onnx.helper.make_attribute("accuracy_level", settings.accuracy_level))
-        found[node.name.rsplit("_Q", 1)[0]] = (node, [tensors[x] for x in node.input[1:] if x in tensors])
+        found[node.name.rsplit("_Q", 1)[0]] = (node, [copy(tensors[x]) for x in node.input[1:] if x in tensors])
+    del q, out, tensors, model
     missing = [o["name"] for o in batch if o["name"] not in found]
     if missing:
         raise ValueError(f"MatMulNBitsQuantizer left {missing[:5]} unquantized")
