@@ -161,7 +161,7 @@ def _spawn(kind: str, args, **extra) -> dict:
     r = subprocess.run(cmd, capture_output=True, text=True)
     line = next((s for s in r.stdout.splitlines() if s.startswith("RESULT ")), None)
     if line is None:
-        return {"error": (r.stdout + r.stderr)[-500:]}
+        return {"error": (r.stdout + r.stderr)[-500:] or f"exit {r.returncode} with no output (killed?)"}
     return json.loads(line[len("RESULT "):])
 
 
@@ -212,7 +212,9 @@ def main() -> None:
               f"| {dec:.1f} | {r['peak_gb']:.2f} |")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--worker" in sys.argv:  # a runner's own process: prints one RESULT line
+    main()
+elif __name__ == "__main__":
     from _publish import published
 
     results = sys.argv[sys.argv.index("--results") + 1] if "--results" in sys.argv else "results/tiny"
