@@ -99,12 +99,15 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     done: dict[str, tuple] = {}
     batch: list[dict] = []
+    size = 0
     chosen = [o for o in ops if o["name"] in bits]
+    fb = float_bytes(chosen)
     for k, o in enumerate(chosen):
         batch.append(o)
-        if k == len(chosen) - 1 or sum(4 * b["K"] * b["N"] for b in batch) >= batch_bytes:
+        size += fb[o["name"]]
+        if k == len(chosen) - 1 or size >= batch_bytes:
             done.update(_quantize_batch(batch, inits, float_model.parent, bits, settings, opset))
-            batch = []
+            batch, size = [], 0
     nodes = []
     for node in model.graph.node:
         if node.name not in done:

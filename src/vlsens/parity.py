@@ -47,7 +47,7 @@ def check(models: dict[str, Path], cases: Cases, tolerance: dict, variant: str, 
           device: str = "auto", extra: dict[str, Any] | None = None, artifact: str | Path | None = None) -> dict:
     """The parity record of ``models`` (``{graph file: path}``) on every case; raises
     :class:`ParityError` (carrying the record) when any case misses ``tolerance``."""
-    per_input, providers = measure(models, cases, threads, device)
+    per_input, providers, _ = measure(models, cases, threads, device)
     record = make_record(artifact or next(iter(models.values())), variant, per_input, tolerance, cases.source,
                          providers, extra)
     gate(record)
@@ -55,10 +55,10 @@ def check(models: dict[str, Path], cases: Cases, tolerance: dict, variant: str, 
 
 
 def measure(models: dict[str, Path], cases: Cases, threads: int = 0, device: str = "auto",
-            also: Cases | None = None) -> tuple[list[dict], list[str]]:
-    """Every case's metrics (and the providers that ran them); ``also``: second cases with the
-    same inputs (another reference), compared with the same outputs (``per_input`` of its own,
-    returned as ``(first, providers, second)``)."""
+            also: Cases | None = None) -> tuple[list[dict], list[str], list[dict]]:
+    """``(per_input, providers, also_per_input)``: every case's metrics, the providers that ran
+    them, and the same outputs' metrics against ``also`` (other cases with the same names and
+    inputs: another reference; empty without it)."""
     missing = [g for g in cases.graphs if g not in models]
     if missing:
         raise ParityError(f"parity cases name graph(s) {missing} that were not given ({sorted(models)})")
@@ -75,7 +75,7 @@ def measure(models: dict[str, Path], cases: Cases, threads: int = 0, device: str
                 o = others[c.name]
                 second.append({**head, **compare(out, o.expected, o.valid, o.logits)})
         del sess
-    return (per_input, providers, second) if also is not None else (per_input, providers)
+    return per_input, providers, second
 
 
 def summary(per_input: list[dict]) -> dict:

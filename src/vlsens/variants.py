@@ -76,7 +76,7 @@ def gate_own_weights(staged: dict, cases: Cases, own: Cases, tolerance: dict, ex
     main = staged[paths.MAIN]
     exact = float_activations_copy(main, main.with_name(".exact-" + main.name))
     try:
-        per_exact, _ = parity.measure({**staged, paths.MAIN: exact}, own, threads, device)
+        per_exact, _, _ = parity.measure({**staged, paths.MAIN: exact}, own, threads, device)
     finally:
         exact.unlink(missing_ok=True)
     per_input, providers, vs_float = parity.measure(staged, own, threads, device, also=cases)

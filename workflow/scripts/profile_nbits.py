@@ -6,16 +6,15 @@ import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environ
 from vlsens.inputs import checkpoint_dir
 from vlsens.profile_nbits import profile_folder
 from vlsens.scripting import run, threads
-from vlsens.towers.decoder import weight_reference
+from vlsens.towers.decoder import weight_reference_for
 
 
 def main(sm):
     s = sm.params.settings
-    checkpoint = checkpoint_dir(sm.input.checkpoint)
     profile_folder(sm.input.engine, sm.input.eval, sm.input.csv, Path(sm.input.parity).parent, sm.input.reference,
                    Path(sm.output.model).parent, float(s["target"]), sm.params.tolerance, sm.params.exact_tolerance,
-                   lambda staged, cases: weight_reference(checkpoint, staged["model.onnx"], cases), s["max_evals"],
-                   threads(sm), heuristic=sm.input.get("heuristic"))
+                   weight_reference_for(checkpoint_dir(sm.input.checkpoint)), s["max_evals"], threads(sm),
+                   heuristic=sm.input.get("heuristic"))
 
 
 run(snakemake, main)  # noqa: F821

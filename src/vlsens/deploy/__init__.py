@@ -64,6 +64,13 @@ def vision_precision(precision: str, int4_vision: str = "int8-mixed") -> str:
     return int4_vision if precision in INT4 else precision
 
 
+def prepacked(precision: str) -> bool:
+    """Whether a deploy folder's checks load it with ONNX Runtime's weight prepacking (as users
+    do): every folder but the fp32 one, the reference, whose float32 weights stay memory-mapped
+    (16.4 GB at 36 layers; with the prepacked copies the job exceeds 24 GiB)."""
+    return precision != "fp32"
+
+
 def vision_tolerance(config: dict, precision: str) -> dict:
     """The gate of a deploy folder's ``vision.onnx``: ``parity.tolerance`` of its vision graph's
     precision (fp32, fp16), ``deploy.int8_tolerance`` for the INT8-mixed graph."""

@@ -47,7 +47,7 @@ def builder_folder(checkpoint: str | Path, algo: str, settings, fp32_dir: str | 
 
     from vlsens.nbits import quantize, weight_matmuls
     from vlsens.onnxutil import copy_model
-    from vlsens.towers.decoder import builder_version, weight_reference
+    from vlsens.towers.decoder import builder_version, weight_reference_for
     from vlsens.variants import build_variant
 
     layers = json.loads((Path(checkpoint) / "config.json").read_text())
@@ -69,5 +69,5 @@ def builder_folder(checkpoint: str | Path, algo: str, settings, fp32_dir: str | 
                                               "is_symmetric": str(settings.symmetric).lower()}}}
 
     return build_variant(fp32_dir, reference, out_dir, tolerance, f"int4-{algo}", transform, threads,
-                         reference_for=lambda staged, cases: weight_reference(checkpoint, staged[MODEL], cases),
+                         reference_for=weight_reference_for(checkpoint),
                          exact_tolerance=exact_tolerance)

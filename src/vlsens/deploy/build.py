@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from vlsens import paths
-from vlsens.deploy import DONE
+from vlsens.deploy import DONE, prepacked
 from vlsens.deploy.assemble import assemble
 from vlsens.deploy.evaluate import eval_cases, evaluate, transformers_generate, vision_parity
 from vlsens.runtime import Chat
@@ -29,10 +29,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         # transformers' tokens before the folder is loaded: the two float32 models never sit in
         # memory together (at 3B with all 36 layers each is 14-15 GB)
         expected = transformers_generate(checkpoint, cases, max_new_tokens) if precision == "fp32" else None
-        # Loaded once for both checks. The fp32 folder is the reference, not what ships: its
-        # weights stay memory-mapped (no prepacked copies; 36-layer 3B: 16.4 GB, which with the
-        # copies exceeds 24 GiB); its speed is measured by bench/bench_deploy.py as users load it.
-        runtime = Chat(tmp, prepack=precision != "fp32")
+        runtime = Chat(tmp, prepack=prepacked(precision))  # loaded once for both checks
         parity = vision_parity(tmp, checkpoint, cases, tolerance, runtime)
         parity["files"] = file_entries(files.values())
         parity["sources"] = {"decoder": str(decoder), "embedding": str(embedding), "vision": str(vision)}

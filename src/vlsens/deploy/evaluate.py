@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from vlsens import genai
+from vlsens.deploy import prepacked
 from vlsens.errors import VlsensError
 from vlsens.runtime import Chat
 
@@ -97,7 +98,8 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     from vlsens.processor import load_processor
 
     processor = load_processor(checkpoint)
-    folder_rt = runtime or Chat(folder, prepack=precision != "fp32")
+    packed = prepacked(precision)
+    folder_rt = runtime or Chat(folder, prepack=packed)
     rows = []
     timing = {"seconds": 0.0, "tokens": 0}
 
@@ -108,14 +110,12 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
         timing["tokens"] += len(got)
         return got
 
-    prepacked = precision != "fp32"
-
     def speed() -> dict:
         return {"tokens_per_second": timing["tokens"] / timing["seconds"] if timing["seconds"] else None,
-                "prepacked": prepacked,
+                "prepacked": packed,
                 "speed_note": "tokens generated / seconds of onnxruntime-genai generate over the evaluation "
                               "cases (image encoding, prefill and greedy decode; the first call included)"
-                              + ("" if prepacked else "; weight prepacking off (the fp32 reference folder is "
+                              + ("" if packed else "; weight prepacking off (the fp32 reference folder is "
                                  "checked memory-mapped): bench/bench_deploy.py measures it as users load it")}
 
     if precision == "fp32":

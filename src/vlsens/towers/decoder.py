@@ -306,6 +306,12 @@ def weight_reference(checkpoint, graph: str | Path, cases: Cases) -> Cases:
     return out
 
 
+def weight_reference_for(checkpoint):
+    """:func:`weight_reference` of ``checkpoint`` for a staged decoder variant folder (the
+    ``reference_for`` of :func:`vlsens.variants.build_variant`)."""
+    return lambda staged, cases: weight_reference(checkpoint, staged["model.onnx"], cases)
+
+
 class Decoder(PromptTower):
     kind = "decoder"
     pattern = r"decoder"
