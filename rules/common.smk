@@ -84,7 +84,7 @@ wildcard_constraints:
     model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     graph="|".join(re.escape(g) for g in TOWERS),
     base="fp32|fp16",
-    variant="fp32|fp16|fp32-sim|fp16-sim",
+    variant="fp32|fp16|bf16|fp32-sim|fp16-sim",
     precision="|".join(_deploy.PRECISIONS),
     engine="ort|inc",
 
@@ -104,7 +104,9 @@ def get_final_output():
         folder = paths.fill(paths.REPORT, model=PLAN.model)
         int4 += [f"{folder}/{paths.REPORT_FILES[k]}" for k in ("int4_pareto", "nbits_heatmap")]
     return (
-        all_targets(PLAN, TOWERS.values(), report=config["report"]["enabled"])
+        all_targets(
+            PLAN, TOWERS.values(), report=config["report"]["enabled"], embeddings=bool(config["embeddings"]["dtypes"])
+        )
         + [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy]
         + int4
     )

@@ -1,5 +1,5 @@
-# Variants of a verified model folder, for every graph: FP16 (I/O FP32, range-based FP32 fallback)
-# and onnxsim. Every graph file the reference cases name is transformed and the folder is gated on
+# Variants of a verified model folder, for every graph: FP16 (I/O FP32, range-based FP32 fallback),
+# BF16 (vision graphs; I/O FP32) and onnxsim. Every graph file the reference cases name is transformed and the folder is gated on
 # every case (vlsens.variants).
 
 
@@ -28,6 +28,31 @@ rule fp16:
         provenance=provenance("fp16", "fp16.py"),
     script:
         "../workflow/scripts/fp16.py"
+
+
+rule bf16:
+    input:
+        model=rules.export.output.model,
+        parity=rules.export.output.parity,
+        reference=rules.reference.output.reference,
+    output:
+        model=paths.in_variant("bf16"),
+        data=paths.data(paths.in_variant("bf16")),
+        parity=record("bf16"),
+    log:
+        paths.log("bf16"),
+    benchmark:
+        paths.benchmark("bf16")
+    conda:
+        "../envs/onnx.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("bf16", threads=config["threads"]),
+    params:
+        tolerance=tolerance("bf16"),
+        provenance=provenance("bf16", "bf16.py"),
+    script:
+        "../workflow/scripts/bf16.py"
 
 
 rule simplify:

@@ -238,12 +238,15 @@ def test_every_record_matches_its_schema(finished_run):
     kinds = Counter(records.schema_name(p) for p in found)
     # parity: 4 + 4 + 2 (224x224-u8) + 2 (224x224-t2) + 4 + 4 + 2 variant folders, the int4-mixed
     # decoder and the builder's 3 int4 decoders; calibration sets, engines, rankings and profiles per
-    # analysed graph and variant; 7 deploy folders, the int4 comparison, engine nbits of the decoder
+    # analysed graph and variant; 7 deploy folders, the int4 comparison, engine nbits of the decoder;
+    # the 4 fixed-size graphs' fp32 parts and their calibration archives
     assert kinds == {"parity": 26, "manifest": 7, "engine": 10, "ort": 10, "eval": 10, "inc": 2, "compare": 2,
-                     "deploy_parity": 7, "deploy_eval": 7, "deploy_int4": 1, "nbits_engine": 1, "nbits": 1}, kinds
+                     "deploy_parity": 7, "deploy_eval": 7, "deploy_int4": 1, "nbits_engine": 1, "nbits": 1,
+                     "parts": 4, "parts_calibration": 4}, kinds
     assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
     for name, key in (("parity.json", "passed"), ("ort.json", "ops"), ("manifest.json", "counts"),
-                      ("deploy_eval", "cases"), ("deploy_parity", "images")):
+                      ("deploy_eval", "cases"), ("deploy_parity", "images"), ("parts", "parts"),
+                      ("parts_calibration", "inputs")):
         p = next(p for p in found if p.name == name or records.schema_name(p) == name)
         rec = json.loads(p.read_text())
         assert records.errors(p, {k: v for k, v in rec.items() if k != key}), p  # a key missing

@@ -23,7 +23,7 @@ from vlsens.presets import PRESETS
 from vlsens.sizes import parse_size, size_str
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-VARIANTS = ("fp32", "fp16", "fp32-sim", "fp16-sim")
+VARIANTS = ("fp32", "fp16", "bf16", "fp32-sim", "fp16-sim")
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -157,7 +157,7 @@ def check_variants(variants: list[str], analysed: list[str], key: str, analysed_
 
 def check_tolerances(config: dict) -> None:
     tol = config["parity"]["tolerance"]
-    for prec in ("fp32", "fp16"):
+    for prec in ("fp32", "fp16", "bf16"):
         t = tol[prec]
         if not 0.0 < float(t["min_cosine"]) <= 1.0:
             raise ConfigError(f"parity.tolerance.{prec}.min_cosine: {t['min_cosine']} must be in (0, 1].")
@@ -215,7 +215,7 @@ def canonical(value):
 
 def tolerance_for(config: dict, variant: str) -> dict:
     """The parity tolerance of a variant (``*-sim`` uses its base precision's)."""
-    prec = "fp16" if variant.startswith("fp16") else "fp32"
+    prec = variant.split("-")[0] if variant.split("-")[0] in ("fp16", "bf16") else "fp32"
     tol = config["parity"]["tolerance"][prec]
     # Canonical form (sorted keys, floats): Snakemake compares params by value representation,
     # so reordering or reformatting the YAML must not re-run anything.

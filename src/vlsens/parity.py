@@ -44,10 +44,11 @@ log = logging.getLogger(__name__)
 
 
 def check(models: dict[str, Path], cases: Cases, tolerance: dict, variant: str, threads: int = 0,
-          device: str = "auto", extra: dict[str, Any] | None = None, artifact: str | Path | None = None) -> dict:
+          device: str = "auto", extra: dict[str, Any] | None = None, artifact: str | Path | None = None,
+          open_session=None) -> dict:
     """The parity record of ``models`` (``{graph file: path}``) on every case; raises
     :class:`ParityError` (carrying the record) when any case misses ``tolerance``."""
-    per_input, providers, _ = measure(models, cases, threads, device)
+    per_input, providers, _ = measure(models, cases, threads, device, open_session=open_session)
     record = make_record(artifact or next(iter(models.values())), variant, per_input, tolerance, cases.source,
                          providers, extra)
     gate(record)
@@ -55,17 +56,19 @@ def check(models: dict[str, Path], cases: Cases, tolerance: dict, variant: str, 
 
 
 def measure(models: dict[str, Path], cases: Cases, threads: int = 0, device: str = "auto",
-            also: Cases | None = None) -> tuple[list[dict], list[str], list[dict]]:
+            also: Cases | None = None, open_session=None) -> tuple[list[dict], list[str], list[dict]]:
     """``(per_input, providers, also_per_input)``: every case's metrics, the providers that ran
     them, and the same outputs' metrics against ``also`` (other cases with the same names and
-    inputs: another reference; empty without it)."""
+    inputs: another reference; empty without it). ``open_session(path)``: what runs a graph
+    (default an ONNX Runtime session; :mod:`vlsens.bf16` brings its own where ORT has no kernels)."""
     missing = [g for g in cases.graphs if g not in models]
     if missing:
         raise ParityError(f"parity cases name graph(s) {missing} that were not given ({sorted(models)})")
     per_input, second, providers = [], [], []
     others = {c.name: c for c in also} if also is not None else {}
     for graph in cases.graphs:
-        sess = make_session(models[graph], threads=threads, device=device)
+        sess = (open_session(models[graph]) if open_session is not None
+                else make_session(models[graph], threads=threads, device=device))
         providers = sess.get_providers()
         for c in cases.for_graph(graph):
             out = run_fitted(sess, c.inputs)

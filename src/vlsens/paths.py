@@ -10,6 +10,10 @@ substitutes some or all of them. A *graph* names one kind of ONNX graph built fr
     results/<model>/<graph>/reference.npz              parity cases: inputs and transformers' outputs
     results/<model>/<graph>/<variant>/                 model.onnx (+ .data), the tower's other graphs, parity.json
     results/<model>/calib/<graph>/                     calib.npz, eval.npz, manifest.json (+ calib.tar, eval.tar)
+    results/<model>/parts/<graph>/<variant>/           a fixed-size graph cut into single-file parts: part<j>.onnx,
+                                                       parts.json (vlsens.parts)
+    results/<model>/calib/<graph>/parts-<variant>/     part<j>/calib.tar, eval.tar: each part's own inputs
+    results/<model>/embeddings/                        embed_tokens.<dtype>.bin, manifest.json (vlsens.embeddings)
     results/<model>/sensitivity/<graph>/<variant>/     ort.csv, ort.json, engine/, shards/ (+ inc.csv, inc.json,
                                                        compare.json, inc-tune/)
     results/<model>/profile/<graph>/<variant>/         profile.yaml, nodes_to_exclude.json, inc_op_name_dict.json,
@@ -68,6 +72,13 @@ REPORT_FILES = {"latency": "latency.png", "parity": "parity.html", "profiles": "
                 "int4_pareto": "int4-pareto.png", "nbits_heatmap": "nbits-heatmap.png"}
 LOGS = MODEL + "/logs/{graph}"
 BENCHMARKS = MODEL + "/benchmarks/{graph}"
+
+#: A fixed-size vision graph's variant cut into single-file parts, and each part's calibration
+#: archives (:mod:`vlsens.parts`).
+PARTS = MODEL + "/parts/{graph}/{variant}"
+PARTS_CALIB = CALIB + "/parts-{variant}"
+#: The token embedding table as raw binaries with a manifest (:mod:`vlsens.embeddings`).
+EMBEDDINGS = MODEL + "/embeddings"
 
 #: Files of a calibration folder (``calib.tar`` / ``eval.tar``: the NPU layout, one .npy per sample).
 CALIB_FILES = {"calib": "calib.npz", "eval": "eval.npz", "manifest": "manifest.json"}

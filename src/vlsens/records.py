@@ -17,6 +17,8 @@ record                 where                                                 sch
 ``engine.json``        ``sensitivity/<graph>/<variant>/nbits-engine/``       ``nbits_engine``
 ``nbits.json``         beside ``nbits.csv``                                  ``nbits``
 ``int4.json``          ``deploy/``                                           ``deploy_int4``
+``parts.json``         ``parts/<graph>/<variant>/``                          ``parts``
+``manifest.json``      ``calib/<graph>/parts-<variant>/``                    ``parts_calibration``
 =====================  ====================================================  ===================
 
     python -m vlsens.records results/tiny     # check every record under a folder
@@ -31,7 +33,8 @@ from pathlib import Path
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "records"
 BY_NAME = {"parity.json": "parity", "manifest.json": "manifest", "engine.json": "engine", "ort.json": "ort",
-           "inc.json": "inc", "compare.json": "compare", "eval.json": "eval", "nbits.json": "nbits"}
+           "inc.json": "inc", "compare.json": "compare", "eval.json": "eval", "nbits.json": "nbits",
+           "parts.json": "parts"}
 
 
 def schema_name(path: str | Path) -> str | None:
@@ -43,6 +46,8 @@ def schema_name(path: str | Path) -> str | None:
         return "nbits_engine"
     if path.name == "int4.json" and path.parent.name == "deploy":
         return "deploy_int4"
+    if path.name == "manifest.json" and path.parent.name.startswith("parts-"):
+        return "parts_calibration"
     if path.name == "manifest.json" and "calib" not in path.parts:
         return None
     if "deploy" in path.parts and path.name in ("parity.json", "eval.json"):

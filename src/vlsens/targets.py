@@ -1,6 +1,7 @@
 """The default target: what ``snakemake`` (rule ``all``) builds for a plan, graph by graph.
 
-For every graph: each variant's ``model.onnx`` and ``parity.json``; where the tower analyses
+For every graph: each variant's ``model.onnx`` and ``parity.json`` (and, fixed-size graphs, the
+parts of ``vision.parts.variants`` with their calibration archives); where the tower analyses
 variants, its calibration set (and NPU archive), each engine's ranking for each analysed variant
 (``inc``: FP32 graphs of towers that support it), ``compare.json`` where both engines ran,
 INC's own fallback run when asked for, and the profile.
@@ -35,6 +36,10 @@ def graph_targets(plan: Plan, tower) -> list[str]:
         out.append(f"{calib}/{paths.CALIB_FILES['manifest']}")
     if tower.npu_archive:
         out += [f"{calib}/{f}" for f in paths.NPU_FILES.values()]
+    for v in tower.parts_variants():
+        out.append(paths.fill(paths.PARTS, variant=v, **g))
+        if tower.config["vision"]["parts"]["calibration"]:
+            out.append(paths.fill(paths.PARTS_CALIB, variant=v, **g))
     engines = [e for e in ENGINES if e in plan.engines]
     for v in analysed:
         sens = paths.fill(paths.SENSITIVITY, variant=v, **g)
@@ -72,7 +77,8 @@ def report_targets(plan: Plan, towers) -> list[str]:
     return out + [f"{report}/{paths.REPORT_FILES[k]}" for k in keys]
 
 
-def all_targets(plan: Plan, towers, report: bool = False) -> list[str]:
+def all_targets(plan: Plan, towers, report: bool = False, embeddings: bool = False) -> list[str]:
     towers = list(towers)
     out = [t for tower in towers for t in graph_targets(plan, tower)]
+    out += [paths.fill(paths.EMBEDDINGS, model=plan.model)] if embeddings else []
     return out + (report_targets(plan, towers) if report else [])

@@ -1,4 +1,4 @@
-"""Variants of a verified model folder: FP16 and onnxsim, for any tower.
+"""Variants of a verified model folder: FP16, BF16 and onnxsim, for any tower.
 
 A variant stage transforms every graph file of the source folder that the reference cases name
 (``model.onnx``; the text tower's ``embeds.onnx`` too), feeding each transform that graph's own
@@ -34,7 +34,8 @@ Reference = Callable[[dict, Cases], Cases]
 
 def build_variant(src_dir: str | Path, reference: str | Path, out_dir: str | Path, tolerance: dict,
                   variant: str, transform: Transform, threads: int = 0, device: str = "auto",
-                  reference_for: Reference | None = None, exact_tolerance: dict | None = None) -> dict:
+                  reference_for: Reference | None = None, exact_tolerance: dict | None = None,
+                  open_session=None) -> dict:
     """``out_dir``: every graph file of ``src_dir`` that the cases name, transformed, gated and
     published (``model.onnx`` last). With ``reference_for`` (a weight-only INT4 variant, whose
     weights are not the checkpoint's), :func:`gate_own_weights` is the gate."""
@@ -49,7 +50,8 @@ def build_variant(src_dir: str | Path, reference: str | Path, out_dir: str | Pat
             facts[f] = transform(src, fit_batch(cases.feeds(f), input_batch(src)[1]), staged[f])
         extra = {"source": str(src_dir), "graphs": facts}
         if reference_for is None:
-            record = parity.check(staged, cases, tolerance, variant, threads, device, extra=extra, artifact=out_dir)
+            record = parity.check(staged, cases, tolerance, variant, threads, device, extra=extra, artifact=out_dir,
+                                  open_session=open_session)
         else:
             record = gate_own_weights(staged, cases, reference_for(staged, cases), tolerance, exact_tolerance,
                                       variant, threads, device, extra, out_dir)
@@ -108,6 +110,16 @@ def fp16(src_dir, reference, out_dir, tolerance: dict, max_activation: float, ma
     return build_variant(src_dir, reference, out_dir, tolerance, "fp16",
                          lambda src, feeds, staged: convert_fp16(src, feeds, staged, max_activation, max_initializer,
                                                                  threads, device), threads, device)
+
+
+def bf16(src_dir, reference, out_dir, tolerance: dict, threads: int = 0, device: str = "auto") -> dict:
+    """BF16 inside, float32 I/O (:mod:`vlsens.bf16`), gated by whatever runs bfloat16 here
+    (:func:`vlsens.bf16.open_session`; the record's ``providers`` say which)."""
+    from vlsens import bf16 as _bf16
+
+    return build_variant(src_dir, reference, out_dir, tolerance, "bf16",
+                         lambda src, feeds, staged: _bf16.convert_bf16(src, staged), threads, device,
+                         open_session=_bf16.session_opener(threads, device))
 
 
 def simplify(src_dir, reference, out_dir, tolerance: dict, variant: str, check_max_bytes: int,

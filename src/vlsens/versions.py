@@ -24,10 +24,15 @@ STAGE_LIBRARIES = {
     "calibration": ("transformers", "pillow", "numpy"),  # the image processor's PIL path, no torch
     "export": ("torch", "transformers", "onnx"),
     "fp16": ("onnx", "onnxconverter-common"),
+    "bf16": ("onnx", "onnxconverter-common", "ml-dtypes"),
     "simplify": ("onnx", "onnxsim"),
     "sensitivity": ("onnx", "onnxruntime"),
     "compare": (),
     "npu_archive": ("numpy",),
+    # cuts a gated graph (onnx), chains the parts (onnxruntime), runs onnxsim on each
+    "parts": ("onnx", "onnxruntime", "onnxsim", "numpy"),
+    # reads the checkpoint's safetensors header and bytes; conversions through ml_dtypes
+    "embeddings": ("numpy", "ml-dtypes"),
     # assembles gated graphs and runs them with onnxruntime-genai next to transformers' generate
     "deploy": ("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers"),
     # the report's figures are drawn by matplotlib from the records (no model is run)

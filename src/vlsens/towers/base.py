@@ -46,6 +46,9 @@ class Tower:
     engines: ClassVar[tuple[str, ...]] = ("ort",)
     #: Write the calibration set also as ``calib.tar`` / ``eval.tar`` (one .npy per sample).
     npu_archive: ClassVar[bool] = False
+    #: Can its graphs be cut into single-file parts at block boundaries (``vision.parts``;
+    #: fixed shapes: what NPU compilers take)?
+    cuttable: ClassVar[bool] = False
     #: Does its calibration run a model (torch)? Then it asks for a GPU and the configured threads.
     calibration_runs_model: ClassVar[bool] = True
     #: The analysed graph's first output is logits (B, S, vocab): KL and top-1 are measured too.
@@ -84,6 +87,15 @@ class Tower:
         from vlsens.config import check_variants
 
         check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
+        self.check_parts()
+
+    def check_parts(self) -> None:
+        from vlsens.errors import ConfigError
+
+        missing = [v for v in self.parts_variants() if v not in self.variants()]
+        if missing:
+            raise ConfigError(f"vision.parts.variants: {missing} of {self.graph} are not built ({self.key('variants')}: "
+                              f"{self.variants()}); add them there or remove them from vision.parts.variants")
 
     # Every tower reads its keys from one section of the config: a builtin one from
     # :attr:`section_key` (``vision``, ``vision.dynamic``, ``text``, ``deploy.decoder`` ...), a tower
@@ -109,6 +121,10 @@ class Tower:
     def variants(self) -> list[str]:
         """Variants built (``fp32`` always comes from the export)."""
         return list(self.section["variants"])
+
+    def parts_variants(self) -> list[str]:
+        """Variants cut into parts (``vision.parts.variants``; towers that are :attr:`cuttable`)."""
+        return list(self.config["vision"]["parts"]["variants"]) if self.cuttable else []
 
     def analysed_variants(self) -> list[str]:
         """Variants analysed by the sensitivity engines and profiled."""

@@ -118,6 +118,7 @@ class FixedVision(Tower):
     pattern = r"vision/[0-9]+x[0-9]+"
     engines = ("ort", "inc")
     npu_archive = True
+    cuttable = True
     calibration_runs_model = False  # the image processor's PIL path only
     section_key = "vision"
 
@@ -136,6 +137,7 @@ class FixedVision(Tower):
 
     def check(self, plan) -> None:
         check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
+        self.check_parts()
 
     def reference_settings(self) -> dict:
         return {}
