@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import TOL_FP16, TOL_FP32, tower_of
+from conftest import TOL_FP16, TOL_FP32
 
 from vlsens import parts, variants
 from vlsens.calibration import write_npu_archive
@@ -139,8 +139,45 @@ def test_a_changed_part_is_refused(fixed, tmp_path):
     assert not (tmp_path / "c").exists()
 
 
-def test_parts_of_a_variant_that_is_not_built_are_refused():
-    tower = tower_of("vision/224x224", **{"vision.variants": ["fp32"], "vision.sensitivity_variants": ["fp32"],
-                                          "vision.parts.variants": ["fp16"]})
-    with pytest.raises(ConfigError, match=r"vision.parts.variants: \['fp16'\] of vision/224x224 are not built"):
-        tower.check(None)
+def test_parts_of_a_variant_no_graph_builds_are_refused(tmp_path):
+    from conftest import default_config
+
+    from vlsens.plan import configure
+
+    cfg = default_config(**{"vision.parts.variants": ["fp32", "bf16"]})
+    _, towers = configure(cfg, tmp_path)
+    # bf16 is cut where it is built (vision.variants), not for the uint8 / video graphs
+    assert {g: t.parts_variants() for g, t in towers.items() if t.cuttable} == {
+        "vision/224x224": ["fp32", "bf16"], "vision/224x336": ["fp32", "bf16"], "vision/224x224-u8": ["fp32"],
+        "vision/224x224-t2": ["fp32"]}
+    cfg = default_config(**{"vision.parts.variants": ["fp32-sim"], "vision.variants": ["fp32"],
+                            "vision.sensitivity_variants": ["fp32"]})
+    with pytest.raises(ConfigError, match="vision.parts.variants: 'fp32-sim' is built by no fixed-size graph"):
+        configure(cfg, tmp_path)
+
+
+def test_a_part_is_a_graph_for_the_engine_and_the_profile(planted, tmp_path):
+    """Engine ort and the profile on part 1 alone (blocks 2-3), calibrated on its own inputs: the
+    outlier planted in block 2 is its most sensitive op, and the profile keeps it float."""
+    from conftest import PLANT, run_settings
+
+    from vlsens.profile import build_profile
+    from vlsens.sensitivity.ranking import read_csv
+    from vlsens.sensitivity.stages import gather, prepare, run_shard
+
+    tol = {"min_cosine": 0.99999, "max_rel_error": 1e-4}
+    rec = parts.build_parts(planted / "fp32", planted / "reference.npz", tmp_path / "p", tol, "fp32", 2, 2_000_000_000)
+    assert [p["blocks"] for p in rec["parts"]] == [[0, 1], [2, 3]] and PLANT["block"] == 2
+    parts.part_calibration(tmp_path / "p", planted / "calib" / "calib.npz", planted / "calib" / "eval.npz", tmp_path / "c")
+    part, cal = tmp_path / "p" / "part1.onnx", tmp_path / "c" / "part1"
+    prepare(part, cal / "calib.npz", cal / "eval.npz", tmp_path / "engine", run_settings(), logits=False)
+    run_shard(tmp_path / "engine", cal / "eval.npz", 0, 1, tmp_path / "shard.csv")
+    gather(tmp_path / "engine", cal / "eval.npz", [tmp_path / "shard.csv"], tmp_path / "ort.csv", tmp_path / "ort.json")
+    rows = read_csv(tmp_path / "ort.csv")
+    assert {r["block"] for r in rows} == {2, 3, ""}  # "": the merger, after the last block
+    assert all("merger" in r["op"] for r in rows if r["block"] == "")
+    assert (rows[0]["block"], rows[0]["role"]) == (PLANT["block"], "attn.qkv") and rows[0]["mse"] > 20 * rows[1]["mse"]
+    prof = build_profile(tmp_path / "engine", tmp_path / "ort.csv", cal / "eval.npz", {"fp32": part},
+                         tmp_path / "profile", "cosine", 0.999)
+    assert prof["status"] == "met" and rows[0]["op"] in json.loads(
+        (tmp_path / "profile" / "nodes_to_exclude.json").read_text())["nodes_to_exclude"]

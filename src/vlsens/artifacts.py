@@ -28,14 +28,17 @@ from vlsens.paths import MAIN, RECORD
 log = logging.getLogger(__name__)
 
 #: Records that may list the files of the ONNX models beside them.
-RECORD_NAMES = ("parity.json", "engine.json", "eval.json")
+RECORD_NAMES = ("parity.json", "engine.json", "eval.json", "parts.json")
 
 
-def file_entries(models: Iterable[str | Path]) -> dict:
-    """``files`` entries for staged models and their data files (hashed before they move)."""
+def file_entries(models: Iterable[str | Path], single_file: bool = False) -> dict:
+    """``files`` entries for staged models and their data files (hashed before they move);
+    ``single_file``: models whose weights are inside (a data file is listed where there is one)."""
     out: dict = {}
     for m in models:
         for p in (Path(m), data_path(m)):
+            if single_file and p != Path(m) and not p.exists():
+                continue
             out[p.name] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
     out["rule"] = job.rule
     return out
@@ -90,7 +93,8 @@ def verify(model: str | Path) -> Path:
             f"published by this version of vlsens. {fix_hint(model, None)}")
     record_path, record = found
     files = record["files"]
-    for p in (model, data_path(model)):
+    single = data_path(model).name not in files and not data_path(model).exists()  # weights inside
+    for p in (model,) if single else (model, data_path(model)):
         want = files.get(p.name)
         if want is None:
             raise ArtifactError(f"{p}: {record_path} does not list it. {fix_hint(model, files.get('rule'))}")

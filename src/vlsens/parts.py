@@ -475,7 +475,7 @@ def build_parts(src_dir: str | Path, reference: str | Path, out_dir: str | Path,
     import time
 
     from vlsens import job, parity, paths
-    from vlsens.artifacts import verify
+    from vlsens.artifacts import file_entries, verify
     from vlsens.cases import Cases
     from vlsens.fsutil import atomic_dir, file_sha256, write_json
 
@@ -520,6 +520,8 @@ def build_parts(src_dir: str | Path, reference: str | Path, out_dir: str | Path,
         record = parity.make_record(out_dir, variant, per_input, tolerance, cases.source, providers, extra)
         record["parts"] = entries
         record["rule"] = job.rule
+        # what vlsens.artifacts.verify checks when a job reads a part (a part is a graph)
+        record["files"] = file_entries(files, single_file=True)
         if record["passed"] and not sim_ok:
             record["passed"] = False
             raise ParityError(f"{out_dir}: the parts pass the parity gate, but onnxsim's Python API "
@@ -563,7 +565,8 @@ def verify_parts(folder: str | Path) -> list[Path]:
 def part_calibration(parts_dir: str | Path, calib_npz: str | Path, eval_npz: str | Path, out_dir: str | Path,
                      threads: int = 0, device: str = "auto") -> dict:
     """Per part, ``part<j>/calib.tar`` and ``eval.tar`` in the layout of the graph's own
-    (``<input>_<index>.npy`` per sample): the part's inputs as it takes them, produced by running
+    (``<input>_<index>.npy`` per sample), and ``calib.npz`` / ``eval.npz`` in the stacked layout
+    the sensitivity engines and the profile read: the part's inputs as it takes them, produced by running
     the earlier parts on the calibration images (one call per ``vision.batch_size`` images: the
     vision tower's hidden states are (tokens of the call, hidden), no batch axis to split)."""
     import io
@@ -571,7 +574,7 @@ def part_calibration(parts_dir: str | Path, calib_npz: str | Path, eval_npz: str
 
     from vlsens.fsutil import atomic_dir, write_json
     from vlsens.onnxutil import input_batch
-    from vlsens.samples import fit_batch, load_stacked
+    from vlsens.samples import fit_batch, load_stacked, save_stacked
 
     files = verify_parts(parts_dir)
     chain = Chain(files, threads, device, load_record(parts_dir)["variant"])
@@ -590,6 +593,10 @@ def part_calibration(parts_dir: str | Path, calib_npz: str | Path, eval_npz: str
                         per_part[j].setdefault(name, []).append(value)
             for j, by_input in enumerate(per_part):
                 (tmp / f"part{j}").mkdir(exist_ok=True)
+                # the stacked layout of calib/<graph>/<split>.npz: a part is a graph for the engines
+                # and the profile (one row per call)
+                save_stacked(tmp / f"part{j}" / f"{split}.npz", {k: np.concatenate(v) for k, v in by_input.items()},
+                             [f"call{k:04d}" for k in range(n)])
                 with tarfile.open(tmp / f"part{j}" / f"{split}.tar", "w") as tar:
                     for name, rows in by_input.items():
                         for k, row in enumerate(rows):

@@ -73,6 +73,16 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
     return Plan(name, ckpt_dir, preset, images[:n], calib, list(sens["engines"]), bool(sens["inc"]["tune"]))
 
 
+def check_parts(config: dict, towers: dict) -> None:
+    """Every variant of ``vision.parts.variants`` is built by at least one fixed-size graph."""
+    cuttable = [t for t in towers.values() if t.cuttable]
+    for v in config["vision"]["parts"]["variants"]:
+        if cuttable and not any(v in t.variants() for t in cuttable):
+            raise ConfigError(f"vision.parts.variants: '{v}' is built by no fixed-size graph "
+                              f"({', '.join(t.graph for t in cuttable)}); add it to vision.variants (or the uint8 / "
+                              "video sections' variants) or remove it from vision.parts.variants")
+
+
 def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
     """Everything the DAG is built from, checked: the plan (:func:`make_plan`) and every
     configured graph's tower, each having checked its own keys."""
@@ -84,6 +94,7 @@ def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
     towers = towers_registry.active(config)
     for t in towers.values():
         t.check(plan)
+    check_parts(config, towers)
     for t in towers.values():
         for kind, entry in t.outside_inputs(plan).items():
             if plan.outside.get(kind, entry) != entry:

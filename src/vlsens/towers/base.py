@@ -87,15 +87,6 @@ class Tower:
         from vlsens.config import check_variants
 
         check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
-        self.check_parts()
-
-    def check_parts(self) -> None:
-        from vlsens.errors import ConfigError
-
-        missing = [v for v in self.parts_variants() if v not in self.variants()]
-        if missing:
-            raise ConfigError(f"vision.parts.variants: {missing} of {self.graph} are not built ({self.key('variants')}: "
-                              f"{self.variants()}); add them there or remove them from vision.parts.variants")
 
     # Every tower reads its keys from one section of the config: a builtin one from
     # :attr:`section_key` (``vision``, ``vision.dynamic``, ``text``, ``deploy.decoder`` ...), a tower
@@ -123,8 +114,11 @@ class Tower:
         return list(self.section["variants"])
 
     def parts_variants(self) -> list[str]:
-        """Variants cut into parts (``vision.parts.variants``; towers that are :attr:`cuttable`)."""
-        return list(self.config["vision"]["parts"]["variants"]) if self.cuttable else []
+        """Variants cut into parts: those of ``vision.parts.variants`` this graph builds (towers
+        that are :attr:`cuttable`; a variant no such graph builds is refused by the plan)."""
+        if not self.cuttable:
+            return []
+        return [v for v in self.config["vision"]["parts"]["variants"] if v in self.variants()]
 
     def analysed_variants(self) -> list[str]:
         """Variants analysed by the sensitivity engines and profiled."""

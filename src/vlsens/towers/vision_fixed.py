@@ -137,7 +137,6 @@ class FixedVision(Tower):
 
     def check(self, plan) -> None:
         check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
-        self.check_parts()
 
     def reference_settings(self) -> dict:
         return {}
