@@ -110,3 +110,36 @@ def test_inc_env_is_pinned():
             (s.split("#")[0].strip() for s in (REPO / "constraints.txt").read_text().splitlines()) if line}
     assert str(reqs["onnxruntime"].specifier) == pins["onnxruntime"]
     assert "vlsens.inc.env requirements envs/inc.yaml" in (REPO / "Makefile").read_text()
+
+
+def test_a_non_editable_install_finds_its_schemas(tmp_path):
+    """Built and installed as a wheel (not editable), vlsens carries workflow/schemas as package
+    data: the config schema loads and python -m vlsens.records validates a record."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import shutil
+
+    src = tmp_path / "src-tree"  # a copy: the in-tree build writes build/ and *.egg-info
+    shutil.copytree(REPO / "src", src / "src", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "workflow" / "schemas", src / "workflow" / "schemas")
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / f, src / f)
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(src)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (target / "vlsens" / "schemas").is_symlink() and (target / "vlsens" / "schemas" / "records").is_dir()
+    run = tmp_path / "run" / "calib" / "vision" / "224x224" / "parts-fp32"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"parts": "p", "counts": {"calib": 1, "eval": 1}, "inputs": [["x"]]}))
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    code = ("import vlsens, vlsens.config as c; print(vlsens.__file__); c.load_schema(); "
+            "import sys, vlsens.records as r; sys.exit(r._main([sys.argv[1]]))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                       cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[0].startswith(str(target))  # the installed copy, not the source tree
+    assert r.stdout.strip().endswith("all valid")

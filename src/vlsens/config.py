@@ -24,7 +24,9 @@ from vlsens.sizes import parse_size, size_str
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 VARIANTS = ("fp32", "fp16", "bf16", "fp32-sim", "fp16-sim")
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+#: ``workflow/schemas/`` is also the package's ``vlsens/schemas`` (a link in the source tree, files
+#: in a built wheel), so an installed vlsens finds its schemas without the repository.
+SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
 
 
 def load_schema(path: str | Path = SCHEMA) -> dict:

@@ -31,7 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "records"
+SCHEMAS = Path(__file__).resolve().parent / "schemas" / "records"  # workflow/schemas/records (package data)
 BY_NAME = {"parity.json": "parity", "manifest.json": "manifest", "engine.json": "engine", "ort.json": "ort",
            "inc.json": "inc", "compare.json": "compare", "eval.json": "eval", "nbits.json": "nbits",
            "parts.json": "parts"}
@@ -88,12 +88,32 @@ def records_under(folder: str | Path) -> list[Path]:
 
 
 def _main(argv: list[str]) -> int:
+    import argparse
+    from collections import Counter
+
+    ap = argparse.ArgumentParser(prog="python -m vlsens.records",
+                                 description="Check every JSON record under the given folders against its schema "
+                                             "(workflow/schemas/records/); one line per problem, then a summary.")
+    ap.add_argument("folders", nargs="*", default=["results"], help="run folders (default: results)")
+    args = ap.parse_args(argv)
     bad = 0
-    for folder in argv or ["results"]:
-        for p in records_under(folder):
+    for folder in args.folders:
+        if not Path(folder).is_dir():
+            print(f"{folder}: no such folder", file=sys.stderr)
+            return 2
+        found = records_under(folder)
+        if not found:
+            print(f"{folder}: no vlsens records under it (is it a run folder, results/<model>?)", file=sys.stderr)
+            return 2
+        problems = 0
+        for p in found:
             for line in errors(p):
                 print(f"{p}: {line}")
-                bad += 1
+                problems += 1
+        kinds = Counter(schema_name(p) for p in found)
+        verdict = "all valid" if not problems else f"{problems} problem(s)"
+        print(f"{folder}: {len(found)} records ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}): {verdict}")
+        bad += problems
     return 1 if bad else 0
 
 
