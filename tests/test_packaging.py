@@ -117,10 +117,9 @@ def test_a_non_editable_install_finds_its_schemas(tmp_path):
     data: the config schema loads and python -m vlsens.records validates a record."""
     import json
     import os
+    import shutil
     import subprocess
     import sys
-
-    import shutil
 
     src = tmp_path / "src-tree"  # a copy: the in-tree build writes build/ and *.egg-info
     shutil.copytree(REPO / "src", src / "src", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
