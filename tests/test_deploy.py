@@ -293,7 +293,14 @@ def test_chat_runs_a_folder_like_transformers(folders, tiny_ckpt, parity_refs, t
     assert chat.prompt(case["prompt"], 1) == _chat(processor, case)
     assert chat.tokens(case["prompt"], [case["images"][0]["path"]], max_new_tokens=12) == want
     assert chat.tokens(case["prompt"], [image], max_new_tokens=12) == want
-    assert chat(case["prompt"], [image], max_new_tokens=12) == chat.tokenizer.decode(want)
+    # the answer alone, decoded as transformers decodes it: random weights give invalid UTF-8 pieces,
+    # where onnxruntime-genai's own decode stops (a test of that fact keeps the reason checked)
+    answer = chat(case["prompt"], [image], max_new_tokens=12)
+    assert answer == processor.tokenizer.decode(want, skip_special_tokens=True)
+    long = chat.tokens(case["prompt"], [image], max_new_tokens=64)
+    want_text = processor.tokenizer.decode(long, skip_special_tokens=True)
+    assert chat.decode(long) == want_text and "\ufffd" in want_text
+    assert len(chat.tokenizer.decode(long)) < len(want_text)
 
 
 def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, graph_builder, parity_refs, tmp_path):

@@ -164,8 +164,21 @@ class Chat:
         """New token ids for one user turn (the folder's chat template around ``text``)."""
         return self.generate(self.prompt(text, len(images)), images, max_new_tokens, **search)
 
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Text of ``tokens`` as transformers decodes it (the folder's ``tokenizer.json`` through
+        the tokenizers library, special tokens skipped, invalid UTF-8 as U+FFFD):
+        onnxruntime-genai's own ``Tokenizer.decode`` stops at the first invalid UTF-8 sequence, and
+        its streaming decoder drops such bytes."""
+        if getattr(self, "_text_tokenizer", None) is None:
+            from tokenizers import Tokenizer
+
+            self._text_tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        return self._text_tokenizer.decode(list(map(int, tokens)), skip_special_tokens=True)
+
     def __call__(self, text: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> str:
-        return self.tokenizer.decode(self.tokens(text, images, max_new_tokens, **search))
+        """The answer to one user turn: the new tokens only (at most ``max_new_tokens``; greedy
+        unless ``search`` says otherwise), decoded as transformers does (:meth:`decode`)."""
+        return self.decode(self.tokens(text, images, max_new_tokens, **search))
 
 
 def rope_positions(checkpoint: str | Path, inputs: dict) -> np.ndarray:
