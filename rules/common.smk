@@ -166,10 +166,11 @@ def analysed_model(wildcards, variant=None):
 
 
 def profile_bases(wildcards):
-    """The built fp32 / fp16 variants the profile's latency is compared with: their records."""
+    """The built variants the profile's latency is compared with, by their records: its own base
+    and fp32 (an fp32 profile does not read the fp16 model, so rebuilding fp16 leaves it be)."""
     return {
         v: paths.fill(record(v), model=wildcards.model, graph=wildcards.graph)
-        for v in ("fp32", "fp16")
+        for v in dict.fromkeys(("fp32", wildcards.variant))
         if v in tower(wildcards).variants()
     }
 

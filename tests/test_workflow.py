@@ -269,9 +269,14 @@ def test_changed_fp16_setting_reruns_only_fp16_and_downstream(finished_run):
     cfg = yaml.safe_load((wd / "config.yaml").read_text())
     cfg["fp16"]["max_activation"] = 256
     (wd / "alt.yaml").write_text(yaml.safe_dump(cfg))
-    jobs, _ = dry_run(wd, configfile="alt.yaml")
+    jobs, out = dry_run(wd, configfile="alt.yaml")
     assert {g for rule, g in jobs if rule == "fp16"} == GRAPHS  # every tower's fp16: one rule
     assert {"simplify", "sensitivity_prepare", "profile"} <= {r for r, _ in jobs}
+    # the fp32 profiles do not read the fp16 models (their latency is compared with fp32 only)
+    import re
+
+    profiles = re.findall(r"rule profile:\n(?:.*\n)*?\s+wildcards: ([^\n]+)", out)
+    assert profiles and all("variant=fp16" in w for w in profiles), profiles
     assert not {r for r, _ in jobs} & {"reference", "export", "calibration", "calibration_tar", "tiny_checkpoint",
                                       "sensitivity_inc", "sensitivity_compare"}  # fp32-only inc: untouched
 
