@@ -37,6 +37,34 @@ class _ConsoleFilter(logging.Filter):
         return record.name.startswith("vlsens") and not getattr(record, "log_only", False)
 
 
+#: Warnings every job of a kind gives, that say nothing about this run (counted, not logged):
+#: ONNX Runtime's quantizer asks for its pre-processing on every call (vlsens passes the graph
+#: through as exported, on purpose: node names are the sensitivity CSV's keys), and tracing the
+#: stock vision encoder warns on every Python-side index computation (the fixed-size graphs bake
+#: them for their size; the parity gate checks the result).
+KNOWN_NOISE = (
+    ("onnxruntime quantizer: 'consider pre-processing'", ("Please consider pre-processing before quantization",
+                                                          "Please consider to run pre-processing before quantization")),
+    ("torch TracerWarning (tracing bakes index computations)", ("TracerWarning",)),
+)
+
+
+class _NoiseFilter(logging.Filter):
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        msg = record.getMessage()
+        for label, needles in KNOWN_NOISE:
+            if any(n in msg for n in needles):
+                self.counts[label] = self.counts.get(label, 0) + 1
+                return False
+        return True
+
+
 def threads(snakemake: Any) -> int:
     """The threads the job computes with: its rule's ``compute_threads`` resource (the config's
     ``threads``, not the cores Snakemake reserved for it, so the numbers do not depend on
@@ -52,6 +80,8 @@ def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
     stream = open(log_path, "w", buffering=1) if log_path else sys.stderr
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    noise = _NoiseFilter()
+    handler.addFilter(noise)
     console = logging.StreamHandler(sys.stderr)  # bound now: the job's own stderr goes to the log below
     console.setLevel(logging.WARNING)
     console.addFilter(_ConsoleFilter())
@@ -93,5 +123,8 @@ def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
         log.exception("job failed", extra=LOG_ONLY)
         raise
     finally:
+        if noise.counts:
+            log.info("known-noise warnings not logged: %s",
+                     ", ".join(f"{n} x {label}" for label, n in sorted(noise.counts.items())))
         log.info("done in %.2f s", time.perf_counter() - t0)
         handler.flush()
