@@ -14,7 +14,7 @@ INC_VENV  ?= .venv-inc
 INC_STAMP := $(INC_VENV)/.vlsens-inc-installed
 CONFIG    ?= config/config.yaml
 
-.PHONY: run test test-fast install install-test install-lint inc-env lint bench scale report clean
+.PHONY: run test test-fast install install-test install-lint inc-env lint bench scale scale-int4 report clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,9 +48,12 @@ install-test: $(STAMP)-test
 
 inc-env: $(INC_STAMP)
 
+# QUIET: what Snakemake leaves out of the console (rules: the per-job blocks; the job logs under
+# results/<model>/logs/ and vlsens' own warnings still say what happened). make run QUIET= shows all.
+QUIET ?= rules
 run: install
 	@if $(BIN)/python -m vlsens.inc.env enabled $(CONFIG); then $(MAKE) --no-print-directory inc-env; fi
-	$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --resources gpu=$(GPUS) $(ARGS)
+	$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --resources gpu=$(GPUS) $(if $(QUIET),--quiet $(QUIET)) $(ARGS)
 
 # make test fails (not skips) when engine inc's environment is missing; test-fast skips it.
 test: install-test inc-env
@@ -85,6 +88,12 @@ MEM_MB ?= 20000
 scale: install
 	$(BIN)/snakemake --configfile config/scale.yaml --cores $(CORES) --resources gpu=$(GPUS) mem_mb=$(MEM_MB) $(ARGS)
 	$(BIN)/python bench/scale_table.py results/3b
+
+# The 36-layer INT4 decoder (config/scale-int4.yaml, results/3b-full/): the decoder graph, its
+# weight-only sensitivity, the int4-mixed profile, the builder's anchors and the deploy folders.
+scale-int4: install
+	$(BIN)/snakemake --configfile config/scale-int4.yaml --cores $(CORES) --resources gpu=$(GPUS) mem_mb=$(MEM_MB) $(ARGS)
+	$(BIN)/python bench/scale_table.py results/3b-full
 
 clean:
 	rm -rf results .snakemake
