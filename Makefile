@@ -67,7 +67,7 @@ test-fast: install-test
 # self-contained (figures, tables, rule graph, scripts inline), to open in any browser.
 REPORT ?= results/report.html
 report: install
-	$(BIN)/snakemake --configfile $(CONFIG) --report $(REPORT) $(ARGS)
+	$(BIN)/snakemake --configfile $(CONFIG) --report $(REPORT) --report-stylesheet report/stylesheet.css $(ARGS)
 
 lint: $(STAMP)-lint
 	$(BIN)/ruff check src tests bench workflow

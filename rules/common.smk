@@ -246,6 +246,13 @@ def report_records(wildcards):
     return [paths.fill(record(v), model=wildcards.model, graph=g) for g, t in TOWERS.items() for v in t.variants()]
 
 
+def landing_page():
+    """The report's first page: the run's verdict (rule report_tables) where it was written, else
+    the workflow's description alone."""
+    verdict = Path(paths.fill(paths.REPORT, model=PLAN.model)) / paths.REPORT_FILES["verdict"]
+    return str(verdict.resolve()) if verdict.is_file() else "report/workflow.rst"
+
+
 def report_figure(figure, caption, category, figure_labels=None):
     """A figure of ``paths.FIGURE_FILES`` marked for the report, one subcategory per graph."""
     return report(

@@ -165,6 +165,8 @@ rule report_tables:
             subcategory="tables",
             labels={"table": "mixed-precision profiles"},
         ),
+        # the report's landing page (the Snakefile's report: directive, when it exists)
+        verdict=f"{paths.REPORT}/{paths.REPORT_FILES['verdict']}",
     log:
         paths.model_log("report_tables"),
     benchmark:
@@ -175,6 +177,9 @@ rule report_tables:
         **cluster("report_tables", gpu=False),
     params:
         profiles=report_profiles,
+        deploy=report_deploy,
+        variant_records=report_records,
+        description=str(Path(workflow.basedir) / "report" / "workflow.rst"),
         root=lambda wc: paths.fill(paths.MODEL, model=wc.model),
         provenance=REPORT_CODE,
     script:

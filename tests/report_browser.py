@@ -98,6 +98,10 @@ def inspect_report(html: Path) -> dict:
         _wait(lambda: d.find_elements(By.XPATH, "//*[text()='RESULTS' or text()='Results']"))
         categories = d.execute_script("return categories")
         menu = d.find_element(By.TAG_NAME, "body").text
+        # where the landing page's title sits in the window (None: no verdict page)
+        landing_top = d.execute_script("const h = [...document.querySelectorAll('h1')]"
+                                       ".find(e => e.textContent.startsWith('Verdict'));"
+                                       "return h ? h.getBoundingClientRect().top : null;")
         decoded = d.execute_async_script(DECODE_ALL)
         shown = {}
 
@@ -116,6 +120,7 @@ def inspect_report(html: Path) -> dict:
             click(_wait(lambda: d.find_elements(By.CSS_SELECTOR, "a[iconname=eye]")))
             shown[cat] = _wait(lambda: _shown(d))
         errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
-        return {"categories": categories, "menu": menu, "decoded": decoded, "shown": shown, "errors": errors}
+        return {"categories": categories, "menu": menu, "landing_top": landing_top, "decoded": decoded, "shown": shown,
+                "errors": errors}
     finally:
         d.quit()

@@ -264,3 +264,41 @@ def test_search_trace_records_each_steps_int8_weight_share():
     assert any(t["int8_ops"] == 2 and t["int8_weight_share"] == pytest.approx(0.4) for t in trace)
     _, trace = search(["a", "b", "c"], lambda ops: {"mse": 0.0}, "mse", 0.001)
     assert "int8_weight_share" not in trace[0]
+
+
+def test_verdict_says_what_failed_and_what_passed(tmp_path):
+    """The landing page from records: a deploy folder whose tokens differ and an unreachable
+    profile are called so, in bold, not averaged away."""
+    import json
+
+    import yaml
+
+    from vlsens.report import verdict
+
+    rec = {"artifact": "results/m/vision/224x224/fp32", "variant": "fp32", "passed": True,
+           "metrics": {"min_cosine": 0.9999991}, "tolerance": {"min_cosine": 0.99999}}
+    (tmp_path / "parity.json").write_text(json.dumps(rec))
+    prof = tmp_path / "profile"
+    prof.mkdir()
+    (prof / "eval.json").write_text(json.dumps({
+        "target": {"metric": "cosine", "direction": ">=", "value": 0.999}, "status": "unreachable",
+        "measured": {"cosine": 0.99}, "int8_ops": 0, "quantizable_ops": 40, "int8_weight_share": 0.0,
+        "speedup": {"vs_fp32": 1.0}}))
+    (prof / "profile.yaml").write_text(yaml.safe_dump({"ops": {"/visual/blocks.0/attn/qkv/Gemm": {"precision": "fp32"}}}))
+    fp32 = tmp_path / "fp32"
+    fp32.mkdir()
+    (fp32 / "eval.json").write_text(json.dumps({"identical": False, "tokens_per_second": 5.0,
+                                                "cases": [{"identical": True}, {"identical": False}]}))
+    desc = tmp_path / "workflow.rst"
+    desc.write_text("About.")
+    text = verdict.build([str(tmp_path / "parity.json")], {"vision/224x224/fp32": str(prof / "eval.json")},
+                         {"fp32": str(fp32)}, desc, "m", tmp_path / "verdict.rst")
+    assert text.startswith("Verdict: m\n==========\n")
+    assert "**Parity: 1 of 1 artifacts passed their gates**" in text and "0.999999" in text
+    assert "**unreachable** (cosine 0.99)" in text and "``blocks.0/attn/qkv/Gemm``" in text
+    assert "**differs**: tokens identical to transformers' generate in 1 of 2 cases" in text
+    assert text.rstrip().endswith("About.")
+    import docutils.core
+
+    html = docutils.core.publish_parts(text, writer="html", settings_overrides={"report_level": 2})["html_body"]
+    assert html.count("<table") == 2 and "System Message" not in html

@@ -1,6 +1,7 @@
 """The whole DAG on the tiny preset through Snakemake's command line."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -355,11 +356,16 @@ def test_report_in_a_real_browser(finished_run):
 
     ensure_chromium()
     html = finished_run / "report.html"
-    r = smk(finished_run, "--report", str(html), timeout=600)
+    r = smk(finished_run, "--report", str(html), "--report-stylesheet", str(REPO / "report" / "stylesheet.css"),
+            timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and html.is_file(), out[-3000:]
     assert "(ERROR/" not in out and "(WARNING/" not in out, out[-3000:]  # the RST captions render cleanly
     seen = inspect_report(html)
+    # it opens on the verdict, its title in view (not centred out of reach above the window)
+    assert "Verdict: tiny" in seen["menu"] and 0 <= seen["landing_top"] < 200, seen["landing_top"]
+    assert "tokens identical to transformers' generate in 3 of 3 cases" in seen["menu"]
+    assert re.search(r"Parity: (\d+) of \1 artifacts passed", seen["menu"])
     assert set(seen["categories"]) == REPORT_CATEGORIES
     assert all(c in seen["menu"] for c in REPORT_CATEGORIES)
     for cat in ("2. Sensitivity heatmaps", "3. Most sensitive ops", "4. Profiles: INT8 coverage vs accuracy"):

@@ -23,7 +23,7 @@ substitutes some or all of them. A *graph* names one kind of ONNX graph built fr
                                                        tokenizer, parity.json, eval.json
     results/<model>/report/<graph>/<variant>/          heatmap.png, ranked-<engine>.png, pareto.png (+ engines.png)
     results/<model>/report/<graph>/fp16-fallback.png   which nodes of the fp16 variant stay FP32, and why
-    results/<model>/report/                            latency.png, parity.html, profiles.html
+    results/<model>/report/                            latency.png, parity.html, profiles.html, verdict.rst
     results/<model>/logs/<graph>/<rule>[-<variant>].log and benchmarks/<graph>/<rule>[-<variant>].tsv
 """
 
@@ -68,7 +68,7 @@ REPORT_FIGURES = REPORT + "/{graph}/{variant}"
 FIGURE_FILES = {"heatmap": "heatmap.png", "ranked": "ranked-{engine}.png", "pareto": "pareto.png",
                 "engines": "engines.png"}
 REPORT_FP16 = REPORT + "/{graph}/fp16-fallback.png"
-REPORT_FILES = {"latency": "latency.png", "parity": "parity.html", "profiles": "profiles.html",
+REPORT_FILES = {"latency": "latency.png", "parity": "parity.html", "profiles": "profiles.html", "verdict": "verdict.rst",
                 "int4_pareto": "int4-pareto.png", "nbits_heatmap": "nbits-heatmap.png"}
 LOGS = MODEL + "/logs/{graph}"
 BENCHMARKS = MODEL + "/benchmarks/{graph}"

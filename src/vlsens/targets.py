@@ -73,7 +73,7 @@ def report_targets(plan: Plan, towers) -> list[str]:
         if "fp16" in tower.variants():
             out.append(paths.fill(paths.REPORT_FP16, **g))
     report = paths.fill(paths.REPORT, model=plan.model)
-    keys = ["parity", "profiles"] + (["latency"] if profiled else [])
+    keys = ["parity", "profiles", "verdict"] + (["latency"] if profiled else [])
     return out + [f"{report}/{paths.REPORT_FILES[k]}" for k in keys]
 
 

@@ -1,0 +1,114 @@
+"""The report's landing page: the run's verdict before anything else.
+
+``verdict.rst`` (written by rule ``report_tables`` under ``results/<model>/report/``) says, from
+the run's own records: how many artifacts passed their parity gates (and the worst of them), each
+profile's status against its target with its INT8 share, speed-up and the ops it keeps in float,
+and each deploy folder's generation check (tokens identical to transformers, or KL and top-1
+against the fp32 folder). The Snakefile makes it the first page of ``snakemake --report``
+(``make report``) when it exists, followed by the workflow's description.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+
+def _literal(text: str) -> str:
+    return "``" + str(text).replace("`", "'") + "``"
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> list[str]:
+    if not rows:
+        return []
+    out = [f".. list-table:: {title}", "   :header-rows: 1", ""]
+    for r in [columns, *rows]:
+        out.append(f"   * - {r[0]}")
+        out += [f"     - {c}" for c in r[1:]]
+    return out + [""]
+
+
+def _short(op: str) -> str:
+    """An op name without its module path's head: ``blocks.2/attn/qkv/Gemm``."""
+    parts = op.strip("/").split("/")
+    return "/".join(parts[-4:]) if len(parts) > 4 else "/".join(parts)
+
+
+def _g(x, digits: int = 4) -> str:
+    return "–" if x is None else f"{float(x):.{digits}g}"
+
+
+def parity_lines(records: list[str]) -> list[str]:
+    recs = [json.loads(Path(p).read_text()) for p in records]
+    passed = [r for r in recs if r.get("passed")]
+    failed = [r for r in recs if not r.get("passed")]
+    worst = min(recs, key=lambda r: r["metrics"]["min_cosine"]) if recs else None
+    line = (f"**Parity: {len(passed)} of {len(recs)} artifacts passed their gates** against transformers on real "
+            "inputs (a graph that misses its tolerance is never written).")
+    if worst is not None:
+        line += (f" Lowest cosine: {worst['metrics']['min_cosine']:.6f}, {_literal(worst['artifact'])} "
+                 f"({worst['variant']}, gate cosine ≥ {worst['tolerance']['min_cosine']:g}).")
+    if failed:
+        line += " **Failed:** " + ", ".join(_literal(r["artifact"]) for r in failed) + "."
+    return [line, ""]
+
+
+def profile_rows(profiles: dict[str, str]) -> list[list[str]]:
+    rows = []
+    for key, path in profiles.items():
+        graph, variant = key.rsplit("/", 1)
+        ev = json.loads(Path(path).read_text())
+        t = ev["target"]
+        kept_file = Path(path).with_name("profile.yaml")
+        kept = []
+        if kept_file.is_file():
+            prof = yaml.safe_load(kept_file.read_text())
+            kept = sorted(op for op, o in (prof.get("ops") or {}).items() if o.get("precision") != "int8")
+        shown = ", ".join(_literal(_short(k)) for k in kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+        status = "**met**" if ev["status"] == "met" else f"**{ev['status']}**"
+        sign = {">=": "≥", "<=": "≤"}.get(t["direction"], t["direction"])
+        rows.append([f"{graph} [{variant}]", f"{t['metric']} {sign} {t['value']:g}",
+                     f"{status} ({t['metric']} {_g(ev['measured'][t['metric']], 6)})",
+                     f"{ev['int8_ops']} / {ev['quantizable_ops']} ops, {ev['int8_weight_share']:.0%} of weights",
+                     _g((ev.get("speedup") or {}).get("vs_fp32"), 3) + "x",
+                     shown or "none"])
+    return rows
+
+
+def deploy_rows(deploy: dict[str, str]) -> list[list[str]]:
+    rows = []
+    for precision, folder in deploy.items():
+        ev = json.loads((Path(folder) / "eval.json").read_text())
+        cases = ev.get("cases") or []
+        if "identical" in ev:
+            same = sum(bool(c.get("identical")) for c in cases)
+            check = f"tokens identical to transformers' generate in {same} of {len(cases)} cases"
+            check = ("**" + check + "**") if ev["identical"] else f"**differs**: {check}"
+        else:
+            check = (f"KL {_g(ev.get('mean_kl'), 3)} per token, top-1 {_g(ev.get('top1_agreement'), 3)} against the "
+                     "fp32 folder (teacher-forced)")
+            if ev.get("target") and "met" in ev["target"]:
+                check += " — target " + ("met" if ev["target"]["met"] else "**missed**")
+        speed = ev.get("tokens_per_second")
+        rows.append([precision, check, _g(speed, 3) if speed else "–"])
+    return rows
+
+
+def build(records: list[str], profiles: dict[str, str], deploy: dict[str, str], description: str | Path,
+          model: str, out: str | Path) -> str:
+    """Write the landing page (reStructuredText) and return it."""
+    lines = [f"Verdict: {model}", "=" * (9 + len(model)), ""]
+    lines += parity_lines(records)
+    lines += _table("Mixed-precision profiles (the built model, measured in its deployment target's arithmetic)",
+                    ["graph [base]", "target", "status", "INT8", "speed-up vs fp32", "kept in float"],
+                    profile_rows(profiles))
+    lines += _table("Deploy folders, run by onnxruntime-genai", ["folder", "generation check", "tokens/s"],
+                    deploy_rows(deploy))
+    lines += ["The categories below hold the figures and tables behind each line.", "", "About this workflow",
+              "-------------------", ""]
+    lines += [Path(description).read_text()]
+    text = "\n".join(lines)
+    Path(out).write_text(text)
+    return text
