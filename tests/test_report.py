@@ -192,9 +192,20 @@ def test_fp16_fallback_with_and_without_fallback_nodes(tmp_path):
         "max_activation": 512.0}}
     record = {"extra": {"graphs": graphs}}
     (tmp_path / "parity.json").write_text(json.dumps(record))
+    graphs["model.onnx"]["fp32_fallback"] += [
+        {"node": "/Where_2", "kind": "activation", "tensor": "m", "observed": 65504.0, "bound": 512.0, "reason": "r"},
+        {"node": "/layers.0/self_attn/Softmax", "kind": "activation", "tensor": "s", "observed": 65504.13,
+         "bound": 512.0, "reason": "r"},
+        {"node": "/visual/blocks.31/mlp/down_proj/Gemm", "kind": "activation", "tensor": "d", "observed": 1.2e5,
+         "bound": 512.0, "reason": "r"}]
+    (tmp_path / "parity.json").write_text(json.dumps(record))
     shown = build.fp16(tmp_path / "parity.json", "vision/224x224", tmp_path / "a.png")
-    # outliers within FP16's range first, the mask (beyond it) after them
-    assert shown == ["/visual/blocks.2/attn/qkv/Gemm", "/visual/blocks.2/norm1/Mul_1", "Where"]
+    # findings first, a real overflow beyond FP16's range included; masks (FP16's own limit) and
+    # sentinel constants after them
+    assert shown == ["/visual/blocks.31/mlp/down_proj/Gemm", "/visual/blocks.2/attn/qkv/Gemm",
+                     "/visual/blocks.2/norm1/Mul_1", "Where", "/layers.0/self_attn/Softmax", "/Where_2"]
+    assert [figures.mask_valued(x) for x in (65504.0, 65504.13, 1e30, 1.2e5, 2272.0)] == [True, True, True, False,
+                                                                                          False]
     assert_drawn(tmp_path / "a.png")
     graphs["model.onnx"]["fp32_fallback"] = []
     graphs["model.onnx"]["observed_max_activation"] = 80.0

@@ -304,33 +304,48 @@ def engines(ort_rows: list[dict], inc_rows: list[dict], record: dict, out: str |
     return n
 
 
+def mask_valued(observed: float) -> bool:
+    """A value that is a mask or a sentinel constant, not an activation: FP16's own limit (the
+    exporter's ``finfo(float16).min`` attention masks, and sums with them: 65504 to within 0.1 %) or
+    an enormous constant (``-1e30``, ``finfo(float32).min``). A real activation over FP16's range
+    (Qwen2.5-VL-3B's last vision MLP, ~1e5) is neither and counts as a finding."""
+    return abs(observed / FP16_MAX - 1.0) < 1e-3 or observed >= 1e29
+
+
 def fp16_fallback(graphs: dict[str, dict], out: str | Path, title: str, top: int = 30) -> list[str]:
     """Per graph file of an FP16 folder: the nodes kept in FP32 because a tensor they touch exceeds
     the bound (observed |value| vs bound, log scale), and how many nodes stay FP32 as the model's
-    own float32 islands; activations that only exceed the bound first, values beyond FP16's range
-    (attention masks) after them. Returns the nodes shown, in their order."""
+    own float32 islands. The findings (activations and weights over the bound) come first, the
+    nodes that only touch masks and sentinel constants (:func:`mask_valued`) after them, in grey.
+    Returns the nodes shown, in their order."""
     items = []
     for name, facts in graphs.items():
         for f in facts.get("fp32_fallback", []):
             items.append((name, f))
-    # values beyond FP16's range altogether are masks and large constants (-1e30, finfo.min): they
-    # come after the activations that only exceed the bound, which is where outliers show
-    items.sort(key=lambda it: (float(it[1].get("observed", 0.0)) > FP16_MAX, -float(it[1].get("observed", 0.0))))
+    items.sort(key=lambda it: (mask_valued(float(it[1].get("observed", 0.0))), -float(it[1].get("observed", 0.0))))
     shown = items[:top]
     islands = {name: facts.get("fp32_islands", {}).get("nodes", 0) for name, facts in graphs.items()}
-    subtitle = "\n".join(f"{n}: {len([i for i in items if i[0] == n])} node(s) over the bound, "
-                          f"{islands[n]} in float32 islands" for n in graphs)
+
+    def counts(n):
+        mine = [f for g, f in items if g == n]
+        masks = sum(mask_valued(float(f.get("observed", 0.0))) for f in mine)
+        return (f"{n}: {len(mine) - masks} finding(s), {masks} on masks / constants, "
+                f"{islands[n]} in float32 islands")
+
+    subtitle = "\n".join(counts(n) for n in graphs)
     fig = _figure(8.5, 2.2 + 0.18 * len(graphs) + 0.3 * max(len(shown), 2))
     ax = fig.add_subplot()
     if shown:
         y = np.arange(len(shown))
-        beyond = [float(f["observed"]) > FP16_MAX for _, f in shown]
-        ax.barh(y, [float(f["observed"]) for _, f in shown], color=[MASK_COLOUR if b else KEPT_COLOUR for b in beyond])
+        masks = [mask_valued(float(f["observed"])) for _, f in shown]
+        ax.barh(y, [float(f["observed"]) for _, f in shown], color=[MASK_COLOUR if m else KEPT_COLOUR for m in masks])
         from matplotlib.patches import Patch
 
-        ax.add_artist(ax.legend(handles=[Patch(color=KEPT_COLOUR, label="largest |value| seen, within FP16's range")]
-                                + ([Patch(color=MASK_COLOUR, label="beyond FP16's range (masks, large constants)")]
-                                   if any(beyond) else []), fontsize=8, loc="lower right"))
+        handles = ([Patch(color=KEPT_COLOUR, label="finding: largest |value| seen, over the bound")]
+                   if not all(masks) else [])
+        handles += ([Patch(color=MASK_COLOUR, label="mask / constant (at FP16's limit, or ≥ 1e29)")]
+                    if any(masks) else [])
+        ax.add_artist(ax.legend(handles=handles, fontsize=8, loc="lower right"))
         for i, (_, f) in enumerate(shown):
             ax.plot([f["bound"], f["bound"]], [i - 0.45, i + 0.45], color="black", lw=2)
         ax.plot([], [], color="black", lw=2, label="bound (fp16.max_activation / max_initializer)")
