@@ -1,7 +1,7 @@
 """The report's figures and tables (rules/report.smk): one function per rule."""
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.report import build
+from vlsens.report import build, verdict
 from vlsens.scripting import run
 
 
@@ -25,6 +25,8 @@ def main(sm):
     elif rule == "report_tables":
         build.parity_table([*i.records, *(f"{d}/parity.json" for d in i.deploy)], p.root, o.parity)
         build.profile_table(p.profiles, o.profiles)
+        verdict.build(p.variant_records, dict(sorted(p.profiles.items())), p.deploy, p.description, w.model,
+                      o.verdict)
     elif rule == "report_int4":
         build.int4(i.table, i.csv, i.profile, o.pareto, o.heatmap)
     else:

@@ -381,9 +381,19 @@ def latency_size(entries: list[dict], out: str | Path, title: str, deploy: list[
     colours = {"fp32": "#7570b3", "fp16": "#66a61e", "int8_mixed": "#e6ab02", "int8-mixed": "#e6ab02"}
     panels = [("latency_ms", "latency (ms, median)"), ("bytes", "size (MB)")]
     speed = [d for d in deploy if d.get("tokens_per_second")]
-    ncols = len(panels) + (1 if deploy else 0) + (1 if speed else 0)
-    fig = _figure(4.3 * ncols, 1.8 + 0.45 * max(len(entries), 2))
-    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    # two panels per row (a laptop window shows the figure about 1000 px wide: four in a row made
+    # their labels 7 px); the graphs' panels on top, the deploy folders' below
+    top_h = 1.2 + 0.42 * max(len(entries), 2)
+    if deploy:
+        bottom_h = 1.2 + 0.42 * max(len(deploy), 2)
+        fig = _figure(11.0, top_h + bottom_h + 0.6)
+        grid = fig.add_gridspec(2, 2, height_ratios=[top_h, bottom_h])
+        axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, 0])]
+        if speed:
+            axes.append(fig.add_subplot(grid[1, 1]))
+    else:
+        fig = _figure(11.0, top_h + 0.6)
+        axes = list(fig.subplots(1, 2, squeeze=False)[0])
     drawn = 0
     y = np.arange(len(entries))
     h = 0.8 / len(kinds)
