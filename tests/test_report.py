@@ -57,6 +57,8 @@ def run_files(tmp_path):
 
 
 def test_role_columns_group_the_attention_matmuls():
+    assert figures.role_column("attn.qk") == figures.role_column("self_attn.qk") == "attn Q·Kᵀ"
+    assert figures.role_column("attn.av") == "attn A·V"
     assert figures.role_column("attn.MatMul_3") == figures.role_column("attn") == "attn MatMul"
     assert figures.role_column("self_attn.MatMul_1") == "attn MatMul"
     assert figures.role_column("self_attn.q_proj") == "q_proj" and figures.role_column("attn.qkv") == "qkv"

@@ -187,3 +187,18 @@ def test_quantizing_twice_at_one_path_writes_one_model(planted, tmp_path):
     assert check_compact(out) == data_path(out).stat().st_size
     float_bytes = data_path(eng.float_model).stat().st_size
     assert first < float_bytes and data_path(out).stat().st_size < float_bytes
+
+
+def test_attention_matmuls_are_named_by_what_they_compute(fp32_224):
+    """The weightless MatMuls of attention get roles attn.qk (scores, into the Softmax) and attn.av
+    (the Softmax's output times V), not their exported names (attn.MatMul_3)."""
+    import onnx
+
+    from vlsens.quant import quantizable_ops
+
+    ops = quantizable_ops(onnx.load(str(fp32_224), load_external_data=False))
+    attn = [o for o in ops if o.op_type == "MatMul" and not o.weight_params]
+    assert attn and {o.role for o in attn} == {"attn.qk", "attn.av"}
+    per_block = {b: sorted(o.role for o in attn if o.block == b) for b in {o.block for o in attn}}
+    # one Q·Kᵀ and one A·V per attention window of each block
+    assert all(r.count("attn.qk") == r.count("attn.av") >= 1 for r in per_block.values()), per_block

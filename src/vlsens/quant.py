@@ -116,11 +116,48 @@ def parse_op_name(name: str, op_type: str = "") -> tuple[int | None, str]:
     return block, ".".join(parts)
 
 
+#: Ops between an attention MatMul and its Softmax (scaling, masking, casts, reshapes).
+_PASS_THROUGH = {"Mul", "Div", "Add", "Sub", "Where", "Cast", "Reshape", "Transpose", "Dropout", "Identity"}
+
+
+def attention_role(node, producer: dict, consumers: dict, depth: int = 4) -> str | None:
+    """``qk`` for a weightless MatMul whose output reaches a Softmax (the scores Q·Kᵀ), ``av`` for
+    one that reads a Softmax's output (the probabilities times V), through at most ``depth``
+    scaling / masking / cast / reshape ops; None otherwise."""
+
+    def reaches_softmax(tensor, d):
+        for c in consumers.get(tensor, ()):
+            if c.op_type == "Softmax" or (d > 0 and c.op_type in _PASS_THROUGH
+                                          and any(reaches_softmax(o, d - 1) for o in c.output)):
+                return True
+        return False
+
+    def from_softmax(tensor, d):
+        p = producer.get(tensor)
+        if p is None:
+            return False
+        return p.op_type == "Softmax" or (d > 0 and p.op_type in _PASS_THROUGH
+                                          and any(from_softmax(x, d - 1) for x in p.input if x))
+
+    if any(from_softmax(x, depth) for x in node.input if x):
+        return "av"
+    if any(reaches_softmax(o, depth) for o in node.output):
+        return "qk"
+    return None
+
+
 def quantizable_ops(model, op_types: Iterable[str] = DEFAULT_OP_TYPES, weights_only: bool = False) -> list[Op]:
     """Nodes of ``op_types`` in graph order, with their weight parameter counts; ``weights_only``
-    leaves out those without a weight (activation x activation MatMuls: attention scores)."""
+    leaves out those without a weight (activation x activation MatMuls: attention scores). An
+    attention MatMul's role names what it computes (``attn.qk``, ``attn.av``:
+    :func:`attention_role`), not its exported name (``attn.MatMul_3``)."""
     inits = {i.name: int(np.prod(i.dims)) if len(i.dims) else 1 for i in model.graph.initializer}
     wanted = set(op_types)
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    consumers: dict = {}
+    for n in model.graph.node:
+        for x in n.input:
+            consumers.setdefault(x, []).append(n)
     ops = []
     for node in model.graph.node:
         if node.op_type in wanted:
@@ -129,6 +166,12 @@ def quantizable_ops(model, op_types: Iterable[str] = DEFAULT_OP_TYPES, weights_o
             if weights_only and not w:
                 continue
             block, role = parse_op_name(node.name, node.op_type)
+            if node.op_type == "MatMul" and not w and not any(x in inits for x in node.input):
+                kind = attention_role(node, producer, consumers)
+                if kind:
+                    scope = role.rsplit(".", 1)[0] if "." in role else ""
+                    scope = scope if scope.endswith("attn") else (role if role.endswith("attn") else "attn")
+                    role = f"{scope}.{kind}"
             ops.append(Op(node.name, node.op_type, w, block, role))
     names = [o.name for o in ops]
     if len(set(names)) != len(names):

@@ -18,7 +18,7 @@ import numpy as np
 from vlsens.fsutil import atomic_file
 
 #: Column order of the heatmap (roles as the ranking names them, grouped by :func:`role_column`).
-ROLE_ORDER = ["patch_embed", "qkv", "q_proj", "k_proj", "v_proj", "attn MatMul", "proj", "o_proj",
+ROLE_ORDER = ["patch_embed", "qkv", "q_proj", "k_proj", "v_proj", "attn Q·Kᵀ", "attn A·V", "attn MatMul", "proj", "o_proj",
               "gate_proj", "up_proj", "down_proj", "merger.0", "merger.2", "lm_head"]
 OUTSIDE = "outside blocks"
 KEPT_COLOUR, INT8_COLOUR, PLANTED_COLOUR, MASK_COLOUR = "#d95f02", "#1b9e77", "#e7298a", "#999999"
@@ -27,10 +27,16 @@ DPI = 110
 
 
 def role_column(role: str) -> str:
-    """The heatmap column of a ranking row's ``role``: the attention MatMuls (Q·Kᵀ and A·V, one
-    per window in the vision tower) are one column; module prefixes are dropped."""
+    """The heatmap column of a ranking row's ``role``: the attention MatMuls by what they compute
+    (``attn Q·Kᵀ``, ``attn A·V``; one per window in the fixed-size vision graphs, the cell shows
+    the worst), ``attn MatMul`` where a ranking of an older run has only their exported names;
+    module prefixes are dropped."""
     r = str(role)
     for prefix in ("self_attn", "attn"):
+        if r == prefix + ".qk":
+            return "attn Q·Kᵀ"
+        if r == prefix + ".av":
+            return "attn A·V"
         if r == prefix or r.startswith(prefix + ".MatMul"):
             return "attn MatMul"
         r = r.removeprefix(prefix + ".")
