@@ -28,6 +28,7 @@ dropped). The record (``parity.json`` next to the model; schema
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +68,19 @@ def measure(models: dict[str, Path], cases: Cases, threads: int = 0, device: str
     per_input, second, providers = [], [], []
     others = {c.name: c for c in also} if also is not None else {}
     for graph in cases.graphs:
+        t0 = time.perf_counter()
         sess = (open_session(models[graph]) if open_session is not None
                 else make_session(models[graph], threads=threads, device=device))
         providers = sess.get_providers()
-        for c in cases.for_graph(graph):
+        todo = list(cases.for_graph(graph))
+        log.info("parity: %s session ready in %.1f s, %d case(s)", graph, time.perf_counter() - t0, len(todo))
+        for k, c in enumerate(todo, 1):
+            t1 = time.perf_counter()
             out = run_fitted(sess, c.inputs)
             head = {"case": c.name, "graph": graph, "shape": list(np.shape(next(iter(c.inputs.values())))), **c.meta}
             per_input.append({**head, **compare(out, c.expected, c.valid, c.logits)})
+            log.info("parity: %s case %d/%d (%s): cosine %.8f, max rel error %.2e (%.1f s)", graph, k, len(todo),
+                     c.name, per_input[-1]["cosine"], per_input[-1]["max_rel_error"], time.perf_counter() - t1)
             if c.name in others:
                 o = others[c.name]
                 second.append({**head, **compare(out, o.expected, o.valid, o.logits)})

@@ -37,17 +37,30 @@ def export(tower, checkpoint: str | Path, reference_path: str | Path, out_dir: s
     """The tower's FP32 graph files, checked (ONNX checker), gated against every reference case,
     published in ``out_dir`` with ``parity.json``; nothing is written when a case misses
     ``tolerance``."""
+    import time
+
     out_dir = Path(out_dir)
     cases = Cases.load(reference_path)
     with staging_dir(out_dir / paths.MAIN) as tmp:
+        t0 = time.perf_counter()
+        log.info("exporting %s (%s) ...", tower.graph, ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
         staged, extra = tower.export(Path(checkpoint), cases, tmp, settings)
         if list(staged) != list(tower.files):
             raise VlsensError(f"{tower.graph}: export wrote {list(staged)}, the tower declares {list(tower.files)}")
         for p in staged.values():
             check_model(p)
+        log.info("exported %s in %.1f s (%s); gating against %d case(s)", tower.graph, time.perf_counter() - t0,
+                 ", ".join(f"{f}: {_mb(p)}" for f, p in staged.items()), len(list(cases)))
         record = parity.check(staged, cases, tolerance, "fp32", threads, device, extra=extra, artifact=out_dir)
         publish_models(staged, record, out_dir)
     return record
+
+
+def _mb(model: Path) -> str:
+    from vlsens.onnxutil import data_path
+
+    size = model.stat().st_size + (data_path(model).stat().st_size if data_path(model).exists() else 0)
+    return f"{size / 1e6:.1f} MB"
 
 
 def calibration(tower, checkpoint: str | Path, inputs: dict, out_dir: str | Path, settings: dict) -> dict:

@@ -11,6 +11,7 @@ transforms are pure ONNX -> ONNX: :func:`vlsens.fp16.convert_fp16`,
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,7 +48,10 @@ def build_variant(src_dir: str | Path, reference: str | Path, out_dir: str | Pat
         for f in files:
             src = verify(src_dir / f)
             staged[f] = tmp / f
+            t0 = time.perf_counter()
+            log.info("%s: transforming %s ...", variant, src)
             facts[f] = transform(src, fit_batch(cases.feeds(f), input_batch(src)[1]), staged[f])
+            log.info("%s: %s written in %.1f s; gating", variant, f, time.perf_counter() - t0)
         extra = {"source": str(src_dir), "graphs": facts}
         if reference_for is None:
             record = parity.check(staged, cases, tolerance, variant, threads, device, extra=extra, artifact=out_dir,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
 
 from vlsens import paths
@@ -10,6 +12,8 @@ from vlsens.deploy import DONE, prepacked
 from vlsens.deploy.assemble import assemble
 from vlsens.deploy.evaluate import eval_cases, evaluate, transformers_generate, vision_parity
 from vlsens.runtime import Chat
+
+log = logging.getLogger(__name__)
 
 
 def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, decoder: str | Path,
@@ -24,18 +28,32 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
     out_dir = Path(out_dir)
     fp32_eval = json.loads((Path(fp32_folder) / DONE).read_text()) if fp32_folder else None
     with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="vlsens-deploy-") as work:
+        t0 = time.perf_counter()
         files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble")
+        log.info("deploy %s: folder assembled in %.1f s (%s)", precision, time.perf_counter() - t0,
+                 ", ".join(sorted(files)))
         cases = eval_cases(images, Path(work) / "images")
         # transformers' tokens before the folder is loaded: the two float32 models never sit in
         # memory together (at 3B with all 36 layers each is 14-15 GB)
-        expected = transformers_generate(checkpoint, cases, max_new_tokens) if precision == "fp32" else None
+        if precision == "fp32":
+            t0 = time.perf_counter()
+            expected = transformers_generate(checkpoint, cases, max_new_tokens)
+            log.info("deploy fp32: transformers generated %d case(s) in %.1f s", len(cases), time.perf_counter() - t0)
+        else:
+            expected = None
+        t0 = time.perf_counter()
         runtime = Chat(tmp, prepack=prepacked(precision))  # loaded once for both checks
+        log.info("deploy %s: onnxruntime-genai loaded the folder in %.1f s; vision parity", precision,
+                 time.perf_counter() - t0)
         parity = vision_parity(tmp, checkpoint, cases, tolerance, runtime)
         parity["files"] = file_entries(files.values())
         parity["sources"] = {"decoder": str(decoder), "embedding": str(embedding), "vision": str(vision)}
         write_json(tmp / paths.RECORD, parity)
+        t0 = time.perf_counter()
+        log.info("deploy %s: generating %d case(s) of %d tokens", precision, len(cases), max_new_tokens)
         record = evaluate(tmp, precision, checkpoint, cases, max_new_tokens, fp32_folder, fp32_eval, target, runtime,
                           expected)
+        log.info("deploy %s: evaluated in %.1f s", precision, time.perf_counter() - t0)
         del runtime
         for c in record["cases"]:  # the images lived in a temporary folder: keep their names
             c["images"] = [{"source": f["source"], "size": f["size"]} for f in c["images"]]
