@@ -355,3 +355,27 @@ def test_dry_run_declares_cores_and_compute_threads(tmp_path):
         export = threads["export"]
         assert len(export) >= 5 and {c for c, _ in export} == {"2"}, export
         assert {t for c, t in sum(threads.values(), []) if c == "2"} == reserved, threads
+
+
+def test_worked_example_config_is_valid(tiny_ckpt):
+    """config/my-checkpoint.example.yaml (a real 3B checkpoint's config) builds a DAG: schema, plan,
+    deploy checks; only its checkpoint path is swapped for a local one."""
+    from snakemake.utils import validate
+
+    from vlsens.deploy import check_config
+
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    example = yaml.safe_load((REPO / "config" / "my-checkpoint.example.yaml").read_text())
+    example["model"]["checkpoint"] = str(tiny_ckpt)
+
+    def merge(a, b):
+        for k, v in b.items():
+            a[k] = merge(dict(a[k]), v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+        return a
+
+    cfg = merge(base, example)
+    validate(cfg, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))
+    plan, towers = make_plan(cfg)
+    check_config(cfg)
+    assert plan.model == "qwen2.5-vl-3b" and "text" not in towers and "decoder" in towers
+    assert towers["vision/448x448"].parts_variants() == ["fp32", "fp16", "bf16"]
