@@ -8,8 +8,11 @@ from snakemake.utils import validate
 
 # The Snakefile imports the package from src/ also when it is not pip-installed; the scripts do
 # the same through workflow/scripts/_vlsens.py.
-_SRC = str(Path(workflow.basedir) / "src")
-if _SRC not in sys.path:
+# The checkout this file belongs to (rules/..), also when the workflow is used as a module of
+# another one (snakedeploy), where workflow.basedir is the other workflow's folder.
+VLSENS_ROOT = Path(str(workflow.current_basedir)).parent
+_SRC = str(VLSENS_ROOT / "src")
+if Path(_SRC).is_dir() and _SRC not in sys.path:  # else vlsens must be pip-installed
     sys.path.insert(0, _SRC)
 
 from vlsens import deploy as _deploy
@@ -70,13 +73,13 @@ try:
         _check_inc(config, TOWERS.values())
         INC_PYTHON, INC_VERSIONS = _resolve_inc(
             config,
-            workflow.basedir,
+            VLSENS_ROOT,
             DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method,
-            Path(workflow.basedir) / "envs" / "inc.yaml",
+            VLSENS_ROOT / "envs" / "inc.yaml",
         )
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
-SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
+SCRIPTS = VLSENS_ROOT / "workflow" / "scripts"
 INC_SCRIPT = str(SCRIPTS / "sensitivity_inc.py")
 
 

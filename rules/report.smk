@@ -179,7 +179,7 @@ rule report_tables:
         profiles=report_profiles,
         deploy=report_deploy,
         variant_records=report_records,
-        description=str(Path(workflow.basedir) / "report" / "workflow.rst"),
+        description=str(VLSENS_ROOT / "report" / "workflow.rst"),
         root=lambda wc: paths.fill(paths.MODEL, model=wc.model),
         provenance=REPORT_CODE,
     script:
