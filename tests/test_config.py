@@ -379,3 +379,22 @@ def test_worked_example_config_is_valid(tiny_ckpt):
     check_config(cfg)
     assert plan.model == "qwen2.5-vl-3b" and "text" not in towers and "decoder" in towers
     assert towers["vision/448x448"].parts_variants() == ["fp32", "fp16", "bf16"]
+
+
+def test_text_exporter_auto_is_legacy_when_small_and_dynamo_at_full_depth(tiny_ckpt):
+    """text.exporter: auto (the default) picks the exporter by the language model's FP32 size,
+    when the DAG is built: the legacy one would hold the whole 36-layer 3B proto in memory."""
+    from vlsens import towers
+    from vlsens.family import text_fp32_bytes
+
+    def pick(**changes):
+        cfg = default_config(**changes)
+        return towers.for_graph(cfg, "text").export_settings()["exporter"], text_fp32_bytes(cfg)
+
+    assert pick()[0] == "legacy"
+    assert pick(**{"model.checkpoint": str(tiny_ckpt)})[0] == "legacy"
+    exp, size = pick(**{"model.checkpoint": "3b", "model.3b": {"seed": 0, "text_layers": 36}})
+    assert exp == "dynamo" and abs(size - 12.34e9) < 0.01e9  # the measured 36-layer FP32 export: 12.34 GB
+    assert pick(**{"model.checkpoint": "3b", "model.3b": {"seed": 0, "text_layers": 2}})[0] == "legacy"
+    assert pick(**{"text.exporter": "legacy", "model.checkpoint": "3b",
+                   "model.3b": {"seed": 0, "text_layers": 36}})[0] == "legacy"  # an explicit choice stands

@@ -472,8 +472,24 @@ class Text(PromptTower):
                 "clips": [[int(c["frames"]), str(c["size"])] for c in p["video_cases"]]}
 
     def export_settings(self) -> dict:
-        return {"exporter": self.section["exporter"], "fallback": self.section["fallback"],
+        return {"exporter": self.exporter(), "fallback": self.section["fallback"],
                 "opset": self.config["export"]["opset"]}
+
+    #: ``text.exporter: auto`` uses the legacy exporter up to this many FP32 bytes of language model
+    #: and dynamo above: the legacy exporter builds the whole proto in memory (0.7x the weights on
+    #: top of the loaded model: about 21 GB at Qwen2.5-VL-3B's 36 layers), dynamo writes the
+    #: weights from torch's tensors (the model plus 3.4 GB; docs/real-size.md).
+    LEGACY_MAX_BYTES = 6_000_000_000
+
+    def exporter(self) -> str:
+        """``text.exporter``, with ``auto`` resolved by the language model's size (when the DAG is
+        built, from the preset's table or the checkpoint's config.json)."""
+        choice = self.section["exporter"]
+        if choice != "auto":
+            return choice
+        from vlsens.family import text_fp32_bytes
+
+        return "legacy" if text_fp32_bytes(self.config) <= self.LEGACY_MAX_BYTES else "dynamo"
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         h, w = parse_size(settings["image_size"], key="text.parity.image_size", **self.size_rule)
