@@ -49,9 +49,14 @@ def run_settings(**changes):
 
 
 def tower_of(graph: str, **changes):
+    """A graph's tower as the plan gives it to the DAG (the model's facts taken)."""
     from vlsens import towers
+    from vlsens.plan import model_facts
 
-    return towers.for_graph(default_config(**changes), graph)
+    cfg = default_config(**changes)
+    tower = towers.for_graph(cfg, graph)
+    tower.configure(model_facts(cfg))
+    return tower
 
 
 @pytest.fixture(scope="session")

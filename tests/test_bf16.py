@@ -113,3 +113,14 @@ def test_bf16_parts_cross_in_float32(bf16_folder, fixed, tmp_path):
         arr = np.load(io.BytesIO(tar.extractfile(tar.getmembers()[0]).read()), allow_pickle=False)
     assert arr.dtype == np.float32 and list(arr.shape) == b["shape"]
     assert np.array_equal(arr.astype(ml_dtypes.bfloat16).astype(np.float32), arr)  # bfloat16 values, exactly
+
+
+def test_the_fast_runner_equals_onnx_reference_exactly(bf16_folder, fixed):
+    """bfloat16 products in float32 with BLAS, rounded once, give ONNX's reference implementation's
+    own numbers (numpy's bfloat16 dot accumulates in float32 too), bit for bit."""
+    from onnx.reference import ReferenceEvaluator
+
+    case = next(iter(Cases.load(fixed.reference)))
+    (fast,) = bf16.run_reference(bf16_folder / "model.onnx", case.inputs)
+    (slow,) = ReferenceEvaluator(onnx.load(str(bf16_folder / "model.onnx"))).run(None, case.inputs)
+    np.testing.assert_array_equal(fast, slow)

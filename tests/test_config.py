@@ -384,12 +384,12 @@ def test_worked_example_config_is_valid(tiny_ckpt):
 def test_text_exporter_auto_is_legacy_when_small_and_dynamo_at_full_depth(tiny_ckpt):
     """text.exporter: auto (the default) picks the exporter by the language model's FP32 size,
     when the DAG is built: the legacy one would hold the whole 36-layer 3B proto in memory."""
-    from vlsens import towers
-    from vlsens.family import text_fp32_bytes
+    from conftest import tower_of
+
+    from vlsens.plan import lm_fp32_bytes
 
     def pick(**changes):
-        cfg = default_config(**changes)
-        return towers.for_graph(cfg, "text").export_settings()["exporter"], text_fp32_bytes(cfg)
+        return tower_of("text", **changes).export_settings()["exporter"], lm_fp32_bytes(default_config(**changes))
 
     assert pick()[0] == "legacy"
     assert pick(**{"model.checkpoint": str(tiny_ckpt)})[0] == "legacy"
@@ -398,3 +398,5 @@ def test_text_exporter_auto_is_legacy_when_small_and_dynamo_at_full_depth(tiny_c
     assert pick(**{"model.checkpoint": "3b", "model.3b": {"seed": 0, "text_layers": 2}})[0] == "legacy"
     assert pick(**{"text.exporter": "legacy", "model.checkpoint": "3b",
                    "model.3b": {"seed": 0, "text_layers": 36}})[0] == "legacy"  # an explicit choice stands
+    _, towers = make_plan(default_config())  # the DAG's towers get the model's facts
+    assert towers["text"].export_settings()["exporter"] == "legacy"

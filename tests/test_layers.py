@@ -9,12 +9,13 @@ LAYERS = {
     "data": "presets.tokenizer presets.plant presets.build cases samples calibration",
     "towers": "towers towers.base towers.vision_fixed towers.vision_uint8 towers.vision_video towers.vision_dynamic "
               "towers.text towers.decoder vision genai",
-    "stages": "stages parity variants fp16 simplify artifacts quant sensitivity sensitivity.switch sensitivity.suffix "
+    "stages": "stages parity variants fp16 bf16 parts embeddings simplify artifacts quant sensitivity sensitivity.switch "
+              "sensitivity.suffix "
               "sensitivity.engine sensitivity.nbits nbits profile_nbits "
               "sensitivity.ranking sensitivity.stages sensitivity.baseline profile compare inc inc.settings inc.names "
               "inc.capture inc.stages inc.env records plan targets resources scripting",
     "application": "runtime deploy deploy.assemble deploy.evaluate deploy.build deploy.compare deploy.anchors "
-                   "report report.tables report.figures report.build",
+                   "report report.tables report.figures report.build report.verdict cli",
 }
 LEVEL = {f"vlsens.{m}": i for i, names in enumerate(LAYERS.values()) for m in names.split()}
 TOWERS = {m for m in LEVEL if m.startswith("vlsens.towers.")}

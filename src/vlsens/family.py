@@ -107,38 +107,6 @@ def for_config(config: dict) -> Family:
     return family_of(ckpt)
 
 
-def text_config(config: dict) -> dict:
-    """The configured model's language-model widths (``hidden_size``, ``intermediate_size``,
-    ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``vocab_size``,
-    ``tie_word_embeddings``): a preset's table, else the checkpoint's ``config.json`` (no torch)."""
-    from vlsens.presets.tables import REAL_3B_TEXT, TINY_ARCH
-
-    ckpt = str(config["model"]["checkpoint"])
-    if ckpt == "3b":
-        return {**REAL_3B_TEXT, "num_hidden_layers": int(config["model"]["3b"]["text_layers"]),
-                "tie_word_embeddings": True}
-    if ckpt in PRESET_FAMILY:  # the tiny presets' vocabulary: their tokenizer's (512 and the specials)
-        return {"vocab_size": 1024, **TINY_ARCH[PRESET_FAMILY[ckpt]][1], "tie_word_embeddings": True}
-    raw = json.loads((Path(ckpt) / "config.json").read_text())
-    text = raw.get("text_config") or raw
-    return {**text, "tie_word_embeddings": raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
-
-
-def text_fp32_bytes(config: dict) -> int:
-    """FP32 bytes of the language model's weights (embedding, layers, an untied lm_head): what a
-    text export writes."""
-    t = text_config(config)
-    h, inter, layers, vocab = (int(t[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                    "vocab_size"))
-    heads = int(t.get("num_attention_heads") or 1)
-    kv = int(t.get("num_key_value_heads") or heads)
-    head_dim = int(t.get("head_dim") or h // heads)
-    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q, o; k, v
-    per_layer = attn + 3 * h * inter + 2 * h
-    embed = vocab * h * (1 if t.get("tie_word_embeddings") else 2)
-    return 4 * (embed + layers * per_layer)
-
-
 def size_rule(config: dict) -> dict:
     """``parse_size`` keywords for the configured family: ``factor`` and its title for messages."""
     f = for_config(config)

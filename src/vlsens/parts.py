@@ -363,7 +363,7 @@ def write_parts(src: str | Path, out_dir: str | Path, count: int | str, max_byte
             if t.external_data:
                 _inline(t, src.parent)
             tensors.append(t)
-        part_graph = helper.make_graph(nodes, f"{g.name or 'vision'}_part{j}", [info(x) for x in spec.inputs],
+        part_graph = helper.make_graph(nodes, f"{g.name or 'graph'}_part{j}", [info(x) for x in spec.inputs],
                                        [info(x) for x in spec.outputs], initializer=tensors)
         part = helper.make_model(part_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
                                  producer_name="vlsens.parts", doc_string=f"part {j} of {len(specs)} of {src}")
@@ -393,10 +393,8 @@ def _io(v) -> dict:
 
     tt = v.type.tensor_type
     shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type != 16 else None
-    static = all(isinstance(d, int) for d in shape)
-    nbytes = int(np.prod(shape)) * dtype.itemsize if static and dtype is not None else (
-        int(np.prod(shape)) * 2 if static else None)
+    itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize  # bfloat16: ml_dtypes'
+    nbytes = int(np.prod(shape)) * itemsize if all(isinstance(d, int) for d in shape) else None
     return {"name": v.name, "dtype": helper.tensor_dtype_to_string(tt.elem_type).removeprefix("TensorProto."),
             "shape": shape, "bytes": nbytes}
 

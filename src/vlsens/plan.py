@@ -9,6 +9,7 @@ architecture tables) is no part of their rerun trigger.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +19,8 @@ from vlsens.checkpoint import check_checkpoint_dir
 from vlsens.config import _images, check_tolerances, model_name, renamed_keys, with_defaults
 from vlsens.errors import CheckpointError, ConfigError
 from vlsens.images import ImageRef
-from vlsens.presets import PRESETS
-from vlsens.presets.tables import check_tiny_outliers
+from vlsens.presets import PRESET_FAMILY, PRESETS
+from vlsens.presets.tables import REAL_3B_TEXT, TINY_ARCH, check_tiny_outliers
 
 
 @dataclass
@@ -73,14 +74,40 @@ def make_plan(config: dict, workdir: str | Path = ".") -> Plan:
     return Plan(name, ckpt_dir, preset, images[:n], calib, list(sens["engines"]), bool(sens["inc"]["tune"]))
 
 
-def check_parts(config: dict, towers: dict) -> None:
-    """Every variant of ``vision.parts.variants`` is built by at least one fixed-size graph."""
-    cuttable = [t for t in towers.values() if t.cuttable]
-    for v in config["vision"]["parts"]["variants"]:
-        if cuttable and not any(v in t.variants() for t in cuttable):
-            raise ConfigError(f"vision.parts.variants: '{v}' is built by no fixed-size graph "
-                              f"({', '.join(t.graph for t in cuttable)}); add it to vision.variants (or the uint8 / "
-                              "video sections' variants) or remove it from vision.parts.variants")
+def lm_config(config: dict) -> dict:
+    """The configured model's language-model widths (``hidden_size``, ``intermediate_size``,
+    ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``vocab_size``,
+    ``tie_word_embeddings``): a preset's table, else the checkpoint's ``config.json`` (no torch)."""
+    ckpt = str(config["model"]["checkpoint"])
+    if ckpt == "3b":
+        return {**REAL_3B_TEXT, "num_hidden_layers": int(config["model"]["3b"]["text_layers"]),
+                "tie_word_embeddings": True}
+    if ckpt in PRESET_FAMILY:  # the tiny presets' vocabulary: their tokenizer's (512 and the specials)
+        return {"vocab_size": 1024, **TINY_ARCH[PRESET_FAMILY[ckpt]][1], "tie_word_embeddings": True}
+    raw = json.loads((Path(ckpt) / "config.json").read_text())
+    lm = raw.get("text_config") or raw
+    return {**lm, "tie_word_embeddings": raw.get("tie_word_embeddings", lm.get("tie_word_embeddings", False))}
+
+
+def lm_fp32_bytes(config: dict) -> int:
+    """FP32 bytes of the language model's weights (embedding, layers, an untied lm_head): what an
+    export of it writes."""
+    t = lm_config(config)
+    h, inter, layers, vocab = (int(t[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                    "vocab_size"))
+    heads = int(t.get("num_attention_heads") or 1)
+    kv = int(t.get("num_key_value_heads") or heads)
+    head_dim = int(t.get("head_dim") or h // heads)
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q, o; k, v
+    per_layer = attn + 3 * h * inter + 2 * h
+    embed = vocab * h * (1 if t.get("tie_word_embeddings") else 2)
+    return 4 * (embed + layers * per_layer)
+
+
+def model_facts(config: dict) -> dict:
+    """What the towers may need to know about the model when the DAG is built
+    (:meth:`~vlsens.towers.base.Tower.configure`)."""
+    return {"lm_fp32_bytes": lm_fp32_bytes(config)}
 
 
 def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
@@ -92,9 +119,11 @@ def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
     config = with_defaults(config)
     plan = make_plan(config, workdir)
     towers = towers_registry.active(config)
+    facts = model_facts(config)
     for t in towers.values():
+        t.configure(facts)
         t.check(plan)
-    check_parts(config, towers)
+    towers_registry.check_parts(config, towers)
     for t in towers.values():
         for kind, entry in t.outside_inputs(plan).items():
             if plan.outside.get(kind, entry) != entry:

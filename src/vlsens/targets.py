@@ -38,7 +38,7 @@ def graph_targets(plan: Plan, tower) -> list[str]:
         out += [f"{calib}/{f}" for f in paths.NPU_FILES.values()]
     for v in tower.parts_variants():
         out.append(paths.fill(paths.PARTS, variant=v, **g))
-        if tower.config["vision"]["parts"]["calibration"]:
+        if tower.parts_calibration():
             out.append(paths.fill(paths.PARTS_CALIB, variant=v, **g))
     engines = [e for e in ENGINES if e in plan.engines]
     for v in analysed:

@@ -74,3 +74,13 @@ def for_graph(config: dict, graph: str) -> "Tower":
     if graph not in towers:
         raise ConfigError(f"graph '{graph}' is not configured (configured: {', '.join(towers)})")
     return towers[graph]
+
+
+def check_parts(config: dict, towers: dict) -> None:
+    """Every variant of ``vision.parts.variants`` is built by at least one graph that can be cut."""
+    cuttable = [t for t in towers.values() if t.cuttable]
+    for v in config["vision"]["parts"]["variants"]:
+        if cuttable and not any(v in t.variants() for t in cuttable):
+            raise ConfigError(f"vision.parts.variants: '{v}' is built by no fixed-size graph "
+                              f"({', '.join(t.graph for t in cuttable)}); add it to vision.variants (or the uint8 / "
+                              "video sections' variants) or remove it from vision.parts.variants")

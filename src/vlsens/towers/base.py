@@ -113,6 +113,15 @@ class Tower:
         """Variants built (``fp32`` always comes from the export)."""
         return list(self.section["variants"])
 
+    def configure(self, facts: dict) -> None:
+        """Take the model's facts the plan measured when the DAG was built
+        (:func:`vlsens.plan.model_facts`: ``lm_fp32_bytes``); a tower whose settings depend on the
+        model's size resolves them here."""
+
+    def parts_calibration(self) -> bool:
+        """Does each part get its calibration archives (``vision.parts.calibration``)?"""
+        return bool(self.config["vision"]["parts"]["calibration"])
+
     def parts_variants(self) -> list[str]:
         """Variants cut into parts: those of ``vision.parts.variants`` this graph builds (towers
         that are :attr:`cuttable`; a variant no such graph builds is refused by the plan)."""

@@ -475,21 +475,28 @@ class Text(PromptTower):
         return {"exporter": self.exporter(), "fallback": self.section["fallback"],
                 "opset": self.config["export"]["opset"]}
 
-    #: ``text.exporter: auto`` uses the legacy exporter up to this many FP32 bytes of language model
-    #: and dynamo above: the legacy exporter builds the whole proto in memory (0.7x the weights on
-    #: top of the loaded model: about 21 GB at Qwen2.5-VL-3B's 36 layers), dynamo writes the
-    #: weights from torch's tensors (the model plus 3.4 GB; docs/real-size.md).
+    #: ``text.exporter: auto`` takes the legacy exporter up to this many FP32 bytes of language
+    #: model and dynamo above: the legacy exporter builds the whole proto in memory (0.7x the
+    #: weights on top of the loaded model: about 21 GB at Qwen2.5-VL-3B's 36 layers), dynamo writes
+    #: the weights from torch's tensors (the model plus 3.4 GB; docs/real-size.md).
     LEGACY_MAX_BYTES = 6_000_000_000
+    lm_fp32_bytes: int | None = None
+
+    def configure(self, facts: dict) -> None:
+        self.lm_fp32_bytes = int(facts["lm_fp32_bytes"])
 
     def exporter(self) -> str:
-        """``text.exporter``, with ``auto`` resolved by the language model's size (when the DAG is
-        built, from the preset's table or the checkpoint's config.json)."""
+        """``text.exporter``, ``auto`` resolved by the language model's FP32 size (the plan's
+        :func:`~vlsens.plan.model_facts`, when the DAG is built)."""
         choice = self.section["exporter"]
         if choice != "auto":
             return choice
-        from vlsens.family import text_fp32_bytes
+        if self.lm_fp32_bytes is None:
+            from vlsens.errors import ConfigError
 
-        return "legacy" if text_fp32_bytes(self.config) <= self.LEGACY_MAX_BYTES else "dynamo"
+            raise ConfigError("text.exporter: 'auto' needs the model's size, which vlsens.plan.configure gives "
+                              "the tower when the DAG is built")
+        return "legacy" if self.lm_fp32_bytes <= self.LEGACY_MAX_BYTES else "dynamo"
 
     def reference(self, checkpoint, images, settings, device="cpu") -> Cases:
         h, w = parse_size(settings["image_size"], key="text.parity.image_size", **self.size_rule)
