@@ -9,9 +9,11 @@ protobuf.
 
 It is the FP16 step's machinery (:mod:`vlsens.fp16`: onnxconverter-common with the model's own
 Casts retargeted and transformers' float32 islands kept) with BF16 in place of FP16, minus the
-range fallback (bfloat16 has float32's exponent range), plus one rule: a node whose operator has
-no bfloat16 type at the model's opset (``Conv`` and ``ConstantOfShape`` at opset 19: bfloat16
-came to them in opset 20/22) stays FP32 between Casts; the record lists them. Weights are rounded
+range fallback (bfloat16 has float32's exponent range), plus two rules: every ``Softmax`` stays
+FP32 (transformers computes attention softmax in float32 whatever the dtype, which a float32
+export does not show), and a node whose operator has no bfloat16 type at the model's opset
+(``Conv`` and ``ConstantOfShape`` at opset 19: bfloat16 came to them in opset 20/22) stays FP32
+between Casts; the record lists them. Weights are rounded
 from the FP32 source once, by ``ml_dtypes`` (round to nearest even, as torch's ``.to()``), never
 through FP16.
 
@@ -76,7 +78,13 @@ def convert_bf16(src_model: str | Path, staged_model: Path) -> dict:
     unsupported = {n.name: f"{n.op_type} has no bfloat16 type at opset {opset}" for n in model.graph.node
                    if n.domain in ("", "ai.onnx") and not bf16_supported(n.op_type, opset)}
     islands = own_fp32_islands(model)
-    keep = {**islands, **unsupported}
+    # transformers' eager attention takes the softmax in float32 whatever the model's dtype
+    # (softmax(..., dtype=torch.float32)); in a float32 export that leaves no Cast to find, so
+    # the islands miss it. In bfloat16 it costs the 3B tower at 448x448 cosine 0.976 against
+    # transformers (torch's own bfloat16 forward: 0.99988, as with the softmax kept float32).
+    softmax = {n.name: "attention softmax: float32 in transformers" for n in model.graph.node
+               if n.op_type == "Softmax" and n.name not in unsupported}
+    keep = {**islands, **softmax, **unsupported}
     was_float = {t.name for t in model.graph.initializer if t.data_type == F32}
     inline = {t.name: tensor_array(t) for t in model.graph.initializer
               if t.name in was_float and not t.external_data}
@@ -110,6 +118,7 @@ def convert_bf16(src_model: str | Path, staged_model: Path) -> dict:
                      "BFLOAT16, weights rounded from FP32 by ml_dtypes",
         "io": "float32",
         "fp32_unsupported": [{"node": n, "reason": r} for n, r in sorted(unsupported.items())],
+        "fp32_softmax": len(softmax),
         "fp32_islands": {"nodes": len(set(islands) - set(unsupported)),
                          "scopes": sorted({r.split(" in ", 1)[1] for r in islands.values()})},
         "retargeted_casts": retargeted,
