@@ -400,7 +400,9 @@ def _io(v) -> dict:
 
 
 class Chain:
-    """The parts run one after another in ONNX Runtime, each reading what earlier parts made."""
+    """The parts run one after another in ONNX Runtime, each reading what earlier parts made. It
+    answers like an ``InferenceSession`` (``get_inputs``, ``get_outputs``, ``get_providers``,
+    ``run``), so the parity gate and :func:`vlsens.samples.run_fitted` take it as they are."""
 
     def __init__(self, files: list[Path], threads: int = 0, device: str = "auto", variant: str = "fp32"):
         from vlsens.onnxutil import make_session
@@ -412,43 +414,39 @@ class Chain:
         else:
             self.sessions = [make_session(f, threads=threads, device=device) for f in files]
 
-    def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[np.ndarray, dict]:
-        """The last part's first output; with ``keep`` also every part's inputs (by part)."""
+    def get_inputs(self):
+        return self.sessions[0].get_inputs()
+
+    def get_outputs(self):
+        return self.sessions[-1].get_outputs()
+
+    def get_providers(self):
+        return self.sessions[0].get_providers()
+
+    def forward(self, feeds: dict[str, np.ndarray]) -> tuple[dict, list[dict]]:
+        """Every tensor the parts made (with ``feeds``), and each part's inputs."""
         env = dict(feeds)
         inputs = []
         for s in self.sessions:
             ins = {i.name: env[i.name] for i in s.get_inputs()}
-            if keep:
-                inputs.append(ins)
-            outs = s.run(None, ins)
-            env.update({o.name: v for o, v in zip(s.get_outputs(), outs)})
-        last = self.sessions[-1].get_outputs()[0].name
-        return env[last], {"inputs": inputs}
+            inputs.append(ins)
+            env.update({o.name: v for o, v in zip(s.get_outputs(), s.run(None, ins))})
+        return env, inputs
 
-    def run_fitted(self, feed: dict[str, np.ndarray]) -> np.ndarray:
-        """:func:`vlsens.samples.run_fitted` for the chain (the first part's fixed batch)."""
-        from vlsens.onnxutil import input_batch
-        from vlsens.samples import fit_batch
-
-        _, batch = input_batch(self.sessions[0])
-        n = len(next(iter(feed.values())))
-        if not batch or n == batch:
-            return self.run(feed)[0]
-        return np.concatenate([self.run(f)[0] for f in fit_batch([feed], batch)], axis=0)[:n]
+    def run(self, names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        env, _ = self.forward(feeds)
+        return [env[n] for n in (names or [o.name for o in self.get_outputs()])]
 
 
 def measure_chain(files: list[Path], cases, graph_file: str, threads: int = 0, device: str = "auto",
                   variant: str = "fp32"):
-    """``(per_input, providers)`` of the chained parts on every case of ``graph_file``."""
-    from vlsens.metrics import compare
+    """``(per_input, providers)`` of the chained parts on every case of ``graph_file``: the parity
+    gate's own measurement, with the chain as the graph's session."""
+    from vlsens import parity
 
-    chain = Chain(files, threads, device, variant)
-    per_input = []
-    for c in cases.for_graph(graph_file):
-        out = chain.run_fitted(c.inputs)
-        head = {"case": c.name, "graph": graph_file, "shape": list(np.shape(next(iter(c.inputs.values())))), **c.meta}
-        per_input.append({**head, **compare(out, c.expected, c.valid, c.logits)})
-    return per_input, chain.sessions[0].get_providers()
+    per_input, providers, _ = parity.measure({graph_file: files}, cases, threads, device,
+                                             open_session=lambda f: Chain(f, threads, device, variant))
+    return per_input, providers
 
 
 def simplify_part(src: Path, dst: Path) -> dict:
@@ -585,8 +583,8 @@ def part_calibration(parts_dir: str | Path, calib_npz: str | Path, eval_npz: str
             n = len(calls)
             per_part: list[dict[str, list]] = [dict() for _ in files]
             for call in calls:
-                _, got = chain.run(call, keep=True)
-                for j, ins in enumerate(got["inputs"]):
+                _, got = chain.forward(call)
+                for j, ins in enumerate(got):
                     for name, value in ins.items():
                         per_part[j].setdefault(name, []).append(value)
             for j, by_input in enumerate(per_part):
