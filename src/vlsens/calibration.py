@@ -74,21 +74,24 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def write_npu_archive(split_npz: str | Path, out_tar: str | Path) -> int:
-    """One ``<input>_<index>.npy`` of shape ``(1, ...)`` per sample and input of a stacked split,
-    as a tar (written atomically). Returns the number of samples."""
-    arrays = load_stacked(split_npz)
-    n = 0
+def write_npy_tar(out_tar: str | Path, arrays: dict[str, list[np.ndarray]]) -> None:
+    """The NPU layout: one ``<input>_<index>.npy`` per array, as a tar (written atomically)."""
     with atomic_file(out_tar) as tmp, tarfile.open(tmp, "w") as tar:
-        for name, rows in arrays.items():
-            for i, row in enumerate(rows):
-                data = _npy_bytes(row[None])
+        for name, items in arrays.items():
+            for i, arr in enumerate(items):
+                data = _npy_bytes(arr)
                 info = tarfile.TarInfo(f"{name}_{i:04d}.npy")
                 info.size = len(data)
                 info.mtime = 0
                 tar.addfile(info, io.BytesIO(data))
-            n = len(rows)
-    return n
+
+
+def write_npu_archive(split_npz: str | Path, out_tar: str | Path) -> int:
+    """One ``<input>_<index>.npy`` of shape ``(1, ...)`` per sample and input of a stacked split,
+    as a tar (written atomically). Returns the number of samples."""
+    arrays = load_stacked(split_npz)
+    write_npy_tar(out_tar, {name: [row[None] for row in rows] for name, rows in arrays.items()})
+    return len(next(iter(arrays.values()))) if arrays else 0
 
 
 def read_tar(path: str | Path) -> np.ndarray:

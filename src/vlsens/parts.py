@@ -565,9 +565,7 @@ def part_calibration(parts_dir: str | Path, calib_npz: str | Path, eval_npz: str
     the sensitivity engines and the profile read: the part's inputs as it takes them, produced by running
     the earlier parts on the calibration images (one call per ``vision.batch_size`` images: the
     vision tower's hidden states are (tokens of the call, hidden), no batch axis to split)."""
-    import io
-    import tarfile
-
+    from vlsens.calibration import write_npy_tar
     from vlsens.fsutil import atomic_dir, write_json
     from vlsens.onnxutil import input_batch
     from vlsens.samples import fit_batch, load_stacked, save_stacked
@@ -593,16 +591,7 @@ def part_calibration(parts_dir: str | Path, calib_npz: str | Path, eval_npz: str
                 # and the profile (one row per call)
                 save_stacked(tmp / f"part{j}" / f"{split}.npz", {k: np.concatenate(v) for k, v in by_input.items()},
                              [f"call{k:04d}" for k in range(n)])
-                with tarfile.open(tmp / f"part{j}" / f"{split}.tar", "w") as tar:
-                    for name, rows in by_input.items():
-                        for k, row in enumerate(rows):
-                            buf = io.BytesIO()
-                            np.save(buf, row, allow_pickle=False)
-                            data = buf.getvalue()
-                            info = tarfile.TarInfo(f"{name}_{k:04d}.npy")
-                            info.size = len(data)
-                            info.mtime = 0
-                            tar.addfile(info, io.BytesIO(data))
+                write_npy_tar(tmp / f"part{j}" / f"{split}.tar", by_input)
             counts[split] = n
         manifest = {"parts": str(parts_dir), "counts": counts,
                     "inputs": [[s.name for s in sess.get_inputs()] for sess in chain.sessions]}
