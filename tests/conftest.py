@@ -148,6 +148,12 @@ def reference_224(graph_builder) -> Path:
 
 
 @pytest.fixture(scope="session")
+def fixed(graph_builder) -> Built:
+    """vision/224x224 built once per session (the NPU exports' tests start from its variants)."""
+    return graph_builder("vision/224x224")
+
+
+@pytest.fixture(scope="session")
 def fp32_224(graph_builder) -> Path:
     return graph_builder("vision/224x224").model()
 

@@ -20,11 +20,6 @@ TOL_BF16 = {"min_cosine": 0.999, "max_rel_error": 0.1}
 
 
 @pytest.fixture(scope="module")
-def fixed(graph_builder):
-    return graph_builder("vision/224x224")
-
-
-@pytest.fixture(scope="module")
 def bf16_folder(fixed, tmp_path_factory):
     out = tmp_path_factory.mktemp("bf16") / "bf16"
     variants.bf16(fixed.folder("fp32"), fixed.reference, out, TOL_BF16)

@@ -18,11 +18,6 @@ from vlsens.onnxutil import data_path
 
 
 @pytest.fixture(scope="module")
-def fixed(graph_builder):
-    return graph_builder("vision/224x224")
-
-
-@pytest.fixture(scope="module")
 def fp16_folder(fixed, tmp_path_factory):
     out = tmp_path_factory.mktemp("fp16") / "fp16"
     variants.fp16(fixed.folder("fp32"), fixed.reference, out, TOL_FP16, 1000.0, 65504.0)
