@@ -35,10 +35,6 @@ def workflow_dir() -> Path:
                      "checkout (pip install -e <checkout>) or set VLSENS_WORKFLOW to that checkout")
 
 
-def _value(text: str):
-    return yaml.safe_load(text)
-
-
 def run_config(args) -> dict:
     cfg: dict = {"model": {"checkpoint": str(Path(args.checkpoint).resolve()) if Path(args.checkpoint).exists()
                            else args.checkpoint}}
@@ -54,7 +50,7 @@ def run_config(args) -> dict:
         *parents, last = key.split(".")
         for p in parents:
             node = node.setdefault(p, {})
-        node[last] = _value(value)
+        node[last] = yaml.safe_load(value)
     return cfg
 
 
