@@ -93,7 +93,10 @@ wildcard_constraints:
 
 
 DEPLOY = _deploy.DEPLOY
-DEPLOY_SOURCES = {p: _deploy.sources(p, config["deploy"]["nbits"]["vision"]) for p in _deploy.PRECISIONS}
+DEPLOY_SOURCES = {
+    p: _deploy.sources(p, config["deploy"]["nbits"]["vision"], config["deploy"]["nbits"]["embedding"])
+    for p in _deploy.PRECISIONS
+}
 # The {model} names the preset builders make; model.name may rename a preset
 PRESET_NAMES = {kind: _preset_rule_names(kind, PLAN.preset, PLAN.model) for kind in ("tiny", "3b")}
 
@@ -278,6 +281,18 @@ def nbits_settings():
     """``deploy.nbits``' quantization settings alone (not its tolerance or vision choice): a param of
     the rules that quantize, so only a change of these re-runs them."""
     return canonical(NBitsSettings.from_config(config["deploy"]["nbits"]).as_dict())
+
+
+def builder_settings():
+    """The same for the builder's anchors: ``deploy.nbits.builder_block_size`` (when set) in
+    place of ``block_size``."""
+    from dataclasses import replace
+
+    nb = config["deploy"]["nbits"]
+    settings = NBitsSettings.from_config(nb)
+    if nb.get("builder_block_size"):
+        settings = replace(settings, block_size=int(nb["builder_block_size"]))
+    return canonical(settings.as_dict())
 
 
 def quant_settings():

@@ -85,9 +85,68 @@ rule builder_int4:
     resources:
         **cluster("builder_int4", threads=config["threads"]),
     params:
-        settings=nbits_settings(),
+        settings=builder_settings(),
         tolerance=canonical(config["deploy"]["nbits"]["tolerance"]),
         exact_tolerance=tolerance("fp32"),
         provenance=provenance("export", "builder_int4.py"),
     script:
         "../workflow/scripts/builder_int4.py"
+
+
+# The int4 folders' embedding graph with an INT4 table (GatherBlockQuantized) and the dynamic
+# vision graph with INT4 Linears (MatMulNBits), each gated against its own weights
+# (vlsens.weight_only; deploy.nbits.embedding / deploy.nbits.vision: int4).
+
+
+rule embedding_nbits:
+    input:
+        checkpoint=checkpoint_dir,
+        parity=paths.fill(record("fp32"), graph=_deploy.DECODER_GRAPH),
+        reference=paths.fill(paths.REFERENCE, graph=_deploy.DECODER_GRAPH),
+    output:
+        model=f"{_deploy.EMBEDDING_INT4}/embedding.onnx",
+        data=f"{_deploy.EMBEDDING_INT4}/embedding.onnx.data",
+        parity=f"{_deploy.EMBEDDING_INT4}/{paths.RECORD}",
+    log:
+        paths.model_log("embedding_nbits"),
+    benchmark:
+        paths.fill(paths.benchmark("embedding_nbits"), graph=_deploy.DECODER_GRAPH)
+    conda:
+        "../envs/onnx.yaml"
+    threads: 1
+    resources:
+        **cluster("embedding_nbits", gpu=False),
+    params:
+        block_size=config["deploy"]["nbits"]["block_size"],
+        symmetric=config["deploy"]["nbits"]["symmetric"],
+        exact_tolerance=tolerance("fp32"),
+        provenance=provenance("sensitivity", "embedding_nbits.py"),
+    script:
+        "../workflow/scripts/embedding_nbits.py"
+
+
+rule vision_nbits:
+    input:
+        checkpoint=checkpoint_dir,
+        parity=paths.fill(record("fp32"), graph=_deploy.VISION_GRAPH),
+        reference=paths.fill(paths.REFERENCE, graph=_deploy.VISION_GRAPH),
+    output:
+        model=paths.fill(paths.in_variant("int4"), graph=_deploy.VISION_GRAPH),
+        data=paths.data(paths.fill(paths.in_variant("int4"), graph=_deploy.VISION_GRAPH)),
+        parity=paths.fill(record("int4"), graph=_deploy.VISION_GRAPH),
+    log:
+        paths.fill(paths.log("vision_nbits"), graph=_deploy.VISION_GRAPH),
+    benchmark:
+        paths.fill(paths.benchmark("vision_nbits"), graph=_deploy.VISION_GRAPH)
+    conda:
+        "../envs/onnx.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("vision_nbits", threads=config["threads"]),
+    params:
+        settings=nbits_settings(),
+        tolerance=canonical(config["deploy"]["nbits"]["tolerance"]),
+        exact_tolerance=tolerance("fp32"),
+        provenance=provenance("sensitivity", "vision_nbits.py"),
+    script:
+        "../workflow/scripts/vision_nbits.py"

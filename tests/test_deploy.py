@@ -113,6 +113,8 @@ def test_vision_gate_follows_the_vision_graph():
     for p in INT4:
         assert vision_tolerance(cfg, p) == int8  # deploy.nbits.vision: int8-mixed
         assert vision_tolerance(default_config(**{"deploy.nbits.vision": "fp16"}), p) == tolerance_for(cfg, "fp16")
+        int4 = default_config(**{"deploy.nbits.vision": "int4"})
+        assert vision_tolerance(int4, p) == int4["deploy"]["nbits"]["vision_tolerance"]
 
 
 def test_int4_folders_take_the_configured_vision_graph():
@@ -123,7 +125,13 @@ def test_int4_folders_take_the_configured_vision_graph():
         assert sources(p, "fp16")["vision"] == "results/{model}/vision/dynamic/fp16/model.onnx"
         assert sources(p, "fp16")["vision_record"] == "results/{model}/vision/dynamic/fp16/parity.json"
         assert sources(p, "fp32")["vision"] == "results/{model}/vision/dynamic/fp32/model.onnx"
+        assert sources(p, "int4")["vision"] == "results/{model}/vision/dynamic/int4/model.onnx"
+        assert sources(p, "int4")["vision_record"] == "results/{model}/vision/dynamic/int4/parity.json"
+        assert "embedding" not in sources(p, "int4", "fp32")  # the decoder folder's
+        assert sources(p, "int4", "int4")["embedding"] == "results/{model}/decoder/embedding-int4/embedding.onnx"
     # the other folders keep their own
+    assert "embedding" not in sources("fp32", "int4", "int4")
+    assert sources("fp16", "int4")["vision"] == "results/{model}/vision/dynamic/fp16/model.onnx"
     assert sources("fp16", "fp32")["vision"] == "results/{model}/vision/dynamic/fp16/model.onnx"
     assert sources("int8-mixed", "fp16")["vision"] == "results/{model}/profile/vision/dynamic/fp32/model.onnx"
 
@@ -254,6 +262,34 @@ def test_fp16_and_int8_folders_are_measured_against_fp32_through_the_runtime(fol
     for g in ("decoder.onnx", "vision.onnx"):
         m = onnx.load(str(folders["int8-mixed"] / g), load_external_data=False)
         assert any(n.op_type == "DequantizeLinear" for n in m.graph.node), g
+
+
+def test_a_folder_of_int4_embedding_and_vision_runs_in_onnxruntime_genai(folders, graph_builder, parity_refs,
+                                                                         tmp_path):
+    """GatherBlockQuantized (table) and MatMulNBits (vision Linears) behind onnxruntime-genai: the
+    folder loads, its vision graph meets deploy.nbits.vision_tolerance against transformers' float
+    features, and it generates close to the fp32 folder (the fp32 decoder, so only those two
+    graphs differ)."""
+    import json
+
+    from conftest import default_config
+
+    from vlsens.deploy.build import build_folder
+    from vlsens.nbits import NBitsSettings
+    from vlsens.weight_only import embedding_folder, vision_folder
+
+    cfg = default_config(**{"deploy.nbits.vision": "int4"})
+    dec, vis = graph_builder("decoder"), graph_builder("vision/dynamic")
+    token = int(json.loads((dec.ckpt / "config.json").read_text())["image_token_id"])
+    embedding_folder(dec.folder("fp32"), dec.reference, tmp_path / "emb", 32, True, token, TOL_FP32)
+    vision_folder(dec.ckpt, vis.folder("fp32"), vis.reference, tmp_path / "vis", NBitsSettings(algorithm="rtn"),
+                  cfg["deploy"]["nbits"]["tolerance"], TOL_FP32)
+    rec = build_folder("int4-rtn", tmp_path / "folder", dec.ckpt, dec.model("fp32"), tmp_path / "emb" / "embedding.onnx",
+                       tmp_path / "vis" / "model.onnx", parity_refs, 16,
+                       cfg["deploy"]["nbits"]["vision_tolerance"], fp32_folder=folders["fp32"])
+    parity = json.loads((tmp_path / "folder" / "parity.json").read_text())
+    assert parity["passed"] and min(r["cosine"] for r in parity["images"]) < 1 - 1e-6  # INT4 vision, as shipped
+    assert 0 < rec["mean_kl"] < 0.05 and rec["top1_agreement"] > 0.7
 
 
 def test_a_folder_that_misses_its_check_is_not_written(folders, graph_builder, parity_refs, tmp_path, monkeypatch):

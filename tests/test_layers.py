@@ -14,7 +14,7 @@ LAYERS = {
               "sensitivity.engine sensitivity.nbits nbits profile_nbits "
               "sensitivity.ranking sensitivity.stages sensitivity.baseline profile compare inc inc.settings inc.names "
               "inc.capture inc.stages inc.env records plan targets resources scripting",
-    "application": "runtime deploy deploy.assemble deploy.evaluate deploy.build deploy.compare deploy.anchors "
+    "application": "runtime weight_only deploy deploy.assemble deploy.evaluate deploy.build deploy.compare deploy.anchors "
                    "report report.tables report.figures report.build report.verdict cli",
 }
 LEVEL = {f"vlsens.{m}": i for i, names in enumerate(LAYERS.values()) for m in names.split()}

@@ -10,6 +10,6 @@ from vlsens.scripting import run
 
 run(snakemake, lambda sm: build_folder(  # noqa: F821
     sm.wildcards.precision, sm.output[0], checkpoint_dir(sm.input.checkpoint), sm.input.decoder,
-    Path(sm.input.decoder_folder).with_name("embedding.onnx"),
+    sm.input.get("embedding") or Path(sm.input.decoder_folder).with_name("embedding.onnx"),
     sm.input.vision, image_refs(sm.input.images), sm.params.max_new_tokens, sm.params.tolerance,
     fp32_folder=sm.input.get("fp32_folder"), target=sm.params.target))

@@ -17,8 +17,11 @@ precision       text decoder + embedding               vision
 ==============  =====================================  ===========================================
 
 Every int4 folder takes the same vision graph, ``deploy.nbits.vision`` (default ``int8-mixed``:
-on the CPU the fastest vision graph that meets its profile; ``fp16`` or ``fp32`` where the
-dynamic graph is not analysed, as at real size), so the int4 folders differ only in their decoders.
+on the CPU the fastest vision graph that meets its profile; ``int4``: every Linear weight-only
+INT4, ``vision/dynamic/int4`` (:mod:`vlsens.weight_only`); ``fp16`` or ``fp32`` where the dynamic
+graph is not analysed), and the same embedding graph, ``deploy.nbits.embedding`` (``int4``: the
+table as ``GatherBlockQuantized``, ``decoder/embedding-int4``; ``fp32``: the decoder folder's), so
+the int4 folders differ only in their decoders.
 
 Every graph comes from a gated variant folder (or a built profile), so each already passed its
 parity gate against transformers. The folder itself is then proven end to end by the runtime we
@@ -56,6 +59,11 @@ DONE = "eval.json"
 
 #: The graphs a deploy folder is made of: the decoder tower's and the dynamic vision graph.
 DECODER_GRAPH, VISION_GRAPH = "decoder", "vision/dynamic"
+#: The int4 folders' embedding graph with an INT4 table (:func:`vlsens.weight_only.embedding_folder`).
+EMBEDDING_INT4 = f"{paths.MODEL}/{DECODER_GRAPH}/embedding-int4"
+#: ``deploy.nbits.vision`` / ``deploy.nbits.embedding`` values.
+INT4_VISION = ("int8-mixed", "int4", "fp16", "fp32")
+INT4_EMBEDDING = ("int4", "fp32")
 
 
 def vision_precision(precision: str, int4_vision: str = "int8-mixed") -> str:
@@ -77,18 +85,22 @@ def vision_tolerance(config: dict, precision: str) -> dict:
     from vlsens.config import canonical, tolerance_for
 
     vp = vision_precision(precision, config["deploy"]["nbits"]["vision"])
+    if vp == "int4":
+        return canonical(config["deploy"]["nbits"]["vision_tolerance"])
     return tolerance_for(config, vp) if vp in ("fp32", "fp16") else canonical(config["deploy"]["int8_tolerance"])
 
 
-def sources(precision: str, int4_vision: str = "int8-mixed") -> dict[str, str]:
+def sources(precision: str, int4_vision: str = "int8-mixed", int4_embedding: str = "fp32") -> dict[str, str]:
     """Path patterns (``{model}`` left) of the graphs a deploy folder is made of."""
     vp = vision_precision(precision, int4_vision)
     dec = paths.fill(paths.VARIANT, graph=DECODER_GRAPH, variant="fp16" if precision == "fp16" else "fp32")
-    vis = paths.fill(paths.VARIANT, graph=VISION_GRAPH, variant="fp16" if vp == "fp16" else "fp32")
+    vis = paths.fill(paths.VARIANT, graph=VISION_GRAPH, variant=vp if vp in ("fp16", "int4") else "fp32")
     # The embedding graph is a secondary file of the decoder's variant folder: that folder's
     # model.onnx and record stand for it as inputs (the job verifies it against the record).
     out = {"decoder_folder": f"{dec}/{paths.MAIN}", "decoder_record": f"{dec}/{paths.RECORD}",
            "vision_record": f"{vis}/{paths.RECORD}"}
+    if precision in INT4 and int4_embedding == "int4":
+        out["embedding"] = f"{EMBEDDING_INT4}/embedding.onnx"
     out["vision"] = (paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") if vp == "int8-mixed" else vis) + \
         "/model.onnx"
     if precision == "int8-mixed":
@@ -121,6 +133,7 @@ def check_config(config: dict) -> None:
                 "int8-mixed": [("vision.dynamic.sensitivity_variants", dyn["sensitivity_variants"], "fp32"),
                                ("deploy.decoder.sensitivity_variants", d["decoder"]["sensitivity_variants"], "fp32")]}
         vision = d["nbits"]["vision"]
+        need["int4"] = [("vision.dynamic.variants", dyn["variants"], "fp32")]  # its source
         for q in INT4:  # deploy.nbits.vision's vision graph; the decoder's fp32 variant
             need[q] = [need[vision][0], ("deploy.decoder.variants", d["decoder"]["variants"], "fp32")]
         for key, have, want in need[p]:

@@ -3,8 +3,9 @@
 Per folder: the decoder's bytes (graph + data file, as shipped), how many MatMuls are INT4 /
 INT8 / float, the KL per generated step and top-1 agreement with the fp32 folder through
 onnxruntime-genai (teacher-forced on its tokens, from the folder's ``eval.json``) and the decode
-speed of its evaluation. The goal the int4-mixed folder is held to is stated next to it: at equal
-or fewer decoder bytes, a KL of at most half the builder's llama.cpp heuristic (``int4-k_quant_mixed``).
+speed of its evaluation; the bytes of its three graphs. The goals the int4-mixed folder is held to
+are stated next to it: at equal or fewer decoder bytes, a KL of at most half the builder's
+llama.cpp heuristic (``int4-k_quant_mixed``); the whole folder at most 0.3x the FP16 folder's bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from vlsens import genai
 from vlsens.deploy import DONE
 
 HEURISTIC = "int4-k_quant_mixed"
+#: The int4-mixed folder's bytes against the FP16 folder's, at most.
+FOLDER_GOAL = 0.3
 
 
 def decoder_bits(folder: Path) -> dict[str, int]:
@@ -37,6 +40,15 @@ def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
 
 
+def graph_bytes(folder: Path) -> dict[str, int]:
+    """Each graph of a deploy folder with its data file: ``{decoder, embedding, vision}``."""
+    out = {}
+    for key, name in genai.GRAPHS.items():
+        g = Path(folder) / name
+        out[key] = g.stat().st_size + (Path(f"{g}.data").stat().st_size if Path(f"{g}.data").is_file() else 0)
+    return out
+
+
 def table(folders: dict[str, str | Path]) -> dict:
     """``{precision: row}`` for the given int4 deploy folders, their sizes against the fp16
     folder's (or, where none was built, half the fp32 folder's: every weight in 2 bytes), and
@@ -47,9 +59,10 @@ def table(folders: dict[str, str | Path]) -> dict:
             continue
         folder = Path(folder)
         ev = json.loads((folder / DONE).read_text())
-        dec = folder / genai.GRAPHS["decoder"]
+        graphs = graph_bytes(folder)
         rows[precision] = {
-            "decoder_bytes": dec.stat().st_size + Path(f"{dec}.data").stat().st_size,
+            "decoder_bytes": graphs["decoder"],
+            "graph_bytes": graphs,
             "folder_bytes": folder_bytes(folder),
             "matmuls": decoder_bits(folder),
             "mean_kl": ev.get("mean_kl"),
@@ -74,18 +87,23 @@ def table(folders: dict[str, str | Path]) -> dict:
         }
         out["goal"]["met"] = bool(out["goal"]["bytes_ratio"] <= 1.0 and out["goal"]["kl_ratio"] is not None
                                   and out["goal"]["kl_ratio"] <= 0.5)
+    if mine and "folder_vs_fp16" in mine:
+        out["bytes_goal"] = {"statement": f"int4-mixed: folder bytes <= {FOLDER_GOAL}x the fp16 folder's",
+                             "ratio": mine["folder_vs_fp16"], "met": bool(mine["folder_vs_fp16"] <= FOLDER_GOAL)}
     return out
 
 
 def markdown(result: dict) -> str:
-    lines = ["| folder | decoder MB | folder / fp16 | INT4 / INT8 / float MatMuls | mean KL vs fp32 | top-1 vs fp32 "
-             "| tok/s |",
-             "| --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+    lines = ["| folder | decoder MB | embedding MB | vision MB | folder / fp16 | INT4 / INT8 / float MatMuls "
+             "| mean KL vs fp32 | top-1 vs fp32 | tok/s |",
+             "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for p, r in result["rows"].items():
         m = r["matmuls"]
         tps = r["tokens_per_second"]
         ratio = r.get("folder_vs_fp16")
-        lines.append(f"| {p} | {r['decoder_bytes'] / 1e6:.3f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
+        g = r.get("graph_bytes", {})
+        lines.append(f"| {p} | {r['decoder_bytes'] / 1e6:.3f} | {g.get('embedding', 0) / 1e6:.3f} | "
+                     f"{g.get('vision', 0) / 1e6:.3f} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
                      f"{m['int4']} / {m['int8']} / {m['float']} | {r['mean_kl']:.3g} | {r['top1_agreement']:.3f} | "
                      f"{'-' if tps is None else f'{tps:.1f}'} |")
     if "fp16_bytes" in result:
@@ -97,6 +115,9 @@ def markdown(result: dict) -> str:
         kl = "-" if g["kl_ratio"] is None else f"{g['kl_ratio']:.2f}"
         lines += ["", f"Goal ({g['statement']}): bytes {g['bytes_ratio']:.2f}x, KL {kl}x: "
                       f"{'met' if g['met'] else 'not met'}."]
+    bg = result.get("bytes_goal")
+    if bg:
+        lines += ["", f"Goal ({bg['statement']}): {bg['ratio']:.2f}x: {'met' if bg['met'] else 'not met'}."]
     return "\n".join(lines) + "\n"
 
 

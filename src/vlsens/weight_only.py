@@ -1,0 +1,323 @@
+"""Weight-only INT4 of the two graphs an int4 deploy folder carries besides its decoder: the
+embedding table and the dynamic vision graph. At 3B they are 1.24 GB (FP32 table) and 1.34 GB
+(FP16 vision) of a folder whose INT4 decoder is about 2 GB, so without them no int4 folder gets
+near a third of the FP16 folder's bytes.
+
+* **Embedding** (``embedding.onnx`` of the decoder's folder): its table Gather becomes
+  ``GatherBlockQuantized`` (com.microsoft; INT4 blocks along the hidden axis, one FP32 scale per
+  block) by ONNX Runtime's own ``MatMulNBitsQuantizer`` (``DefaultWeightOnlyQuantConfig`` with
+  ``op_types_to_quantize=("Gather",)``, the path the model builder takes for quantized
+  embeddings). Gated exactly against the table it holds: every text row equals the dequantized
+  table's row (:func:`embedding_reference`), the image rows are transformers' features as in the
+  float reference; the error against the checkpoint's table is recorded.
+* **Vision** (``vision/dynamic/fp32``): every Linear (the exporter's ``Gemm``, weight ``(N, K)``,
+  ``transB=1``) becomes ``MatMul`` + bias ``Add`` (:func:`gemm_to_matmul`, exact in float), then
+  every weight MatMul is quantized by :func:`vlsens.nbits.quantize` (the decoder's quantizer, its
+  algorithm, block size, symmetry and accuracy level). Gated like the INT4 decoders
+  (:func:`vlsens.variants.gate_own_weights`): against transformers' ``get_image_features`` with
+  every Linear given the dequantized weight the graph multiplies by (:func:`vision_weight_reference`).
+
+Memory: the embedding job holds the FP32 table and its quantized copy (about 1.5x the table);
+the vision job the vision tower in FP32 twice (the rewrite and the reference model: 2.7 GB each
+for Qwen2.5-VL's 669 M vision parameters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+
+from vlsens.cases import Case, Cases
+from vlsens.errors import VlsensError
+
+log = logging.getLogger(__name__)
+
+EMBEDDING = "embedding.onnx"
+QUANTIZER = "onnxruntime.quantization MatMulNBitsQuantizer"
+
+
+# ----------------------------------------------------------------------------------------------
+# The embedding table
+
+
+def table_gather(model):
+    """``(Gather node, table initializer)``: the graph's one Gather that reads a 2-D initializer."""
+    inits = {i.name: i for i in model.graph.initializer}
+    found = [(n, inits[n.input[0]]) for n in model.graph.node
+             if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2]
+    if len(found) != 1:
+        raise VlsensError(f"expected one Gather of a 2-D table in the embedding graph, found {len(found)}")
+    return found[0]
+
+
+def quantize_embedding(src: str | Path, dst: str | Path, block_size: int, symmetric: bool) -> dict:
+    """``dst`` (+ its data file): ``src`` with its table Gather as INT4 ``GatherBlockQuantized``,
+    written by ONNX Runtime's ``MatMulNBitsQuantizer``. Facts for the record."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    from vlsens.onnxutil import save_with_external_data
+
+    model = onnx.load(str(src))
+    gather, table = table_gather(model)
+    shape = [int(d) for d in table.dims]
+    if shape[1] % block_size:
+        raise VlsensError(f"deploy.nbits.block_size {block_size} does not divide the embedding width {shape[1]}")
+    ops, axes = ("Gather",), (("Gather", 1),)
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric, bits=4,
+                                          op_types_to_quantize=ops, quant_axes=axes)
+    q = MatMulNBitsQuantizer(model, block_size=block_size, is_symmetric=symmetric, algo_config=config,
+                             op_types_to_quantize=ops, quant_axes=axes)
+    with contextlib.redirect_stdout(io.StringIO()):
+        q.process()
+    out = q.model.model if hasattr(q.model, "model") else q.model
+    del q, model
+    kinds = [n.op_type for n in out.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")
+             and n.output[0] == gather.output[0]]
+    if kinds != ["GatherBlockQuantized"]:
+        raise VlsensError(f"MatMulNBitsQuantizer left the table Gather {gather.name} as {kinds}")
+    save_with_external_data(out, dst)
+    qbytes = sum(_bytes(t) for t in out.graph.initializer if t.name.startswith(table.name))
+    opset = next(o.version for o in out.opset_import if o.domain in ("", "ai.onnx"))
+    return {"table": table.name, "shape": shape, "bits": 4, "block_size": block_size, "symmetric": symmetric,
+            "opset": opset, "opset_note": "the quantizer raises the opset to 21 for the INT4 tensor type",
+            "bytes": {"float32": 4 * shape[0] * shape[1], "quantized": qbytes},
+            "quantizer": f"{QUANTIZER} (DefaultWeightOnlyQuantConfig, Gather -> GatherBlockQuantized)"}
+
+
+def _bytes(t) -> int:
+    from onnx import TensorProto, helper
+
+    n = int(np.prod(t.dims)) if len(t.dims) else 1
+    if t.data_type in (TensorProto.INT4, TensorProto.UINT4):
+        return (n + 1) // 2
+    return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+
+
+def dequantize_table(model_path: str | Path) -> np.ndarray:
+    """The FP32 table a ``GatherBlockQuantized`` graph gathers from, as its contrib-op spec
+    defines it: ``(data - zero_point) * scale`` per block of ``block_size`` along
+    ``quantize_axis`` (zero point 0 for INT4 without ``zero_points``)."""
+    import onnx
+    from onnx import numpy_helper
+
+    path = Path(model_path)
+    m = onnx.load(str(path))
+    inits = {i.name: i for i in m.graph.initializer}
+    nodes = [n for n in m.graph.node if n.op_type == "GatherBlockQuantized"]
+    if len(nodes) != 1:
+        raise VlsensError(f"{path}: expected one GatherBlockQuantized, found {len(nodes)}")
+    n = nodes[0]
+    a = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
+    if int(a.get("quantize_axis", 1)) != 1 or int(a.get("gather_axis", 0)) != 0:
+        raise VlsensError(f"{path}: {n.name} quantizes axis {a.get('quantize_axis')}: not a layout vlsens reads")
+    bs = int(a["block_size"])
+    q = numpy_helper.to_array(inits[n.input[0]]).astype(np.float32)
+    scale = numpy_helper.to_array(inits[n.input[2]]).astype(np.float32)
+    zp = numpy_helper.to_array(inits[n.input[3]]).astype(np.float32) if len(n.input) > 3 and n.input[3] else 0.0
+    rows, cols = q.shape
+    w = (q.reshape(rows, cols // bs, bs) - np.asarray(zp).reshape(rows, -1, 1) if np.ndim(zp) else
+         q.reshape(rows, cols // bs, bs)) * scale.reshape(rows, -1, 1)
+    return np.ascontiguousarray(w.reshape(rows, cols), np.float32)
+
+
+def embedding_reference(graph: str | Path, cases: Cases, image_token_id: int) -> Cases:
+    """The embedding cases' expected outputs for the table ``graph`` holds: each text position's
+    row of the dequantized table (the lookup transformers' ``nn.Embedding`` does), each image
+    position's row unchanged (transformers' image features, merged as in the float reference)."""
+    table = dequantize_table(graph)
+    out = Cases(source="the dequantized table of the graph (GatherBlockQuantized's spec) at the text positions; "
+                       f"image positions: {cases.source}")
+    for c in cases:
+        ids = c.inputs["input_ids"]
+        expected = np.array(c.expected, np.float32, copy=True)
+        text = ids != image_token_id
+        expected[text] = table[ids[text]]
+        out.add(Case(c.name, c.graph, c.inputs, expected, c.valid, c.logits, c.meta))
+    return out
+
+
+def embedding_folder(decoder_dir: str | Path, reference: str | Path, out_dir: str | Path, block_size: int,
+                     symmetric: bool, image_token_id: int, exact_tolerance: dict, threads: int = 0) -> dict:
+    """``out_dir/embedding.onnx``: the decoder folder's embedding graph with an INT4 table, gated
+    on the embedding cases of ``reference`` against its own table at ``exact_tolerance`` (FP32's),
+    with the error against the checkpoint's table recorded; published with its record, or nothing."""
+    from vlsens import parity
+    from vlsens.artifacts import publish_models, verify
+    from vlsens.fsutil import staging_dir
+
+    decoder_dir, out_dir = Path(decoder_dir), Path(out_dir)
+    src = verify(decoder_dir / EMBEDDING)
+    cases = Cases(source=Cases.load(reference).source)
+    for c in Cases.load(reference).for_graph(EMBEDDING):
+        cases.add(c)
+    if not len(cases):
+        raise VlsensError(f"{reference}: no cases of {EMBEDDING}")
+    with staging_dir(out_dir / EMBEDDING) as tmp:
+        staged = {EMBEDDING: tmp / EMBEDDING}
+        facts = quantize_embedding(src, staged[EMBEDDING], block_size, symmetric)
+        own = embedding_reference(staged[EMBEDDING], cases, image_token_id)
+        per_input, providers, vs_float = parity.measure(staged, own, threads, "cpu", also=cases)
+        extra = {"source": str(src), "graphs": {EMBEDDING: facts},
+                 "float_reference": {"reference": cases.source, "note": "the INT4 table against the checkpoint's "
+                                     "own: the quantization error, measured, not gated",
+                                     **parity.summary(vs_float), "per_input": vs_float}}
+        record = parity.make_record(out_dir, "embedding-int4", per_input, exact_tolerance, own.source, providers,
+                                    extra)
+        parity.gate(record)
+        publish_models(staged, record, out_dir, main=EMBEDDING)
+    log.info("embedding: %d -> %d bytes; against the checkpoint's table min cosine %.6f", facts["bytes"]["float32"],
+             facts["bytes"]["quantized"], extra["float_reference"]["metrics"]["min_cosine"])
+    return record
+
+
+# ----------------------------------------------------------------------------------------------
+# The vision graph
+
+
+def _matmul_name(gemm_name: str) -> str:
+    m = re.match(r"^(.*)Gemm(_\d+)?$", gemm_name)
+    return f"{m[1]}MatMul{m[2] or ''}" if m else f"{gemm_name}/MatMul"
+
+
+def gemm_to_matmul(model) -> dict[str, str]:
+    """Rewrite, in place, every ``Gemm`` of ``model`` (weights loaded) whose B is an initializer
+    into ``MatMul(A, B')`` (+ ``Add(C)``), ``B'`` the ``(K, N)`` weight, so that ONNX Runtime's
+    weight-only quantizer (MatMul only) reaches the Linears of an exported vision tower.
+    ``alpha``/``beta`` other than 1 and ``transA`` raise. Returns ``{MatMul name: B's name}`` (the
+    exporter names B after the Linear's parameter, ``<module>.weight``)."""
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    gemms = [n for n in model.graph.node if n.op_type == "Gemm" and n.input[1] in inits]
+    # weights another node reads too stay; the others are freed as soon as transposed (the
+    # tower's weights are held once, not twice)
+    shared = {x for n in model.graph.node if not (n.op_type == "Gemm" and n.input[1] in inits) for x in n.input}
+    nodes, names, done = [], {}, {}
+    for n in model.graph.node:
+        if n.op_type != "Gemm" or n.input[1] not in inits:
+            nodes.append(n)
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        if float(a.get("alpha", 1.0)) != 1.0 or float(a.get("beta", 1.0)) != 1.0 or int(a.get("transA", 0)):
+            raise VlsensError(f"{n.name}: Gemm with alpha/beta != 1 or transA: not a Linear vlsens rewrites")
+        key = (n.input[1], int(a.get("transB", 0)))
+        if key not in done:
+            w = numpy_helper.to_array(inits[n.input[1]])
+            w = np.ascontiguousarray(w.T if key[1] else w)
+            done[key] = f"{n.input[1]}_KxN" if key[1] else f"{n.input[1]}_KN"
+            model.graph.initializer.append(numpy_helper.from_array(w, done[key]))
+            del w
+            if n.input[1] not in shared and sum(g.input[1] == n.input[1] for g in gemms) == 1:
+                inits[n.input[1]].ClearField("raw_data")
+        mm = _matmul_name(n.name)
+        names[mm] = n.input[1]
+        has_bias = len(n.input) > 2 and n.input[2]
+        mid = f"{n.output[0]}_matmul" if has_bias else n.output[0]
+        nodes.append(helper.make_node("MatMul", [n.input[0], done[key]], [mid], name=mm))
+        if has_bias:
+            nodes.append(helper.make_node("Add", [mid, n.input[2]], [n.output[0]], name=f"{mm}/Bias"))
+    still = {x for n in nodes for x in n.input}
+    kept = [t for t in model.graph.initializer if t.name in still or t.name not in {k for k, _ in done}]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return names
+
+
+def linear_module(model, weight_name: str):
+    """transformers' Linear behind an exported weight ``<module path>.weight`` (the checkpoint's
+    names; transformers 5 nests the towers under ``model.``)."""
+    path = weight_name.removesuffix(".weight")
+    for p in (path, f"model.{path}"):
+        with contextlib.suppress(AttributeError):
+            return model.get_submodule(p)
+    raise VlsensError(f"{weight_name}: no module {path} in {type(model).__name__}")
+
+
+def vision_weight_reference(checkpoint, graph: str | Path, cases: Cases, weights: dict[str, str]) -> Cases:
+    """``cases`` (the dynamic vision graph's) with transformers' features recomputed after every
+    Linear that ``graph`` quantized is given the dequantized weight it multiplies by; ``weights``:
+    ``{MatMul name: exported weight name}`` (:func:`gemm_to_matmul`)."""
+    import torch
+
+    from vlsens.loading import load_model
+    from vlsens.onnxgraph import dequantize_matmulnbits
+    from vlsens.towers.vision_fixed import image_features
+
+    model = load_model(checkpoint, attn_implementation="eager", part="vision")
+    replaced = 0
+    for name, w in dequantize_matmulnbits(graph):
+        linear = linear_module(model, weights[name])
+        if tuple(linear.weight.shape) != (w.shape[1], w.shape[0]):
+            raise VlsensError(f"{graph}: {name} is {w.shape[0]}x{w.shape[1]}; {weights[name]} holds "
+                              f"{tuple(linear.weight.shape)} (transposed)")
+        linear.weight = torch.nn.Parameter(torch.from_numpy(w.T.copy()), requires_grad=False)
+        replaced += 1
+    log.info("%s: %d quantized weights in transformers' vision tower; recomputing %d cases", graph, replaced, len(cases))
+    out = Cases(source=f"transformers {type(model.model).__name__}.get_image_features (PyTorch, float32) with the "
+                       f"graph's own weights: {replaced} Linears dequantized (vlsens.onnxgraph.dequantize_matmulnbits)")
+    for c in cases:
+        pv = torch.from_numpy(c.inputs["patches"])
+        grid = torch.tensor(c.meta["grid_thw"], dtype=torch.long)
+        feats = image_features(model, pv, grid, video=c.name.startswith("clip-"))
+        out.add(Case(c.name, c.graph, c.inputs, np.concatenate(feats), c.valid, c.logits, c.meta))
+    del model
+    return out
+
+
+def quantize_vision(src: str | Path, staged: str | Path, settings, bits: int = 4) -> tuple[dict, dict[str, str]]:
+    """``staged`` (+ data file): the FP32 vision graph ``src`` with every Linear weight-only
+    quantized to ``bits`` (:func:`gemm_to_matmul`, then :func:`vlsens.nbits.quantize`). Returns
+    ``(facts, {MatMul name: exported weight name})``."""
+    import onnx
+
+    from vlsens.nbits import quantize, quantized_nodes, weight_matmuls
+    from vlsens.onnxutil import save_with_external_data
+
+    staged = Path(staged)
+    work = staged.parent / ".float"
+    work.mkdir(exist_ok=True)
+    model = onnx.load(str(src))
+    weights = gemm_to_matmul(model)
+    rewritten = save_with_external_data(model, work / "model.onnx")
+    del model
+    ops = [o["name"] for o in weight_matmuls(rewritten)]
+    quantize(rewritten, staged, dict.fromkeys(ops, bits), settings)
+    for f in work.iterdir():
+        f.unlink()
+    work.rmdir()
+    q = quantized_nodes(staged)
+    facts = {"linears": len(weights), "bits": bits, "settings": settings.as_dict(),
+             "weight_bytes": sum(v["bytes"] for v in q.values()),
+             "quantizer": f"{QUANTIZER} (vlsens.nbits.quantize) after vlsens.weight_only.gemm_to_matmul",
+             "weights": weights}
+    return facts, weights
+
+
+def vision_folder(checkpoint, src_dir: str | Path, reference: str | Path, out_dir: str | Path, settings,
+                  tolerance: dict, exact_tolerance: dict, threads: int = 0) -> dict:
+    """The dynamic vision graph with INT4 Linears as a variant folder (``int4``), gated against
+    transformers on its own weights (:func:`vlsens.variants.gate_own_weights`)."""
+    from vlsens.variants import build_variant
+
+    found: dict[str, str] = {}
+
+    def transform(src: Path, feeds, staged: Path) -> dict:
+        facts, weights = quantize_vision(src, staged, settings)
+        found.update(weights)
+        return facts
+
+    return build_variant(src_dir, reference, out_dir, tolerance, "int4", transform, threads,
+                         reference_for=lambda staged, cases: vision_weight_reference(
+                             checkpoint, staged["model.onnx"], cases, found),
+                         exact_tolerance=exact_tolerance)
