@@ -38,7 +38,10 @@ def eval_cases(images, workdir: str | Path) -> list[dict]:
     files = []
     for i, (im, name) in enumerate(pics):
         f = workdir / f"image{i}.png"
-        im.save(f)
+        # pixels only: an ICC profile would be copied from the source, and scikit-image's photos
+        # carry one libpng warns about on every read ("iCCP: known incorrect sRGB profile");
+        # neither runtime applies it
+        im.save(f, icc_profile=None)
         files.append({"path": str(f), "source": name, "size": [im.height, im.width]})
     return [{"name": "text", "prompt": BUILTIN_PROMPTS[0], "images": []},
             {"name": "one-image", "prompt": BUILTIN_PROMPTS[1], "images": files[:1]},
