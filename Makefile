@@ -80,6 +80,8 @@ bench: install inc-env
 	$(BIN)/python bench/bench_dynamic.py
 	$(BIN)/python bench/bench_profile.py
 	$(BIN)/python bench/bench_deploy.py --results results/tiny   # after make run
+	$(BIN)/python bench/bench_int4.py --results results/tiny --exhaustive   # after make run
+	$(BIN)/python bench/readme_tables.py   # the README's quoted tables from docs/benchmarks/
 
 # Real size: the whole DAG on the 3b preset (config/scale.yaml), then its per-stage table with
 # memory budgets (fails when a job is over its budget). MEM_MB bounds the sum of the running

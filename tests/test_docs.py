@@ -36,3 +36,23 @@ def test_every_documented_make_command_uses_the_config_it_names():
         if target in DEFAULT_CONFIG:
             assert runs and all(f"--configfile {want}" in line for line in runs), (target, variables, runs)
             assert (REPO / want).is_file()
+
+
+def test_readme_tables_are_the_bench_scripts_output():
+    """Every table the README quotes from docs/benchmarks/ (what a bench script wrote) is that
+    file's table, character for character (bench/readme_tables.py copies them), and a changed
+    number is caught."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_tables", REPO / "bench" / "readme_tables.py")
+    rt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rt)
+    readme = (REPO / "README.md").read_text()
+    found = rt.quoted(readme)
+    assert found, "README.md quotes no benchmark table"
+    for file, n, body, table in found:
+        assert table, f"{file} has no table {n}"
+        assert body == table, f"README.md's copy of {file} table {n} is stale: python bench/readme_tables.py"
+    file, n, body, table = found[0]
+    changed = readme.replace(body, body.replace("|", "| 9", 1), 1)
+    assert any(b != t for _, _, b, t in rt.quoted(changed))
