@@ -239,10 +239,10 @@ def test_every_record_matches_its_schema(finished_run):
     found = records.records_under(finished_run / "results")
     kinds = Counter(records.schema_name(p) for p in found)
     # parity: 5 + 5 (vision sizes, with bf16) + 2 (224x224-u8) + 2 (224x224-t2) + 4 + 4 + 2 variant folders, the int4-mixed
-    # decoder, the builder's 3 int4 decoders and the INT4 embedding graph; calibration sets, engines, rankings and profiles per
+    # decoder and the builder's 3 int4 decoders; calibration sets, engines, rankings and profiles per
     # analysed graph and variant; 7 deploy folders, the int4 comparison, engine nbits of the decoder;
     # the 4 fixed-size graphs' fp32 parts and their calibration archives
-    assert kinds == {"parity": 29, "manifest": 7, "engine": 10, "ort": 10, "eval": 10, "inc": 2, "compare": 2,
+    assert kinds == {"parity": 28, "manifest": 7, "engine": 10, "ort": 10, "eval": 10, "inc": 2, "compare": 2,
                      "deploy_parity": 7, "deploy_eval": 7, "deploy_int4": 1, "nbits_engine": 1, "nbits": 1,
                      "parts": 4, "parts_calibration": 4}, kinds
     assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
