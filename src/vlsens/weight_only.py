@@ -122,10 +122,10 @@ def dequantize_table(model_path: str | Path) -> np.ndarray:
     bs = int(a["block_size"])
     q = numpy_helper.to_array(inits[n.input[0]]).astype(np.float32)
     scale = numpy_helper.to_array(inits[n.input[2]]).astype(np.float32)
-    zp = numpy_helper.to_array(inits[n.input[3]]).astype(np.float32) if len(n.input) > 3 and n.input[3] else 0.0
     rows, cols = q.shape
-    w = (q.reshape(rows, cols // bs, bs) - np.asarray(zp).reshape(rows, -1, 1) if np.ndim(zp) else
-         q.reshape(rows, cols // bs, bs)) * scale.reshape(rows, -1, 1)
+    zp = (numpy_helper.to_array(inits[n.input[3]]).astype(np.float32) if len(n.input) > 3 and n.input[3]
+          else np.zeros_like(scale))
+    w = (q.reshape(rows, -1, bs) - zp.reshape(rows, -1, 1)) * scale.reshape(rows, -1, 1)
     return np.ascontiguousarray(w.reshape(rows, cols), np.float32)
 
 
@@ -156,9 +156,8 @@ def embedding_folder(decoder_dir: str | Path, reference: str | Path, out_dir: st
 
     decoder_dir, out_dir = Path(decoder_dir), Path(out_dir)
     src = verify(decoder_dir / EMBEDDING)
-    cases = Cases(source=Cases.load(reference).source)
-    for c in Cases.load(reference).for_graph(EMBEDDING):
-        cases.add(c)
+    every = Cases.load(reference)
+    cases = Cases(every.for_graph(EMBEDDING), source=every.source)
     if not len(cases):
         raise VlsensError(f"{reference}: no cases of {EMBEDDING}")
     with staging_dir(out_dir / EMBEDDING) as tmp:
@@ -194,13 +193,14 @@ def gemm_to_matmul(model) -> dict[str, str]:
     weight-only quantizer (MatMul only) reaches the Linears of an exported vision tower.
     ``alpha``/``beta`` other than 1 and ``transA`` raise. Returns ``{MatMul name: B's name}`` (the
     exporter names B after the Linear's parameter, ``<module>.weight``)."""
+    from collections import Counter
+
     from onnx import helper, numpy_helper
 
     inits = {i.name: i for i in model.graph.initializer}
-    gemms = [n for n in model.graph.node if n.op_type == "Gemm" and n.input[1] in inits]
-    # weights another node reads too stay; the others are freed as soon as transposed (the
-    # tower's weights are held once, not twice)
-    shared = {x for n in model.graph.node if not (n.op_type == "Gemm" and n.input[1] in inits) for x in n.input}
+    # a weight read by one node only is freed as soon as it is transposed (the tower's weights
+    # are held once, not twice)
+    readers = Counter(x for n in model.graph.node for x in n.input)
     nodes, names, done = [], {}, {}
     for n in model.graph.node:
         if n.op_type != "Gemm" or n.input[1] not in inits:
@@ -216,7 +216,7 @@ def gemm_to_matmul(model) -> dict[str, str]:
             done[key] = f"{n.input[1]}_KxN" if key[1] else f"{n.input[1]}_KN"
             model.graph.initializer.append(numpy_helper.from_array(w, done[key]))
             del w
-            if n.input[1] not in shared and sum(g.input[1] == n.input[1] for g in gemms) == 1:
+            if readers[n.input[1]] == 1:
                 inits[n.input[1]].ClearField("raw_data")
         mm = _matmul_name(n.name)
         names[mm] = n.input[1]
@@ -226,7 +226,8 @@ def gemm_to_matmul(model) -> dict[str, str]:
         if has_bias:
             nodes.append(helper.make_node("Add", [mid, n.input[2]], [n.output[0]], name=f"{mm}/Bias"))
     still = {x for n in nodes for x in n.input}
-    kept = [t for t in model.graph.initializer if t.name in still or t.name not in {k for k, _ in done}]
+    sources = {k for k, _ in done}
+    kept = [t for t in model.graph.initializer if t.name in still or t.name not in sources]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
     del model.graph.node[:]

@@ -61,9 +61,6 @@ DONE = "eval.json"
 DECODER_GRAPH, VISION_GRAPH = "decoder", "vision/dynamic"
 #: The int4 folders' embedding graph with an INT4 table (:func:`vlsens.weight_only.embedding_folder`).
 EMBEDDING_INT4 = f"{paths.MODEL}/{DECODER_GRAPH}/embedding-int4"
-#: ``deploy.nbits.vision`` / ``deploy.nbits.embedding`` values.
-INT4_VISION = ("int8-mixed", "int4", "fp16", "fp32")
-INT4_EMBEDDING = ("int4", "fp32")
 
 
 def vision_precision(precision: str, int4_vision: str = "int8-mixed") -> str:
