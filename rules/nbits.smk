@@ -59,6 +59,7 @@ rule profile_nbits:
         settings=tower_settings("profile"),
         tolerance=canonical(config["deploy"]["nbits"]["tolerance"]),
         exact_tolerance=tolerance("fp32"),
+        tied=config["deploy"]["nbits"]["embedding"] == "tied",
         provenance=provenance("sensitivity", "profile_nbits.py"),
     script:
         "../workflow/scripts/profile_nbits.py"

@@ -151,8 +151,9 @@ def copy_node(node, rename: dict[str, str], name: str):
     return n
 
 
-def dequantize_matmulnbits(model: str | Path):
-    """``(float MatMul name, W)`` for every ``MatMulNBits`` node of ``model`` (a path; its data file
+def dequantize_matmulnbits(model: str | Path, names=None):
+    """``(float MatMul name, W)`` for every ``MatMulNBits`` node of ``model`` (``names``: only the
+    nodes named so, quantized or float names) (a path; its data file
     memory-mapped): ``W`` (K, N) float32, the weight the node multiplies by, as ONNX Runtime's
     contrib-op spec defines it: ``B`` (N, blocks, block_size * bits / 8) holds the quantized values
     of each output column's input blocks, low bits first; ``scales`` (N * blocks); zero point: the
@@ -169,7 +170,7 @@ def dequantize_matmulnbits(model: str | Path):
     m = onnx.load(str(path), load_external_data=False)
     inits = {i.name: i for i in m.graph.initializer}
     for n in m.graph.node:
-        if n.op_type != "MatMulNBits":
+        if n.op_type != "MatMulNBits" or names is not None and not {n.name, n.name.rsplit("_Q", 1)[0]} & set(names):
             continue
         a = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
         k, nn, bits, bs = int(a["K"]), int(a["N"]), int(a["bits"]), int(a["block_size"])

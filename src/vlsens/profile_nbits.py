@@ -16,6 +16,14 @@ built model kernel for kernel, :mod:`vlsens.sensitivity.nbits`):
 The built model is measured again on its own (a plain session); the job fails when the built
 error differs from the search's estimate (they are the same arithmetic) or misses the target.
 
+Tied table (``deploy.nbits.embedding: tied``): the deploy folders' embedding then gathers lm_head's
+weight at lm_head's bits, so lm_head's error is its own plus its table's. Every measurement of the
+search (and of the built model, and at the heuristic's bytes) then feeds the decoder the evaluation
+set's embeddings with every text row gathered from lm_head's weight at the bits the assignment
+gives it (:func:`tied_feeds`; the text rows are found by their exact equality with the float
+table's rows), and lm_head's row of the sensitivity CSV is measured again that way before the
+search (the engine's CSV measures each MatMul with float embeddings).
+
 The profile (:func:`profile_folder`), like the builder's ``-p int4`` decoders it is compared with
 (:mod:`vlsens.deploy.anchors`), is published as a decoder variant folder: ``model.onnx``
 and the FP32 folder's ``embedding.onnx``, gated against transformers on the decoder's parity
@@ -28,6 +36,8 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from vlsens.nbits import FLOAT, quantize, quantized_nodes, weight_matmuls
 from vlsens.sensitivity import nbits as nb
@@ -160,6 +170,65 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
     return min(found, key=lambda x: x[1])
 
 
+def _fingerprints(rows: np.ndarray, coeff: np.ndarray) -> np.ndarray:
+    """A 64-bit fingerprint of each float32 row (its bits, a fixed random linear form mod 2**64)."""
+    out = np.empty(len(rows), np.uint64)
+    for i in range(0, len(rows), 4096):
+        out[i:i + 4096] = (rows[i:i + 4096].view(np.uint32).astype(np.uint64) * coeff).sum(axis=1, dtype=np.uint64)
+    return out
+
+
+def text_ids(embeds: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """The token id of every row of ``embeds`` (..., H) that equals a row of ``table`` (V, H) bit
+    for bit (a text position), -1 elsewhere (image features)."""
+    flat = np.ascontiguousarray(embeds, np.float32).reshape(-1, table.shape[1])
+    coeff = np.random.default_rng(0).integers(1, 2 ** 63, table.shape[1], dtype=np.uint64) | np.uint64(1)
+    ft = _fingerprints(table, coeff)
+    order = np.argsort(ft, kind="stable")
+    fe = _fingerprints(flat, coeff)
+    pos = np.minimum(np.searchsorted(ft[order], fe), len(order) - 1)
+    ids = order[pos]
+    hit = (ft[ids] == fe) & np.all(table[ids] == flat, axis=1)
+    return np.where(hit, ids, -1).reshape(embeds.shape[:-1])
+
+
+def tied_feeds(feeds: Sequence[Mapping[str, np.ndarray]], float_table: np.ndarray,
+               tables: Mapping[int, np.ndarray], name: str = "inputs_embeds") -> tuple[dict[int, list], dict]:
+    """``{bits: feeds}``: ``feeds`` with every text row of ``name`` (a row equal to one of
+    ``float_table``'s, :func:`text_ids`) replaced by that token's row of ``tables[bits]`` (lm_head's
+    weight at those bits; ``FLOAT``: the feeds themselves). Facts: text rows found per feed."""
+    out: dict[int, list] = {FLOAT: list(feeds)}
+    ids = []
+    for f in feeds:
+        if name not in f:
+            raise ValueError(f"a tied table needs the decoder's '{name}' input; the feeds have {sorted(f)[:4]}")
+        ids.append(text_ids(f[name], float_table))
+    if not any((i >= 0).any() for i in ids):
+        raise ValueError(f"no row of '{name}' equals a row of the float table: not the table the embeddings came from")
+    for b, t in tables.items():
+        new = []
+        for f, i in zip(feeds, ids, strict=True):
+            e = np.array(f[name], np.float32, copy=True)
+            e[i >= 0] = t[i[i >= 0]]
+            new.append({**f, name: e})
+        out[b] = new
+    return out, {"text_rows": [int((i >= 0).sum()) for i in ids], "rows": [int(i.size) for i in ids]}
+
+
+def engine_tied_feeds(eng_dir, feeds) -> tuple[str, dict[int, list], dict]:
+    """lm_head's name and :func:`tied_feeds` from the engine folder's float / all-INT4 / all-INT8
+    models (the weights the switch session multiplies by)."""
+    import onnx
+
+    from vlsens.weight_only import lm_head, lm_head_table
+
+    node, _ = lm_head(onnx.load(str(eng_dir.folder / nb.FILES["float"]), load_external_data=False))
+    float_table = lm_head_table(eng_dir.folder / nb.FILES["float"])
+    tables = {b: lm_head_table(eng_dir.folder / nb.FILES[f"q{b}"]) for b in nb.BITS}
+    by_bits, facts = tied_feeds(feeds, float_table, tables)
+    return node.name, by_bits, facts
+
+
 def _search(eng, ref, rows, target, max_evals):
     """:func:`search` in the engine's session; also the chosen assignment's metrics."""
     chosen, trace = search(lambda a: nb.error(eng.evaluate(a, ref), eng.logits), rows, target, max_evals)
@@ -167,8 +236,9 @@ def _search(eng, ref, rows, target, max_evals):
 
 
 def build(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path, out_dir: str | Path,
-          target: float, max_evals: int = 200, threads: int = 0) -> dict:
-    """Search, build and measure the profile into ``out_dir`` (staged; ``eval.json`` last)."""
+          target: float, max_evals: int = 200, threads: int = 0, tied: bool = False) -> dict:
+    """Search, build and measure the profile into ``out_dir`` (staged; ``eval.json`` last).
+    ``tied``: lm_head measured with its table (the module's "Tied table")."""
     import pandas as pd
 
     from vlsens.errors import VlsensError
@@ -183,7 +253,20 @@ def build(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | P
     rows = pd.read_csv(sensitivity_csv).to_dict("records")
     if sorted(r["op"] for r in rows) != sorted(eng_dir.ops):
         raise VlsensError(f"{sensitivity_csv} does not list the engine's ops ({engine_dir})")
-    chosen, trace, estimate = _search(eng_dir.session(eval_npz, threads), ref, rows, target, max_evals)
+    eng = eng_dir.session(eval_npz, threads)
+    tie = None
+    if tied:
+        lm, by_bits, facts = engine_tied_feeds(eng_dir, eng.samples.feeds)
+        eng.tie(lm, by_bits)
+        row = next(r for r in rows if r["op"] == lm)
+        tie = {"op": lm, **facts, "csv": {f"error_int{b}": row[f"error_int{b}"] for b in nb.BITS}}
+        for b in nb.BITS:
+            row[f"error_int{b}"] = nb.error(eng.evaluate({lm: b}, ref), eng.logits)
+        tie["with_table"] = {f"error_int{b}": row[f"error_int{b}"] for b in nb.BITS}
+        log.info("lm_head with its tied table: error INT4 %.4g (alone %.4g), INT8 %.4g (alone %.4g)",
+                 row["error_int4"], tie["csv"]["error_int4"], row["error_int8"], tie["csv"]["error_int8"])
+    chosen, trace, estimate = _search(eng, ref, rows, target, max_evals)
+    del eng
     t_search = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
         model = quantize(eng_dir.folder / nb.FILES["float"], tmp / MODEL, {n: b for n, b in chosen.items() if b},
@@ -191,8 +274,9 @@ def build(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | P
         sess = make_session(model, threads=threads)
         acc = Metrics(eng_dir.meta["logits"])
         samples = Samples.load(eval_npz, eng_dir.folder / nb.FILES["float"])
+        feeds = samples.feeds if tie is None else by_bits[chosen[tie["op"]]]
         out_name = sess.get_outputs()[0].name
-        for i, feed in enumerate(samples.feeds):
+        for i, feed in enumerate(feeds):
             acc.add(sess.run([out_name], feed)[0], ref[i], samples.valid[i])
         built = acc.result()
         del sess
@@ -221,6 +305,7 @@ def build(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | P
             "not_int4": [{"op": n, "bits": b, "error_int4": by[n]["error_int4"], "rank": int(by[n]["rank"])}
                          for n, b in chosen.items() if b != 4],
             "trace": trace,
+            "tied": tie,
             "seconds": {"search": t_search - t0, "total": time.perf_counter() - t0},
         }
         write_json(tmp / EVAL, record)
@@ -239,10 +324,11 @@ def weight_facts(model: str | Path) -> dict:
 
 
 def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path,
-                     other: str | Path, threads: int = 0, max_evals: int = 200) -> dict:
+                     other: str | Path, threads: int = 0, max_evals: int = 200, tied: bool = False) -> dict:
     """``other`` (a decoder from the builder) measured on the engine's evaluation set, against
     the lowest-error assignment :func:`search_budget` finds within its weight bytes (at most
-    ``max_evals`` measured assignments)."""
+    ``max_evals`` measured assignments). ``tied``: both with their tables gathered from their own
+    lm_head weights."""
     import pandas as pd
 
     from vlsens.metrics import Metrics
@@ -252,9 +338,17 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
     eng, ref = eng_dir.session(eval_npz, threads), eng_dir.reference()
     rows = pd.read_csv(sensitivity_csv).to_dict("records")
     facts = weight_facts(other)
+    feeds = eng.samples.feeds
+    if tied:
+        from vlsens.weight_only import lm_head_table
+
+        lm, by_bits, _ = engine_tied_feeds(eng_dir, feeds)
+        eng.tie(lm, by_bits)
+        feeds = tied_feeds(feeds, lm_head_table(eng_dir.folder / nb.FILES["float"]),
+                           {"other": lm_head_table(other)})[0]["other"]
     sess, acc = make_session(other, threads=threads), Metrics(eng.logits)
     out = sess.get_outputs()[0].name
-    for i, feed in enumerate(eng.samples.feeds):
+    for i, feed in enumerate(feeds):
         acc.add(sess.run([out], feed)[0], ref[i], eng.samples.valid[i])
     del sess
     theirs = nb.error(acc.result(), eng.logits)
@@ -268,12 +362,13 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
             "other_not_int4": {n: b for n, b in facts["bits"].items() if b != 4},
             "vlsens_weight_bytes": mine_bytes, "vlsens_error": e,
             "vlsens_not_int4": {n: b for n, b in mine.items() if b != 4},
-            "error_ratio": e / theirs if theirs > 0 else None}
+            "error_ratio": e / theirs if theirs > 0 else None, "tied": tied}
 
 
 def profile_folder(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path, fp32_dir: str | Path,
                    reference: str | Path, out_dir: str | Path, target: float, tolerance: dict, exact_tolerance: dict,
-                   reference_for, max_evals: int = 200, threads: int = 0, heuristic: str | Path | None = None) -> dict:
+                   reference_for, max_evals: int = 200, threads: int = 0, heuristic: str | Path | None = None,
+                   tied: bool = False) -> dict:
     """The int4-mixed decoder folder: search (:func:`search`), build, measure the built model
     against the search, gate against transformers on its own weights (``reference_for``, the
     tower's: :func:`vlsens.variants.gate_own_weights`), publish. ``heuristic``: a builder decoder to
@@ -285,10 +380,10 @@ def profile_folder(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv
     from vlsens.variants import build_variant
 
     with tempfile.TemporaryDirectory(prefix="vlsens-nbits-") as work:
-        found = build(engine_dir, eval_npz, sensitivity_csv, Path(work) / "profile", target, max_evals, threads)
+        found = build(engine_dir, eval_npz, sensitivity_csv, Path(work) / "profile", target, max_evals, threads, tied)
         if heuristic is not None:
             found["at_heuristic_bytes"] = compare_at_bytes(engine_dir, eval_npz, sensitivity_csv, heuristic, threads,
-                                                           max_evals)
+                                                           max_evals, tied)
         built = Path(work) / "profile" / MODEL
 
         def transform(src: Path, feeds, staged: Path) -> dict:

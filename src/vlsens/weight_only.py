@@ -17,6 +17,12 @@ near a third of the FP16 folder's bytes.
   (:func:`vlsens.variants.gate_own_weights`): against transformers' ``get_image_features`` with
   every Linear given the dequantized weight the graph multiplies by (:func:`vision_weight_reference`).
 
+* **Tied table** (``embedding.onnx`` of an int4 deploy folder, checkpoints with
+  ``tie_word_embeddings``): the table Gather reads lm_head's weight where the folder's decoder
+  stores it (:func:`tied_embedding`: ``GatherBlockQuantized`` on ``MatMulNBits``' own bytes in
+  ``decoder.onnx.data``), so the folder holds the table once, at lm_head's bits; gated exactly on
+  lm_head's rows (:func:`gate_tied`).
+
 Memory: the embedding job holds the FP32 table and its quantized copy (about 1.5x the table);
 the vision job the vision tower in FP32 twice (the rewrite and the reference model: 2.7 GB each
 for Qwen2.5-VL's 669 M vision parameters).
@@ -133,9 +139,12 @@ def embedding_reference(graph: str | Path, cases: Cases, image_token_id: int) ->
     """The embedding cases' expected outputs for the table ``graph`` holds: each text position's
     row of the dequantized table (the lookup transformers' ``nn.Embedding`` does), each image
     position's row unchanged (transformers' image features, merged as in the float reference)."""
-    table = dequantize_table(graph)
-    out = Cases(source="the dequantized table of the graph (GatherBlockQuantized's spec) at the text positions; "
-                       f"image positions: {cases.source}")
+    return _with_table(dequantize_table(graph), cases, image_token_id,
+                       "the dequantized table of the graph (GatherBlockQuantized's spec)")
+
+
+def _with_table(table: np.ndarray, cases: Cases, image_token_id: int, what: str) -> Cases:
+    out = Cases(source=f"{what} at the text positions; image positions: {cases.source}")
     for c in cases:
         ids = c.inputs["input_ids"]
         expected = np.array(c.expected, np.float32, copy=True)
@@ -175,6 +184,182 @@ def embedding_folder(decoder_dir: str | Path, reference: str | Path, out_dir: st
         publish_models(staged, record, out_dir, main=EMBEDDING)
     log.info("embedding: %d -> %d bytes; against the checkpoint's table min cosine %.6f", facts["bytes"]["float32"],
              facts["bytes"]["quantized"], extra["float_reference"]["metrics"]["min_cosine"])
+    return record
+
+
+# ----------------------------------------------------------------------------------------------
+# The tied table (``deploy.nbits.embedding: tied``)
+
+
+TIED_INPUTS = ("tied_table", "tied_scales", "tied_zero_points")
+
+
+def lm_head(model):
+    """``(node, initializers)``: the weight MatMul (or ``MatMulNBits``) that produces the decoder
+    graph's ``logits`` output."""
+    outs = [o.name for o in model.graph.output]
+    if "logits" not in outs:
+        raise VlsensError(f"the decoder graph has no 'logits' output (outputs: {outs[:4]})")
+    producer = {o: n for n in model.graph.node for o in n.output}
+    node = producer["logits"]
+    inits = {i.name: i for i in model.graph.initializer}
+    if node.op_type not in ("MatMul", "MatMulNBits") or node.input[1] not in inits:
+        raise VlsensError(f"the decoder's logits come from {node.op_type} {node.name}, not a weight MatMul")
+    return node, inits
+
+
+def _alias(t, name: str, dims, data_type: int):
+    """A tensor proto that reads ``t``'s bytes where they are (its external data reference) as
+    another shape / element type (the same bytes: a reinterpretation, no copy; a small tensor the
+    decoder holds inline, under :data:`vlsens.onnxutil.INLINE_MAX_BYTES`, is copied)."""
+    import onnx
+
+    from vlsens.onnxutil import INLINE_MAX_BYTES
+
+    if not any(e.key == "location" for e in t.external_data) and len(t.raw_data) >= INLINE_MAX_BYTES:
+        raise VlsensError(f"{t.name}: {len(t.raw_data)} bytes inline; the tied table reads the decoder's data file")
+    a = onnx.TensorProto()
+    a.CopyFrom(t)
+    a.name = name
+    del a.dims[:]
+    a.dims.extend(int(d) for d in dims)
+    a.data_type = data_type
+    return a
+
+
+def tied_embedding(decoder: str | Path, embedding: str | Path, dst: str | Path) -> dict:
+    """``dst`` (beside ``decoder``, no data file of its own): the embedding graph ``embedding``
+    with its table Gather reading the decoder's ``lm_head`` weight where it is stored, in
+    ``decoder``'s data file: for checkpoints that tie the two (``tie_word_embeddings``), the
+    table is lm_head's weight, so the folder carries it once.
+
+    * lm_head ``MatMulNBits`` (``B`` (N, blocks, block_size * bits / 8), ``scales``, optional
+      ``zero_points``): ``GatherBlockQuantized`` (com.microsoft; ``bits``, ``block_size``,
+      gather axis 0, quantize axis 1; the same zero point default) on the same bytes read as
+      (N, blocks * block_size * bits / 8) uint8, (N, blocks) scales and packed zero points, then a
+      Slice when K is not a whole number of blocks (the layout the model builder's
+      ``shared_embeddings`` uses inside one graph);
+    * lm_head float ``MatMul`` (weight (K, N)): ``Gather`` along axis 1 and a Transpose.
+
+    Every row it gathers is the row lm_head multiplies by: gate it with :func:`tied_reference`."""
+    import onnx
+    from onnx import TensorProto, helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    decoder, dst = Path(decoder), Path(dst)
+    if decoder.parent.resolve() != dst.parent.resolve():
+        raise VlsensError(f"{dst}: the tied embedding graph must sit beside {decoder} (it reads its data file)")
+    dm = onnx.load(str(decoder), load_external_data=False)
+    node, dinits = lm_head(dm)
+    em = onnx.load(str(embedding), load_external_data=False)
+    gather, table = table_gather(em)
+    vocab, hidden = (int(d) for d in table.dims)
+    for t in em.graph.initializer:  # the graph's small constants, inline in the tied graph
+        if t.name != table.name and uses_external_data(t):
+            load_external_data_for_tensor(t, str(Path(embedding).parent))
+            del t.external_data[:]
+            t.data_location = TensorProto.DEFAULT
+    out = gather.output[0]
+    if node.op_type == "MatMulNBits":
+        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+        k, n, bits, bs = int(a["K"]), int(a["N"]), int(a["bits"]), int(a["block_size"])
+        if len(node.input) > 4 and node.input[4]:
+            raise VlsensError(f"{node.name}: g_idx: not a layout GatherBlockQuantized reads")
+        blocks = -(-k // bs)
+        ins = [_alias(dinits[node.input[1]], TIED_INPUTS[0], (n, blocks * bs * bits // 8), TensorProto.UINT8),
+               _alias(dinits[node.input[2]], TIED_INPUTS[1], (n, blocks), dinits[node.input[2]].data_type)]
+        if len(node.input) > 3 and node.input[3]:
+            zp = dinits[node.input[3]]
+            if zp.data_type != TensorProto.UINT8:
+                raise VlsensError(f"{node.name}: zero points of type {zp.data_type}: not a layout vlsens reads")
+            ins.append(_alias(zp, TIED_INPUTS[2], (n, -(-blocks * bits // 8)), TensorProto.UINT8))
+        gathered = out if blocks * bs == k else f"{out}_padded"
+        nodes = [helper.make_node("GatherBlockQuantized", [ins[0].name, gather.input[1], *[t.name for t in ins[1:]]],
+                                  [gathered], name=f"{gather.name}BlockQuantized", domain="com.microsoft",
+                                  bits=bits, block_size=bs, gather_axis=0, quantize_axis=1)]
+        if gathered != out:
+            consts = [helper.make_tensor(f"{out}_{x}", TensorProto.INT64, [1], [v])
+                      for x, v in (("start", 0), ("end", k), ("axis", -1))]
+            ins += consts
+            nodes.append(helper.make_node("Slice", [gathered, *[c.name for c in consts]], [out],
+                                          name=f"{gather.name}/Slice"))
+        facts = {"lm_head": node.name, "bits": bits, "block_size": bs, "op": "GatherBlockQuantized"}
+    else:
+        w = dinits[node.input[1]]
+        k, n = (int(d) for d in w.dims)
+        ins = [_alias(w, TIED_INPUTS[0], (k, n), w.data_type)]
+        nodes = [helper.make_node("Gather", [ins[0].name, gather.input[1]], [f"{out}_kfirst"], axis=1,
+                                  name=f"{gather.name}Columns"),
+                 helper.make_node("Transpose", [f"{out}_kfirst"], [out], perm=[1, 2, 0], name=f"{gather.name}/Transpose")]
+        facts = {"lm_head": node.name, "bits": 0, "op": "Gather (axis 1) + Transpose"}
+    if (n, k) != (vocab, hidden):
+        raise VlsensError(f"{decoder}: lm_head {node.name} is {k}x{n}; the embedding table is {vocab}x{hidden}: "
+                          "not a tied table")
+    body = []
+    for x in em.graph.node:
+        body.extend(nodes if x is gather else [x])
+    kept = [t for t in em.graph.initializer if t.name != table.name]
+    del em.graph.node[:]
+    em.graph.node.extend(body)
+    del em.graph.initializer[:]
+    em.graph.initializer.extend(kept + ins)
+    if not any(o.domain == "com.microsoft" for o in em.opset_import):
+        em.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    data = decoder.with_name(decoder.name + ".data")
+    size = data.stat().st_size
+    for t in ins:
+        ext = {e.key: e.value for e in t.external_data}
+        if ext.get("location") and (ext["location"] != data.name or int(ext["offset"]) + int(ext["length"]) > size):
+            raise VlsensError(f"{t.name}: reads {ext} beyond {data.name} ({size} bytes)")
+    onnx.save_model(em, str(dst))
+    shared = sum(int({e.key: e.value for e in t.external_data}.get("length", 0)) for t in ins)
+    return {**facts, "reads": data.name, "shared_bytes": shared, "own_bytes": 0, "shape": [vocab, hidden],
+            "float32_bytes": 4 * vocab * hidden}
+
+
+def lm_head_table(decoder: str | Path) -> np.ndarray:
+    """The (vocab, hidden) FP32 table a tied embedding gathers: lm_head's weight as the decoder
+    multiplies by it (dequantized per ``MatMulNBits``' spec, :func:`vlsens.onnxgraph.dequantize_matmulnbits`)."""
+    import onnx
+
+    from vlsens.onnxgraph import dequantize_matmulnbits
+    from vlsens.onnxutil import tensor_array
+
+    decoder = Path(decoder)
+    node, inits = lm_head(onnx.load(str(decoder), load_external_data=False))
+    if node.op_type == "MatMul":
+        return np.ascontiguousarray(tensor_array(inits[node.input[1]], decoder.parent).T, np.float32)
+    for _, w in dequantize_matmulnbits(decoder, names=[node.name]):
+        return np.ascontiguousarray(w.T)
+    raise VlsensError(f"{decoder}: {node.name} not found")
+
+
+def tied_reference(decoder: str | Path, cases: Cases, image_token_id: int) -> Cases:
+    """The embedding cases' expected outputs for a tied table: each text position's row of lm_head's
+    weight as the decoder multiplies by it; image positions unchanged."""
+    return _with_table(lm_head_table(decoder), cases, image_token_id,
+                       f"lm_head's weight as {Path(decoder).name} multiplies by it")
+
+
+def gate_tied(folder: str | Path, reference: str | Path, image_token_id: int, exact_tolerance: dict,
+              threads: int = 0) -> dict:
+    """Gate a folder's tied ``embedding.onnx`` on the decoder's embedding cases (``reference``)
+    against lm_head's own rows at ``exact_tolerance`` (FP32's); the error against the checkpoint's
+    table measured, not gated. Raises :class:`~vlsens.errors.ParityError` when it misses."""
+    from vlsens import parity
+
+    folder = Path(folder)
+    every = Cases.load(reference)
+    cases = Cases(every.for_graph(EMBEDDING), source=every.source)
+    if not len(cases):
+        raise VlsensError(f"{reference}: no cases of {EMBEDDING}")
+    own = tied_reference(folder / "decoder.onnx", cases, image_token_id)
+    per_input, providers, vs_float = parity.measure({EMBEDDING: folder / EMBEDDING}, own, threads, "cpu", also=cases)
+    extra = {"float_reference": {"reference": cases.source, "note": "the tied table against the checkpoint's own: "
+                                 "lm_head's quantization error, measured, not gated",
+                                 **parity.summary(vs_float), "per_input": vs_float}}
+    record = parity.make_record(folder, "embedding-tied", per_input, exact_tolerance, own.source, providers, extra)
+    parity.gate(record)
     return record
 
 

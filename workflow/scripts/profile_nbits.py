@@ -14,7 +14,7 @@ def main(sm):
     profile_folder(sm.input.engine, sm.input.eval, sm.input.csv, Path(sm.input.parity).parent, sm.input.reference,
                    Path(sm.output.model).parent, float(s["target"]), sm.params.tolerance, sm.params.exact_tolerance,
                    weight_reference_for(checkpoint_dir(sm.input.checkpoint)), s["max_evals"], threads(sm),
-                   heuristic=sm.input.get("heuristic"))
+                   heuristic=sm.input.get("heuristic"), tied=bool(sm.params.tied))
 
 
 run(snakemake, main)  # noqa: F821

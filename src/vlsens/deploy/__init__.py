@@ -20,8 +20,11 @@ Every int4 folder takes the same vision graph, ``deploy.nbits.vision`` (default 
 on the CPU the fastest vision graph that meets its profile; ``int4``: every Linear weight-only
 INT4, ``vision/dynamic/int4`` (:mod:`vlsens.weight_only`); ``fp16`` or ``fp32`` where the dynamic
 graph is not analysed), and the same embedding graph, ``deploy.nbits.embedding`` (``int4``: the
-table as ``GatherBlockQuantized``, ``decoder/embedding-int4``; ``fp32``: the decoder folder's), so
-the int4 folders differ only in their decoders.
+table as ``GatherBlockQuantized``, ``decoder/embedding-int4``; ``tied``: for checkpoints with
+``tie_word_embeddings``, the table read from the folder decoder's lm_head weight in
+``decoder.onnx.data``, so the folder carries it once, at lm_head's bits
+(:func:`vlsens.weight_only.tied_embedding`, gated in the deploy job on the decoder's embedding
+cases); ``fp32``: the decoder folder's), so the int4 folders differ only in their decoders.
 
 Every graph comes from a gated variant folder (or a built profile), so each already passed its
 parity gate against transformers. The folder itself is then proven end to end by the runtime we
@@ -98,6 +101,8 @@ def sources(precision: str, int4_vision: str = "int8-mixed", int4_embedding: str
            "vision_record": f"{vis}/{paths.RECORD}"}
     if precision in INT4 and int4_embedding == "int4":
         out["embedding"] = f"{EMBEDDING_INT4}/embedding.onnx"
+    if precision in INT4 and int4_embedding == "tied":  # the cases the tied table is gated on
+        out["embedding_reference"] = paths.fill(paths.REFERENCE, graph=DECODER_GRAPH)
     out["vision"] = (paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") if vp == "int8-mixed" else vis) + \
         "/model.onnx"
     if precision == "int8-mixed":
@@ -141,6 +146,13 @@ def check_config(config: dict) -> None:
         raise ConfigError(f"deploy.precisions has 'int4-mixed', whose search holds the decoder's KL per token to "
                           f"text.profile.target; text.profile.metric is {config['text']['profile']['metric']!r}: "
                           f"set it to kl or drop 'int4-mixed'")
+    if d["nbits"]["embedding"] == "tied" and set(d["precisions"]) & set(INT4):
+        from vlsens.plan import lm_config
+
+        if not lm_config(config)["tie_word_embeddings"]:
+            raise ConfigError(f"deploy.nbits.embedding: tied reads the table from lm_head's weight, but "
+                              f"{config['model']['checkpoint']} does not tie them (tie_word_embeddings: false); "
+                              "use fp32 or int4")
     if "fp32" not in d["precisions"] and len(d["precisions"]):
         raise ConfigError("deploy.precisions: the fp16 and int8-mixed folders are evaluated against the fp32 "
                           "folder; keep 'fp32' in the list")

@@ -18,8 +18,11 @@ log = logging.getLogger(__name__)
 
 def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, decoder: str | Path,
                  embedding: str | Path, vision: str | Path, images, max_new_tokens: int, tolerance: dict | None,
-                 fp32_folder: str | Path | None = None, target: dict | None = None) -> dict:
-    """Assemble, gate and evaluate one deploy folder; publish it only when every check passed."""
+                 fp32_folder: str | Path | None = None, target: dict | None = None, tied: dict | None = None) -> dict:
+    """Assemble, gate and evaluate one deploy folder; publish it only when every check passed.
+    ``tied`` (``{"reference": the decoder's reference.npz, "exact_tolerance": FP32's}``): the
+    embedding graph reads the decoder's lm_head weight, gated on the reference's embedding cases
+    against lm_head's own rows (:func:`vlsens.weight_only.gate_tied`)."""
     import tempfile
 
     from vlsens.artifacts import file_entries
@@ -29,7 +32,16 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
     fp32_eval = json.loads((Path(fp32_folder) / DONE).read_text()) if fp32_folder else None
     with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="vlsens-deploy-") as work:
         t0 = time.perf_counter()
-        files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble")
+        files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble", tied=tied is not None)
+        embedding_gate = None
+        if tied is not None:
+            from vlsens.weight_only import gate_tied
+
+            token = int(json.loads((Path(checkpoint) / "config.json").read_text())["image_token_id"])
+            embedding_gate = gate_tied(tmp, tied["reference"], token, tied["exact_tolerance"])
+            log.info("deploy %s: the tied embedding gathers lm_head's rows exactly (min cosine %.8f); against the "
+                     "checkpoint's table min cosine %.6f", precision, embedding_gate["metrics"]["min_cosine"],
+                     embedding_gate["extra"]["float_reference"]["metrics"]["min_cosine"])
         log.info("deploy %s: folder assembled in %.1f s (%s)", precision, time.perf_counter() - t0,
                  ", ".join(sorted(files)))
         cases = eval_cases(images, Path(work) / "images")
@@ -46,7 +58,11 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         log.info("deploy %s: onnxruntime-genai loaded the folder in %.1f s; vision parity", precision,
                  time.perf_counter() - t0)
         parity = vision_parity(tmp, checkpoint, cases, tolerance, runtime)
-        parity["files"] = file_entries(files.values())
+        parity["files"] = file_entries(files.values(), single_file=True)
+        if embedding_gate is not None:
+            parity["embedding"] = {k: embedding_gate[k] for k in ("passed", "metrics", "tolerance", "reference")}
+            parity["embedding"]["float_reference"] = embedding_gate["extra"]["float_reference"]["metrics"]
+            parity["embedding"]["tied"] = "embedding.onnx reads lm_head's weight from decoder.onnx.data"
         parity["sources"] = {"decoder": str(decoder), "embedding": str(embedding), "vision": str(vision)}
         write_json(tmp / paths.RECORD, parity)
         t0 = time.perf_counter()

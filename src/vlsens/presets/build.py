@@ -37,11 +37,12 @@ def vl_config(tokenizer, vision: dict, text: dict, family: str = MODEL_TYPE, **t
 
 
 
-def tiny_config(tokenizer, vision: dict | None = None, family: str = MODEL_TYPE) -> Any:
-    """The config of the tiny preset of ``family``, with token ids taken from ``tokenizer``."""
+def tiny_config(tokenizer, vision: dict | None = None, family: str = MODEL_TYPE, tied: bool = False) -> Any:
+    """The config of the tiny preset of ``family``, with token ids taken from ``tokenizer``
+    (``tied``: lm_head is the embedding table, as in Qwen2.5-VL-3B; the preset unties them)."""
     tv, tt = TINY_ARCH[family]
-    return vl_config(tokenizer, {**tv, **(vision or {})}, dict(tt, vocab_size=len(tokenizer)), family,
-                     tie_word_embeddings=False)
+    return vl_config(tokenizer, {**tv, **(vision or {})}, dict(tt, vocab_size=len(tokenizer), tie_word_embeddings=tied),
+                     family, tie_word_embeddings=tied)
 
 
 
@@ -65,14 +66,14 @@ def init_weights_numpy(model, seed: int) -> None:
 
 
 def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | None = None,
-                    text_outlier: dict | None = None, family: str = MODEL_TYPE):
+                    text_outlier: dict | None = None, family: str = MODEL_TYPE, tied: bool = False):
     """The tiny preset of ``family`` in memory: (model, tokenizer), random weights from ``seed``;
     ``outlier`` ({block, channels, scale, gain}) plants a sensitivity with
     :func:`plant_vision_outlier`; ``vision`` overrides vision-config keys (benchmarks use real widths)."""
     import torch
 
     tokenizer = build_tiny_tokenizer(model_max_length=TINY_TEXT["max_position_embeddings"])
-    config = tiny_config(tokenizer, vision, family)
+    config = tiny_config(tokenizer, vision, family, tied)
     torch.manual_seed(seed)
     model = get(family).transformers_class()(config).eval()
     init_weights_numpy(model, seed)
@@ -89,12 +90,12 @@ def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | N
 
 def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, outlier: dict | None = None,
                           vision: dict | None = None, text_outlier: dict | None = None,
-                          preset: str = "tiny") -> Path:
+                          preset: str = "tiny", tied: bool = False) -> Path:
     """Write a tiny preset (``tiny``, ``tiny-qwen2vl``, ``tiny-qwen3vl``) as a complete HF
-    checkpoint into ``out_dir`` (atomically)."""
+    checkpoint into ``out_dir`` (atomically); ``tied``: with ``tie_word_embeddings``."""
     out_dir = Path(out_dir)
     family = PRESET_FAMILY[preset]
-    model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier, family)
+    model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier, family, tied)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         save_processor(tmp, tokenizer, family)

@@ -162,6 +162,20 @@ class NBitsEngine:
         self.suffix = suffix
         skip = next((i for i in self.session.get_inputs() if i.name == SKIP_INPUT), None)
         self._no_skip = {SKIP_INPUT: np.zeros(skip.shape[0], dtype=bool)} if skip is not None else {}
+        self.tied: tuple[str, Mapping[int, list]] | None = None
+
+    def tie(self, op: str, feeds: Mapping[int, list]) -> None:
+        """Evaluate ``op`` (lm_head) with its table: an assignment giving ``op`` b bits runs on
+        ``feeds[b]`` (the evaluation feeds with every text row gathered from lm_head's weight at b
+        bits, :func:`vlsens.profile_nbits.tied_feeds`) instead of the float feeds."""
+        if self.suffix is not None:
+            raise ValueError("a tied table changes the inputs: the suffix cache (float prefix) does not apply")
+        if op not in self._index or set(feeds) != {FLOAT, *BITS}:
+            raise ValueError(f"tie: {op} is not an op of the engine, or feeds for {sorted(feeds)} bits")
+        self.tied = (op, feeds)
+
+    def feeds(self, bits: Mapping[str, int]) -> list:
+        return self.samples.feeds if self.tied is None else self.tied[1][bits.get(self.tied[0], FLOAT)]
 
     def vector(self, bits: Mapping[str, int]) -> np.ndarray:
         v = np.full(len(self.ops), FLOAT, dtype=np.int64)
@@ -176,7 +190,7 @@ class NBitsEngine:
         group = None
         if self.suffix is not None:
             group = self.suffix.plan.group_of([n for n, b in bits.items() if b != FLOAT])
-        for i, feed in enumerate(self.samples.feeds):
+        for i, feed in enumerate(self.feeds(bits)):
             start = self.suffix.feed(group, i) if group is not None else self._no_skip
             yield self.session.run([self.output], {**feed, BITS_INPUT: v, **start})[0]
 
