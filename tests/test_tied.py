@@ -189,3 +189,27 @@ def test_tied_is_refused_for_an_untied_checkpoint_and_sources_its_cases(tmp_path
     src = sources("int4-mixed", "int4", "tied")
     assert src["embedding_reference"] == "results/{model}/decoder/reference.npz" and "embedding" not in src
     assert "embedding_reference" not in sources("fp32", "int4", "tied")
+
+
+def test_the_heatmap_shows_lm_head_with_its_tied_table(tmp_path, monkeypatch):
+    """The report's heatmap colours lm_head by the error the profile measured with its table."""
+    from vlsens.report import build as report
+    from vlsens.report import figures
+
+    rows = [{"rank": 1, "op": "/model/layers.0/mlp/down_proj/MatMul", "block": 0, "role": "mlp.down_proj",
+             "error_int4": 1e-3, "kl_int4": 1e-3},
+            {"rank": 2, "op": LM, "block": "", "role": "lm_head", "error_int4": 1e-4, "kl_int4": 1e-4}]
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(tmp_path / "nbits.csv", index=False)
+    tied = {"op": LM, "csv": {"error_int4": 1e-4}, "with_table": {"error_int4": 5e-3}}
+    rec = {"extra": {"graphs": {"model.onnx": {"bits": {LM: 8}, "search": {"tied": tied}}}}}
+    (tmp_path / "parity.json").write_text(json.dumps(rec))
+    (tmp_path / "int4.json").write_text(json.dumps({"rows": {"int4-mixed": {"decoder_bytes": 1e6, "mean_kl": 0.1}}}))
+    seen = {}
+    real = figures.nbits_heatmap
+    monkeypatch.setattr(figures, "nbits_heatmap", lambda r, *a, **k: seen.setdefault("rows", r) and real(r, *a, **k))
+    out = report.int4(tmp_path / "int4.json", tmp_path / "nbits.csv", tmp_path / "parity.json", tmp_path / "p.png",
+                      tmp_path / "h.png")
+    lm = next(r for r in seen["rows"] if r["op"] == LM)
+    assert lm["error_int4"] == 5e-3 and lm["tied"] and out["not_int4"] == 1 and (tmp_path / "h.png").stat().st_size

@@ -131,7 +131,12 @@ def int4(table_json: str | Path, nbits_csv: str | Path, profile_record: str | Pa
 
     table = json.loads(Path(table_json).read_text())
     rows = pd.read_csv(nbits_csv, keep_default_na=False).to_dict("records")
-    bits = json.loads(Path(profile_record).read_text())["extra"]["graphs"]["model.onnx"]["bits"]
+    graph = json.loads(Path(profile_record).read_text())["extra"]["graphs"]["model.onnx"]
+    bits = graph["bits"]
+    tied = graph.get("search", {}).get("tied")
+    for r in rows:  # lm_head with its tied table: the error the profile measured and budgeted
+        if tied and r["op"] == tied["op"]:
+            r["error_int4"], r["tied"] = tied["with_table"]["error_int4"], True
     figures.int4_pareto(table, pareto_out, "int4 deploy folders: decoder size vs KL with the fp32 folder "
                         "(onnxruntime-genai)")
     return figures.nbits_heatmap(rows, bits, heatmap_out, "decoder: KL with each MatMul alone in INT4; "

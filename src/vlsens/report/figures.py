@@ -441,7 +441,8 @@ def latency_size(entries: list[dict], out: str | Path, title: str, deploy: list[
 def nbits_heatmap(rows: list[dict], bits: dict[str, int], out: str | Path, title: str) -> dict:
     """Weight-only sensitivity of the decoder: layers (rows) x MatMul roles (columns), coloured by
     the error with that MatMul alone in INT4 (engine nbits), each cell labelled with the width the
-    int4-mixed profile chose (4, 8 or FP)."""
+    int4-mixed profile chose (4, 8 or FP); a row with ``tied`` (lm_head with its tied table,
+    measured by the profile) is named so."""
     import numpy as np
     from matplotlib.colors import LogNorm
 
@@ -470,7 +471,8 @@ def nbits_heatmap(rows: list[dict], bits: dict[str, int], out: str | Path, title
                 ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=10,
                         color="white" if labels[i][j] == "4" else "#ff4040", fontweight="bold")
     ax.set_xticks(range(len(roles)), roles, rotation=30, ha="right", fontsize=10)
-    ax.set_yticks(range(grid.shape[0]), [f"layer {n}" for n in layers] + [_short(r["op"]) for r in outside],
+    ax.set_yticks(range(grid.shape[0]), [f"layer {n}" for n in layers] +
+                  [_short(r["op"]) + (" + tied table" if r.get("tied") else "") for r in outside],
                   fontsize=10)
     ax.set_title(title, fontsize=11)
     fig.colorbar(im, ax=ax, label="KL per token (alone INT4)" if "kl_int4" in rows[0] else "1 - cosine (alone INT4)")
