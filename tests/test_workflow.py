@@ -139,12 +139,15 @@ def test_whole_dag_builds_verified_models(finished_run):
     for precision, row in int4["rows"].items():
         ev = json.loads((wd / "results" / "tiny" / "deploy" / precision / "eval.json").read_text())
         assert ev["mean_kl"] == row["mean_kl"] and ev["top1_agreement"] > 0.5, precision
+        assert row["case_kl"] == {c["case"]: c["mean_kl"] for c in ev["cases"]}, precision
         assert row["matmuls"]["int4"] > 0 and row["decoder_bytes"] < fp32_bytes, (precision, row)
     mixed = json.loads((wd / "results" / "tiny" / "deploy" / "int4-mixed" / "eval.json").read_text())
     assert mixed["target"]["met"], mixed["target"]
     # all-INT4 (k_quant) misses the KL target, so the search widened some MatMuls, fewer bytes than all INT8
     assert mixed["target"]["measured"] <= mixed["target"]["target"] < int4["rows"]["int4-k_quant"]["mean_kl"]
     assert int4["rows"]["int4-mixed"]["matmuls"]["int8"] > 0
+    text_kl = {p: r["case_kl"]["text"] for p, r in int4["rows"].items()}  # the decoders alone (no image)
+    assert int4["goal"]["text_kl_ratio"] == text_kl["int4-mixed"] / text_kl["int4-k_quant_mixed"]
     assert not [p for p in (wd / "results").rglob("*") if ".staging-" in p.name or ".tmp-" in p.name]
     # text: the video+prompt case is gated in every variant; per-step video graph: one case per step
     for variant in ("fp32", "fp16", "fp32-sim", "fp16-sim"):
