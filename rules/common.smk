@@ -20,7 +20,7 @@ from vlsens import paths
 from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
 from vlsens.device import gpu_present
 from vlsens.errors import ConfigError
-from vlsens.plan import configure
+from vlsens.plan import configure, lm_config
 from vlsens.inputs import write_manifests
 from vlsens.nbits import NBitsSettings
 from vlsens.presets import rule_names as _preset_rule_names
@@ -42,7 +42,7 @@ try:
     for _graph, _tower in TOWERS.items():
         if _tower.analysed_variants():
             _check_objective(_tower.profile_settings()["objective"], QUANT, f"{_graph}: profile.objective")
-    _deploy.check_config(config)
+    _deploy.check_config(config, ties=lm_config(config)["tie_word_embeddings"])
     if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
         _deploy.check_runtime(config)
     # Outside inputs by content (see vlsens.inputs): rules read these manifests, not mtimes.

@@ -12,10 +12,10 @@ import pytest
 from conftest import TOL_FP32, build_graph
 
 from vlsens.errors import ParityError, VlsensError
-from vlsens.nbits import NBitsSettings, quantize, weight_matmuls
+from vlsens.nbits import NBitsSettings, lm_head_table, quantize, weight_matmuls
 from vlsens.onnxutil import make_session
 from vlsens.sensitivity import nbits as nb
-from vlsens.weight_only import gate_tied, lm_head_table, tied_embedding
+from vlsens.weight_only import gate_tied, tied_embedding
 
 LM = "/lm_head/MatMul"
 
@@ -178,14 +178,22 @@ def test_tied_is_refused_for_an_untied_checkpoint_and_sources_its_cases(tmp_path
 
     from vlsens.deploy import check_config, sources
     from vlsens.errors import ConfigError
+    from vlsens.plan import lm_config
 
+    def ties(**changes):
+        return lm_config(default_config(**changes))["tie_word_embeddings"]
+
+    tied = {"deploy.nbits.embedding": "tied"}
     with pytest.raises(ConfigError, match=r"deploy\.nbits\.embedding: tied.*tie_word_embeddings: false"):
-        check_config(default_config(**{"deploy.nbits.embedding": "tied"}))  # the tiny preset unties them
-    check_config(default_config(**{"deploy.nbits.embedding": "tied", "model.checkpoint": "3b"}))
+        check_config(default_config(**tied), ties=ties())  # the tiny preset unties them
+    assert ties(**{"model.checkpoint": "3b"}) is True
+    check_config(default_config(**tied, **{"model.checkpoint": "3b"}), ties=True)
     ckpt = tmp_path / "mine"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"tie_word_embeddings": True, "text_config": {}}))
-    check_config(default_config(**{"deploy.nbits.embedding": "tied", "model.checkpoint": str(ckpt)}))
+    for flag in (True, False):
+        (ckpt / "config.json").write_text(json.dumps({"tie_word_embeddings": flag, "text_config": {}}))
+        assert ties(**{"model.checkpoint": str(ckpt)}) is flag
+    check_config(default_config(**tied), ties=True)
     src = sources("int4-mixed", "int4", "tied")
     assert src["embedding_reference"] == "results/{model}/decoder/reference.npz" and "embedding" not in src
     assert "embedding_reference" not in sources("fp32", "int4", "tied")

@@ -233,3 +233,38 @@ def float_activations_copy(model: str | Path, dst: str | Path) -> Path:
                     a.i = 0
     onnx.save_model(m, str(dst))
     return dst
+
+
+def lm_head(model):
+    """``(node, initializers)``: the weight MatMul (or ``MatMulNBits``) that produces the decoder
+    graph's ``logits`` output."""
+    from vlsens.errors import VlsensError
+
+    outs = [o.name for o in model.graph.output]
+    if "logits" not in outs:
+        raise VlsensError(f"the decoder graph has no 'logits' output (outputs: {outs[:4]})")
+    producer = {o: n for n in model.graph.node for o in n.output}
+    node = producer["logits"]
+    inits = {i.name: i for i in model.graph.initializer}
+    if node.op_type not in ("MatMul", "MatMulNBits") or node.input[1] not in inits:
+        raise VlsensError(f"the decoder's logits come from {node.op_type} {node.name}, not a weight MatMul")
+    return node, inits
+
+
+def lm_head_table(decoder: str | Path):
+    """The (vocab, hidden) FP32 table a tied embedding gathers: lm_head's weight as the decoder
+    multiplies by it (dequantized per ``MatMulNBits``' spec, :func:`vlsens.onnxgraph.dequantize_matmulnbits`)."""
+    import numpy as np
+    import onnx
+
+    from vlsens.errors import VlsensError
+    from vlsens.onnxgraph import dequantize_matmulnbits
+    from vlsens.onnxutil import tensor_array
+
+    decoder = Path(decoder)
+    node, inits = lm_head(onnx.load(str(decoder), load_external_data=False))
+    if node.op_type == "MatMul":
+        return np.ascontiguousarray(tensor_array(inits[node.input[1]], decoder.parent).T, np.float32)
+    for _, w in dequantize_matmulnbits(decoder, names=[node.name]):
+        return np.ascontiguousarray(w.T)
+    raise VlsensError(f"{decoder}: {node.name} not found")

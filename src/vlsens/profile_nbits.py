@@ -220,7 +220,7 @@ def engine_tied_feeds(eng_dir, feeds) -> tuple[str, dict[int, list], dict]:
     models (the weights the switch session multiplies by)."""
     import onnx
 
-    from vlsens.weight_only import lm_head, lm_head_table
+    from vlsens.nbits import lm_head, lm_head_table
 
     node, _ = lm_head(onnx.load(str(eng_dir.folder / nb.FILES["float"]), load_external_data=False))
     float_table = lm_head_table(eng_dir.folder / nb.FILES["float"])
@@ -340,7 +340,7 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
     facts = weight_facts(other)
     feeds = eng.samples.feeds
     if tied:
-        from vlsens.weight_only import lm_head_table
+        from vlsens.nbits import lm_head_table
 
         lm, by_bits, _ = engine_tied_feeds(eng_dir, feeds)
         eng.tie(lm, by_bits)

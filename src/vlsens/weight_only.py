@@ -194,20 +194,6 @@ def embedding_folder(decoder_dir: str | Path, reference: str | Path, out_dir: st
 TIED_INPUTS = ("tied_table", "tied_scales", "tied_zero_points")
 
 
-def lm_head(model):
-    """``(node, initializers)``: the weight MatMul (or ``MatMulNBits``) that produces the decoder
-    graph's ``logits`` output."""
-    outs = [o.name for o in model.graph.output]
-    if "logits" not in outs:
-        raise VlsensError(f"the decoder graph has no 'logits' output (outputs: {outs[:4]})")
-    producer = {o: n for n in model.graph.node for o in n.output}
-    node = producer["logits"]
-    inits = {i.name: i for i in model.graph.initializer}
-    if node.op_type not in ("MatMul", "MatMulNBits") or node.input[1] not in inits:
-        raise VlsensError(f"the decoder's logits come from {node.op_type} {node.name}, not a weight MatMul")
-    return node, inits
-
-
 def _alias(t, name: str, dims, data_type: int):
     """A tensor proto that reads ``t``'s bytes where they are (its external data reference) as
     another shape / element type (the same bytes: a reinterpretation, no copy; a small tensor the
@@ -245,6 +231,8 @@ def tied_embedding(decoder: str | Path, embedding: str | Path, dst: str | Path) 
     import onnx
     from onnx import TensorProto, helper
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    from vlsens.nbits import lm_head
 
     decoder, dst = Path(decoder), Path(dst)
     if decoder.parent.resolve() != dst.parent.resolve():
@@ -317,26 +305,11 @@ def tied_embedding(decoder: str | Path, embedding: str | Path, dst: str | Path) 
             "float32_bytes": 4 * vocab * hidden}
 
 
-def lm_head_table(decoder: str | Path) -> np.ndarray:
-    """The (vocab, hidden) FP32 table a tied embedding gathers: lm_head's weight as the decoder
-    multiplies by it (dequantized per ``MatMulNBits``' spec, :func:`vlsens.onnxgraph.dequantize_matmulnbits`)."""
-    import onnx
-
-    from vlsens.onnxgraph import dequantize_matmulnbits
-    from vlsens.onnxutil import tensor_array
-
-    decoder = Path(decoder)
-    node, inits = lm_head(onnx.load(str(decoder), load_external_data=False))
-    if node.op_type == "MatMul":
-        return np.ascontiguousarray(tensor_array(inits[node.input[1]], decoder.parent).T, np.float32)
-    for _, w in dequantize_matmulnbits(decoder, names=[node.name]):
-        return np.ascontiguousarray(w.T)
-    raise VlsensError(f"{decoder}: {node.name} not found")
-
-
 def tied_reference(decoder: str | Path, cases: Cases, image_token_id: int) -> Cases:
     """The embedding cases' expected outputs for a tied table: each text position's row of lm_head's
     weight as the decoder multiplies by it; image positions unchanged."""
+    from vlsens.nbits import lm_head_table
+
     return _with_table(lm_head_table(decoder), cases, image_token_id,
                        f"lm_head's weight as {Path(decoder).name} multiplies by it")
 

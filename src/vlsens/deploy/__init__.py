@@ -118,8 +118,10 @@ def sources(precision: str, int4_vision: str = "int8-mixed", int4_embedding: str
 
 
 
-def check_config(config: dict) -> None:
-    """The graphs each requested precision needs are configured (else a ConfigError naming the key)."""
+def check_config(config: dict, ties: bool = False) -> None:
+    """The graphs each requested precision needs are configured (else a ConfigError naming the key);
+    ``ties``: whether the checkpoint ties lm_head to the embedding table (``tie_word_embeddings``,
+    :func:`vlsens.plan.lm_config`), which ``deploy.nbits.embedding: tied`` needs."""
     d = config["deploy"]
     if not d["enabled"]:
         return
@@ -147,9 +149,7 @@ def check_config(config: dict) -> None:
                           f"text.profile.target; text.profile.metric is {config['text']['profile']['metric']!r}: "
                           f"set it to kl or drop 'int4-mixed'")
     if d["nbits"]["embedding"] == "tied" and set(d["precisions"]) & set(INT4):
-        from vlsens.plan import lm_config
-
-        if not lm_config(config)["tie_word_embeddings"]:
+        if not ties:
             raise ConfigError(f"deploy.nbits.embedding: tied reads the table from lm_head's weight, but "
                               f"{config['model']['checkpoint']} does not tie them (tie_word_embeddings: false); "
                               "use fp32 or int4")
