@@ -25,7 +25,6 @@ rule deploy:
             if wc.precision in ("int8-mixed", "int4-mixed")
             else None
         ),
-        tied=lambda wc: wc.precision in _deploy.INT4 and config["deploy"]["nbits"]["embedding"] == "tied",
         exact_tolerance=tolerance("fp32"),
         provenance=provenance("deploy", "deploy.py"),
     script:

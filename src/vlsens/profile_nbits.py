@@ -215,9 +215,10 @@ def tied_feeds(feeds: Sequence[Mapping[str, np.ndarray]], float_table: np.ndarra
     return out, {"text_rows": [int((i >= 0).sum()) for i in ids], "rows": [int(i.size) for i in ids]}
 
 
-def engine_tied_feeds(eng_dir, feeds) -> tuple[str, dict[int, list], dict]:
+def engine_tied_feeds(eng_dir, feeds, others: Mapping[str, str | Path] | None = None) -> tuple[str, dict, dict]:
     """lm_head's name and :func:`tied_feeds` from the engine folder's float / all-INT4 / all-INT8
-    models (the weights the switch session multiplies by)."""
+    models (the weights the switch session multiplies by); ``others``: ``{key: decoder}``, more
+    feeds under ``key`` gathered from that decoder's lm_head."""
     import onnx
 
     from vlsens.nbits import lm_head, lm_head_table
@@ -225,6 +226,7 @@ def engine_tied_feeds(eng_dir, feeds) -> tuple[str, dict[int, list], dict]:
     node, _ = lm_head(onnx.load(str(eng_dir.folder / nb.FILES["float"]), load_external_data=False))
     float_table = lm_head_table(eng_dir.folder / nb.FILES["float"])
     tables = {b: lm_head_table(eng_dir.folder / nb.FILES[f"q{b}"]) for b in nb.BITS}
+    tables.update({k: lm_head_table(m) for k, m in (others or {}).items()})
     by_bits, facts = tied_feeds(feeds, float_table, tables)
     return node.name, by_bits, facts
 
@@ -340,12 +342,9 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
     facts = weight_facts(other)
     feeds = eng.samples.feeds
     if tied:
-        from vlsens.nbits import lm_head_table
-
-        lm, by_bits, _ = engine_tied_feeds(eng_dir, feeds)
+        lm, by_bits, _ = engine_tied_feeds(eng_dir, feeds, {"other": other})
+        feeds = by_bits.pop("other")
         eng.tie(lm, by_bits)
-        feeds = tied_feeds(feeds, lm_head_table(eng_dir.folder / nb.FILES["float"]),
-                           {"other": lm_head_table(other)})[0]["other"]
     sess, acc = make_session(other, threads=threads), Metrics(eng.logits)
     out = sess.get_outputs()[0].name
     for i, feed in enumerate(feeds):

@@ -154,6 +154,15 @@ def _with_table(table: np.ndarray, cases: Cases, image_token_id: int, what: str)
     return out
 
 
+def embedding_cases(reference: str | Path) -> Cases:
+    """The embedding graph's cases of the decoder's reference (none: an error naming the file)."""
+    every = Cases.load(reference)
+    cases = Cases(every.for_graph(EMBEDDING), source=every.source)
+    if not len(cases):
+        raise VlsensError(f"{reference}: no cases of {EMBEDDING}")
+    return cases
+
+
 def embedding_folder(decoder_dir: str | Path, reference: str | Path, out_dir: str | Path, block_size: int,
                      symmetric: bool, image_token_id: int, exact_tolerance: dict, threads: int = 0) -> dict:
     """``out_dir/embedding.onnx``: the decoder folder's embedding graph with an INT4 table, gated
@@ -165,10 +174,7 @@ def embedding_folder(decoder_dir: str | Path, reference: str | Path, out_dir: st
 
     decoder_dir, out_dir = Path(decoder_dir), Path(out_dir)
     src = verify(decoder_dir / EMBEDDING)
-    every = Cases.load(reference)
-    cases = Cases(every.for_graph(EMBEDDING), source=every.source)
-    if not len(cases):
-        raise VlsensError(f"{reference}: no cases of {EMBEDDING}")
+    cases = embedding_cases(reference)
     with staging_dir(out_dir / EMBEDDING) as tmp:
         staged = {EMBEDDING: tmp / EMBEDDING}
         facts = quantize_embedding(src, staged[EMBEDDING], block_size, symmetric)
@@ -322,10 +328,7 @@ def gate_tied(folder: str | Path, reference: str | Path, image_token_id: int, ex
     from vlsens import parity
 
     folder = Path(folder)
-    every = Cases.load(reference)
-    cases = Cases(every.for_graph(EMBEDDING), source=every.source)
-    if not len(cases):
-        raise VlsensError(f"{reference}: no cases of {EMBEDDING}")
+    cases = embedding_cases(reference)
     own = tied_reference(folder / "decoder.onnx", cases, image_token_id)
     per_input, providers, vs_float = parity.measure({EMBEDDING: folder / EMBEDDING}, own, threads, "cpu", also=cases)
     extra = {"float_reference": {"reference": cases.source, "note": "the tied table against the checkpoint's own: "
