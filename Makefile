@@ -38,13 +38,15 @@ $(INC_STAMP): envs/inc.yaml | $(STAMP)
 	rm -rf $(INC_VENV)
 	$(PYTHON) -m venv $(INC_VENV)
 	$(INC_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(INC_VENV)/bin/python -m pip install --quiet $$($(BIN)/python -m vlsens.inc.env requirements envs/inc.yaml)
-	PYTHONPATH=src $(INC_VENV)/bin/python -c "from vlsens.inc.settings import check_environment as c; print(c())"
+	$(INC_VENV)/bin/python -m pip install --quiet $$($(BIN)/python -m vlsens.sensitivity.inc.env requirements envs/inc.yaml)
+	PYTHONPATH=src $(INC_VENV)/bin/python -c "from vlsens.sensitivity.inc.settings import check_environment as c; print(c())"
 	touch $@
 
 install: $(STAMP)
 
 install-test: $(STAMP)-test
+
+install-lint: $(STAMP)-lint
 
 inc-env: $(INC_STAMP)
 
@@ -52,7 +54,7 @@ inc-env: $(INC_STAMP)
 # results/<model>/logs/ and vlsens' own warnings still say what happened). make run QUIET= shows all.
 QUIET ?= rules
 run: install
-	@if $(BIN)/python -m vlsens.inc.env enabled $(CONFIG); then $(MAKE) --no-print-directory inc-env; fi
+	@if $(BIN)/python -m vlsens.sensitivity.inc.env enabled $(CONFIG); then $(MAKE) --no-print-directory inc-env; fi
 	$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --resources gpu=$(GPUS) $(if $(QUIET),--quiet $(QUIET)) $(ARGS)
 
 # make test fails (not skips) when engine inc's environment is missing; test-fast skips it.

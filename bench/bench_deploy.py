@@ -38,7 +38,7 @@ def _peak_gb() -> float:
 def _image(args) -> list[str]:
     if not args.image:
         return []
-    from vlsens.images import open_rgb, resolve_images
+    from vlsens.data.images import open_rgb, resolve_images
 
     path = Path(args.workdir) / "bench-image.png"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ def _image(args) -> list[str]:
 def run_genai(args) -> dict:
     import onnxruntime_genai as og
 
-    from vlsens.runtime import Chat
+    from vlsens.deploy.genai.runtime import Chat
 
     chat = Chat(args.folder, prepack=not args.no_prepack)
     images = _image(args)
@@ -80,8 +80,8 @@ def run_transformers(args) -> dict:
     import torch
     from PIL import Image
 
-    from vlsens.loading import load_model
-    from vlsens.processor import load_processor
+    from vlsens.model.loading import load_model
+    from vlsens.model.processor import load_processor
 
     torch.set_num_threads(args.threads)
     model = load_model(args.checkpoint, attn_implementation="sdpa")
@@ -106,10 +106,10 @@ def run_nocache(args) -> dict:
     """vlsens' text graph without a cache: every step re-runs the whole sequence (text only)."""
     import numpy as np
 
-    from vlsens.loading import embedding_table
-    from vlsens.onnxutil import make_session
-    from vlsens.processor import load_processor
-    from vlsens.towers.text import text_position_ids_np
+    from vlsens.core.onnxutil import make_session
+    from vlsens.export.towers.text import text_position_ids_np
+    from vlsens.model.loading import embedding_table
+    from vlsens.model.processor import load_processor
 
     processor = load_processor(args.checkpoint)
     table = embedding_table(args.checkpoint)

@@ -53,7 +53,7 @@ print(json.dumps({"tokens": int(out.shape[0]), "session_s": t1 - t0, "run_s": t2
 
 def vision_3b() -> dict:
     """The whole Qwen2.5-VL-3B vision tower: 32 blocks, full attention in 7, 15, 23, 31."""
-    from vlsens.presets.tables import REAL_3B_VISION
+    from vlsens.model.presets.tables import REAL_3B_VISION
 
     return dict(REAL_3B_VISION, initializer_range=0.02)
 
@@ -66,10 +66,10 @@ def real_vision(depth: int) -> dict:
 def export(tower: str, vision: dict | None, work: Path) -> tuple[Path, Path]:
     import torch
 
-    from vlsens.loading import load_model
-    from vlsens.onnxutil import resave
-    from vlsens.presets.build import build_tiny_checkpoint
-    from vlsens.towers.vision_dynamic import INPUTS, OUTPUT, dynamic_module, graph_inputs
+    from vlsens.core.onnxutil import resave
+    from vlsens.export.towers.vision_dynamic import INPUTS, OUTPUT, dynamic_module, graph_inputs
+    from vlsens.model.loading import load_model
+    from vlsens.model.presets.build import build_tiny_checkpoint
 
     ckpt = build_tiny_checkpoint(work / tower / "ckpt", seed=0, vision=vision)
     model = load_model(ckpt, attn_implementation="eager")
@@ -106,7 +106,7 @@ def main() -> None:
         vc = AutoConfig.from_pretrained(str(ckpt)).vision_config
         import numpy as np
 
-        from vlsens.towers.vision_dynamic import graph_inputs
+        from vlsens.export.towers.vision_dynamic import graph_inputs
 
         for size in a.sizes:
             g = size // vc.patch_size

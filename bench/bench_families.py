@@ -56,10 +56,10 @@ def stage(args) -> None:
     """One stage in this process; prints a JSON line."""
     import yaml
 
-    from vlsens import stages
     from vlsens.config import with_defaults
-    from vlsens.images import resolve_images
-    from vlsens.towers import active
+    from vlsens.data.images import resolve_images
+    from vlsens.export import stages
+    from vlsens.export.towers import active
 
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["model"]["checkpoint"] = args.ckpt
@@ -101,7 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.stage:
         return stage(args)
-    from vlsens.presets.build import build_tiny_checkpoint
+    from vlsens.model.presets.build import build_tiny_checkpoint
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="vlsens-families-") as tmp:
@@ -134,7 +134,7 @@ def _vision_params(ckpt: Path) -> int:
     """Vision-tower parameters, from the safetensors headers."""
     from math import prod
 
-    from vlsens.checkpoint import safetensors_header
+    from vlsens.model.checkpoint import safetensors_header
 
     n = 0
     for f in ckpt.glob("*.safetensors"):

@@ -80,9 +80,9 @@ def print_table(rows: list[dict]) -> None:
 def held_out(names: list[str], guards: list[str], work: Path, objective: str) -> list[dict]:
     from conftest import build_graph, run_settings
 
-    from vlsens.images import resolve_images
-    from vlsens.presets.build import build_tiny_checkpoint
-    from vlsens.profile import build_profile
+    from vlsens.data.images import resolve_images
+    from vlsens.model.presets.build import build_tiny_checkpoint
+    from vlsens.precision.int8 import build_profile
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     rows = []
@@ -130,8 +130,8 @@ def kernels(model: Path, feed: dict, runs: int = 3) -> dict[str, float]:
 
 
 def from_results(results: Path, graphs: list[str], latency: bool, with_kernels: bool, out: Path) -> list[dict]:
-    from vlsens.profile import build_profile
-    from vlsens.samples import Samples
+    from vlsens.data.samples import Samples
+    from vlsens.precision.int8 import build_profile
 
     rows, breakdowns = [], {}
     for graph in graphs:

@@ -46,7 +46,7 @@ def vitb_vision(depth: int) -> dict:
 
 def vision_3b() -> dict:
     """The published Qwen2.5-VL-3B vision tower (32 blocks, full attention in 7, 15, 23, 31)."""
-    from vlsens.presets.tables import REAL_3B_VISION
+    from vlsens.model.presets.tables import REAL_3B_VISION
 
     return dict(REAL_3B_VISION, initializer_range=0.02)
 
@@ -64,7 +64,7 @@ def run_inc(python: Path, d: Path, max_ops: int, threads: int) -> dict | None:
     import json
     import subprocess
 
-    from vlsens.quant import QuantSettings
+    from vlsens.quantize.qdq import QuantSettings
 
     if not python.exists():
         print(f"inc: skipped, {python} missing (make inc-env)", file=sys.stderr)
@@ -87,12 +87,12 @@ def run_tower(name: str, vision: dict | None, work: Path, size: tuple[int, int],
               threads: int, n_calib: int, n_eval: int, inc_python: Path, inc_ops: int, max_ops: int) -> dict:
     import yaml
 
-    from vlsens import stages, towers
     from vlsens.config import with_defaults
-    from vlsens.images import resolve_images
-    from vlsens.inputs import write_manifests
-    from vlsens.presets.build import build_tiny_checkpoint
-    from vlsens.quant import QuantSettings
+    from vlsens.data.images import resolve_images
+    from vlsens.data.inputs import write_manifests
+    from vlsens.export import stages, towers
+    from vlsens.model.presets.build import build_tiny_checkpoint
+    from vlsens.quantize.qdq import QuantSettings
     from vlsens.sensitivity.baseline import straightforward_sensitivity
     from vlsens.sensitivity.engine import Engine, engine_sensitivity
     from vlsens.sensitivity.stages import prepare

@@ -31,13 +31,14 @@ sys.path.insert(0, {src!r})
 args = json.loads({args!r})
 stage = args["stage"]
 if stage == "checkpoint":
-    from vlsens.presets.build import build_tiny_checkpoint
+    from vlsens.model.presets.build import build_tiny_checkpoint
     job = lambda: build_tiny_checkpoint(args["ckpt"], seed=0)
 else:
     import yaml
-    from vlsens import stages, towers, variants
+    from vlsens.export import stages, towers
+    from vlsens import variants
     from vlsens.config import with_defaults
-    from vlsens.images import resolve_images
+    from vlsens.data.images import resolve_images
     cfg = yaml.safe_load(open(args["config"]))
     cfg["vision"]["sizes"] = args["sizes"]
     tower = towers.for_graph(with_defaults(cfg), args["graph"])

@@ -6,7 +6,7 @@ step's peak memory. Prints a table.
 It runs the text tower's own code on its ``model.onnx`` graph (``input_ids`` -> logits; the
 tower's ``embeds.onnx`` carries the same weights and costs the same): transformers' logits on the
 builtin prompts (left padded, two lengths) are the reference; the export (``--exporter``) is
-gated against them in FP32, then converted to FP16 (:func:`vlsens.fp16.convert_fp16`, range
+gated against them in FP32, then converted to FP16 (:func:`vlsens.variants.float16.convert_fp16`, range
 analysis on the parity inputs) and gated in FP16.
 
 Peak memory is the process's ``VmHWM`` (``/proc/self/status``): the high-water mark of resident
@@ -41,28 +41,28 @@ def vm_hwm_gb() -> float:
 
 def step(name: str, work: Path, args: argparse.Namespace) -> dict:
     """One step, in this process (called through ``--step``)."""
-    from vlsens import parity
-    from vlsens.cases import Cases
+    from vlsens.data.cases import Cases
+    from vlsens.export import parity
 
     ckpt = work / "ckpt"
     t0 = time.perf_counter()
     facts: dict = {}
     if name == "checkpoint":
-        from vlsens.presets.build import build_3b_checkpoint
+        from vlsens.model.presets.build import build_3b_checkpoint
 
         build_3b_checkpoint(ckpt, seed=0, text_layers=args.layers)
     elif name == "reference":
-        from vlsens.prompts import BUILTIN_PROMPTS
-        from vlsens.towers.text import compute_text_reference
+        from vlsens.data.prompts import BUILTIN_PROMPTS
+        from vlsens.export.towers.text import compute_text_reference
 
         cases = compute_text_reference(ckpt, [], BUILTIN_PROMPTS, [1, 2])
         cases.save(work / "reference.npz")
     elif name == "export":
         import torch
 
-        from vlsens.loading import load_model
-        from vlsens.onnxutil import check_model, resave
-        from vlsens.towers.text import GRAPHS, _export_one, _wrappers
+        from vlsens.core.onnxutil import check_model, resave
+        from vlsens.export.towers.text import GRAPHS, _export_one, _wrappers
+        from vlsens.model.loading import load_model
 
         cases = Cases.load(work / "reference.npz")
         model = load_model(ckpt, attn_implementation="eager", part="text")
@@ -83,7 +83,7 @@ def step(name: str, work: Path, args: argparse.Namespace) -> dict:
         facts = {"min_cosine": min(p["cosine"] for p in rec["per_input"]),
                  "max_rel_error": max(p["max_rel_error"] for p in rec["per_input"]), "passed": rec["passed"]}
     elif name == "fp16":
-        from vlsens.fp16 import convert_fp16
+        from vlsens.variants.float16 import convert_fp16
 
         cases = Cases.load(work / "reference.npz")
         out = work / "fp16" / "model.onnx"

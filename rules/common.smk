@@ -16,18 +16,18 @@ if Path(_SRC).is_dir() and _SRC not in sys.path:  # else vlsens must be pip-inst
     sys.path.insert(0, _SRC)
 
 from vlsens import deploy as _deploy
-from vlsens import paths
+from vlsens.core import paths
 from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
-from vlsens.device import gpu_present
-from vlsens.errors import ConfigError
-from vlsens.plan import configure, lm_config
-from vlsens.inputs import write_manifests
-from vlsens.nbits import NBitsSettings
-from vlsens.presets import rule_names as _preset_rule_names
-from vlsens.quant_target import check_profile_objective as _check_objective, resolve as _resolve_quant
-from vlsens.resources import cluster_value, job_cores
-from vlsens.targets import all_targets
-from vlsens.versions import provenance as _provenance
+from vlsens.core.device import gpu_present
+from vlsens.core.errors import ConfigError
+from vlsens.dag.plan import configure, lm_config
+from vlsens.data.inputs import write_manifests
+from vlsens.quantize.nbits import NBitsSettings
+from vlsens.model.presets import rule_names as _preset_rule_names
+from vlsens.quantize.target import check_profile_objective as _check_objective, resolve as _resolve_quant
+from vlsens.dag.resources import cluster_value, job_cores
+from vlsens.dag.targets import all_targets
+from vlsens.core.versions import provenance as _provenance
 from snakemake.settings.types import DeploymentMethod
 
 try:
@@ -45,7 +45,7 @@ try:
     _deploy.check_config(config, ties=lm_config(config)["tie_word_embeddings"])
     if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
         _deploy.check_runtime(config)
-    # Outside inputs by content (see vlsens.inputs): rules read these manifests, not mtimes.
+    # Outside inputs by content (see vlsens.data.inputs): rules read these manifests, not mtimes.
     INPUTS = write_manifests(
         paths.fill(paths.INPUTS, model=PLAN.model),
         None if PLAN.preset else PLAN.checkpoint,
@@ -56,7 +56,7 @@ try:
     for _problem in check_images(INPUTS, config):
         logger.warning(f"vlsens: {_problem}")
     if config["device"] == "cuda" and workflow.local_exec and not workflow.remote_exec:
-        from vlsens.device import cuda_visible
+        from vlsens.core.device import cuda_visible
 
         if not cuda_visible():
             raise ConfigError(
@@ -64,11 +64,11 @@ try:
                 "use device: auto (CUDA where present) or cpu, or submit to GPU nodes "
                 "(--workflow-profile profiles/slurm)."
             )
-    # Engine "inc" runs in its own interpreter (vlsens.inc.env), checked here so a missing
+    # Engine "inc" runs in its own interpreter (vlsens.sensitivity.inc.env), checked here so a missing
     # environment fails before any job starts.
     INC_PYTHON, INC_VERSIONS = None, {}
     if "inc" in PLAN.engines:
-        from vlsens.inc.env import check_config as _check_inc, resolve as _resolve_inc
+        from vlsens.sensitivity.inc.env import check_config as _check_inc, resolve as _resolve_inc
 
         _check_inc(config, TOWERS.values())
         INC_PYTHON, INC_VERSIONS = _resolve_inc(
@@ -296,7 +296,7 @@ def builder_settings():
 
 
 def quant_settings():
-    """``sensitivity.*`` for ``quant.target`` (vlsens.quant_target.resolve): a param of every engine
+    """``sensitivity.*`` for ``quant.target`` (vlsens.quantize.target.resolve): a param of every engine
     rule, so a change of target or saturation guard re-runs the analysis and the profiles."""
     return canonical(QUANT)
 
@@ -356,7 +356,7 @@ def gpu_tokens():
 
 def cores(compute):
     """``threads:`` of a rule whose job computes with ``compute`` threads (an int or a function of
-    the wildcards): the cores it reserves from ``--cores`` (``vlsens.resources.job_cores``)."""
+    the wildcards): the cores it reserves from ``--cores`` (``vlsens.dag.resources.job_cores``)."""
     return lambda wildcards: job_cores(
         config["job_cores"], compute(wildcards) if callable(compute) else compute, PLAN.preset
     )
@@ -373,7 +373,7 @@ def cluster(rule, gpu=True, threads=1):
     ``compute_threads`` (what the job computes with, ``threads``, whatever :func:`cores` it
     reserves: its numbers do not depend on ``--cores``) and what SLURM gets from the config's
     ``cluster:`` section: partition by GPU use, memory and runtime per rule name (or ``default``),
-    optionally per graph (``vlsens.resources.cluster_value``)."""
+    optionally per graph (``vlsens.dag.resources.cluster_value``)."""
     c = config["cluster"]
     declared = gpu if callable(gpu) else (lambda wc: int(bool(gpu)))
 

@@ -1,4 +1,4 @@
-# Weight-only INT4/INT8 of the decoder's MatMuls (vlsens.nbits): engine "nbits" (one switch
+# Weight-only INT4/INT8 of the decoder's MatMuls (vlsens.quantize.nbits): engine "nbits" (one switch
 # session, a CSV beside ort.csv), the int4-mixed profile (fewest bytes meeting the text profile's
 # KL target) and onnxruntime-genai's builder at -p int4 (the anchors it is compared with). Each
 # int4 decoder is a decoder variant folder gated against transformers run on the graph's own
@@ -96,7 +96,7 @@ rule builder_int4:
 
 # The int4 folders' embedding graph with an INT4 table (GatherBlockQuantized) and the dynamic
 # vision graph with INT4 Linears (MatMulNBits), each gated against its own weights
-# (vlsens.weight_only; deploy.nbits.embedding / deploy.nbits.vision: int4).
+# (vlsens.precision.weight_only; deploy.nbits.embedding / deploy.nbits.vision: int4).
 
 
 rule embedding_nbits:

@@ -1,7 +1,7 @@
 # NPU toolchains: a fixed-size vision graph's variant cut at block boundaries into single-file
-# parts (vlsens.parts), gated chained against transformers and through onnxsim's Python API, and
+# parts (vlsens.npu), gated chained against transformers and through onnxsim's Python API, and
 # each part's calibration archives (its own inputs, from the earlier parts on the calibration set);
-# the token embedding table as raw binaries (vlsens.embeddings).
+# the token embedding table as raw binaries (vlsens.npu.embeddings).
 
 
 rule parts:

@@ -1,5 +1,5 @@
 # The mixed-precision profile of any analysed graph: searched with the engine, then built with ORT
-# and measured (vlsens.profile). The tower says which config section holds its target.
+# and measured (vlsens.precision.int8). The tower says which config section holds its target.
 
 
 rule profile:

@@ -1,4 +1,4 @@
-# Per-op INT8 sensitivity of any graph's analysed file (vlsens.sensitivity, vlsens.inc). Engine
+# Per-op INT8 sensitivity of any graph's analysed file (vlsens.sensitivity, vlsens.sensitivity.inc). Engine
 # "ort": one switch model, the op list sharded over jobs, gathered into one ranked CSV. Engine
 # "inc": Intel Neural Compressor's mse_v2, in its own environment (fixed-size FP32 graphs).
 
@@ -93,7 +93,7 @@ rule sensitivity_gather:
         "../workflow/scripts/sensitivity_gather.py"
 
 
-# A shell rule: the script runs with INC's interpreter, not Snakemake's (vlsens.inc says why).
+# A shell rule: the script runs with INC's interpreter, not Snakemake's (vlsens.sensitivity.inc says why).
 # CPU only: INC's ONNX Runtime adaptor creates its sessions with the CPU provider.
 rule sensitivity_inc:
     input:

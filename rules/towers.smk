@@ -1,4 +1,4 @@
-# Stages that run a tower's own code (vlsens.towers): the reference, the FP32 export, the
+# Stages that run a tower's own code (vlsens.export.towers): the reference, the FP32 export, the
 # calibration set. One rule each over the {graph} wildcard; the tower of a graph supplies its
 # settings (params), its calibration inputs, its code hash and its libraries.
 

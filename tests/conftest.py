@@ -41,17 +41,17 @@ def default_config(**changes) -> dict:
 
 def run_settings(**changes):
     """The quantization settings a run of the default config uses on this machine
-    (``quant.target`` ort-cpu, ``quant.saturation`` auto: vlsens.quant_target.resolve)."""
-    from vlsens.quant import QuantSettings
-    from vlsens.quant_target import resolve
+    (``quant.target`` ort-cpu, ``quant.saturation`` auto: vlsens.quantize.target.resolve)."""
+    from vlsens.quantize.qdq import QuantSettings
+    from vlsens.quantize.target import resolve
 
     return QuantSettings.from_config(resolve(default_config(**changes)))
 
 
 def tower_of(graph: str, **changes):
     """A graph's tower as the plan gives it to the DAG (the model's facts taken)."""
-    from vlsens import towers
-    from vlsens.plan import model_facts
+    from vlsens.dag.plan import model_facts
+    from vlsens.export import towers
 
     cfg = default_config(**changes)
     tower = towers.for_graph(cfg, graph)
@@ -61,14 +61,14 @@ def tower_of(graph: str, **changes):
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory) -> Path:
-    from vlsens.presets.build import build_tiny_checkpoint
+    from vlsens.model.presets.build import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
 
 
 @pytest.fixture(scope="session")
 def parity_refs():
-    from vlsens.images import resolve_images
+    from vlsens.data.images import resolve_images
 
     return resolve_images("builtin")[:2]
 
@@ -98,7 +98,7 @@ class Built:
 
 def build_graph(graph: str, ckpt: Path, root: Path, refs, **changes) -> Built:
     """reference -> fp32 export (gated) -> calibration set, with the tower's own settings."""
-    from vlsens import stages
+    from vlsens.export import stages
 
     tower = tower_of(graph, **changes)
     stages.reference(tower, ckpt, refs, root / "reference.npz", tower.reference_settings())
@@ -116,8 +116,8 @@ def build_graph(graph: str, ckpt: Path, root: Path, refs, **changes) -> Built:
 
 
 def _images_manifest(root: Path) -> str:
-    from vlsens.images import resolve_images
-    from vlsens.inputs import write_manifests
+    from vlsens.data.images import resolve_images
+    from vlsens.data.inputs import write_manifests
 
     refs = resolve_images("builtin")
     return write_manifests(root / "inputs", None, refs[:2], refs, None)["calibration_images"]
@@ -172,8 +172,8 @@ def pickle_only_ckpt(tiny_ckpt, tmp_path) -> Path:
 
 def _pipeline(root, outlier):
     """The planted preset at 224x224: fp32 export -> calibration -> ort engine (3 shards) -> ort.csv."""
-    from vlsens.images import resolve_images
-    from vlsens.presets.build import build_tiny_checkpoint
+    from vlsens.data.images import resolve_images
+    from vlsens.model.presets.build import build_tiny_checkpoint
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, outlier=outlier)

@@ -11,10 +11,12 @@ import pytest
 import torch
 from conftest import TOL_FP32
 
-from vlsens import bf16, parts, variants
-from vlsens.cases import Cases
-from vlsens.errors import ParityError
-from vlsens.onnxutil import tensor_array
+from vlsens import variants
+from vlsens.core.errors import ParityError
+from vlsens.core.onnxutil import tensor_array
+from vlsens.data.cases import Cases
+from vlsens.npu import build, calibration
+from vlsens.variants import bfloat16 as bf16
 
 TOL_BF16 = {"min_cosine": 0.999, "max_rel_error": 0.1}
 
@@ -97,7 +99,7 @@ def test_a_bf16_graph_missing_the_tolerance_writes_nothing(fixed, tmp_path):
 
 
 def test_bf16_parts_cross_in_float32(bf16_folder, fixed, tmp_path):
-    rec = parts.build_parts(bf16_folder, fixed.reference, tmp_path / "p", TOL_BF16, "bf16", 2, 2_000_000_000)
+    rec = build.build_parts(bf16_folder, fixed.reference, tmp_path / "p", TOL_BF16, "bf16", 2, 2_000_000_000)
     assert rec["passed"] and rec["extra"]["onnxsim"]["passed"] and len(rec["parts"]) == 2
     (b,) = rec["parts"][0]["outputs"]
     assert b["dtype"] == "FLOAT" and rec["parts"][1]["inputs"] == [b]
@@ -105,7 +107,7 @@ def test_bf16_parts_cross_in_float32(bf16_folder, fixed, tmp_path):
     first = inner.graph.node[0]
     assert first.op_type == "Cast" and first.input == [b["name"]]
     assert next(a.i for a in first.attribute if a.name == "to") == onnx.TensorProto.BFLOAT16
-    m = parts.part_calibration(tmp_path / "p", fixed.calib / "calib.npz", fixed.calib / "eval.npz", tmp_path / "c")
+    m = calibration.part_calibration(tmp_path / "p", fixed.calib / "calib.npz", fixed.calib / "eval.npz", tmp_path / "c")
     assert m["inputs"][1] == [b["name"]]
     # the archive's .npy files are float32 (numpy cannot write bfloat16 to .npy)
     import io

@@ -9,12 +9,12 @@ import pytest
 import torch
 from conftest import tower_of
 
-from vlsens import stages
-from vlsens.calibration import load_split, read_tar
-from vlsens.errors import ImageError
-from vlsens.images import ImageRef, open_rgb, resolve_images
-from vlsens.inputs import write_manifests
-from vlsens.vision import Geometry, patchify, processor_inputs
+from vlsens.core.errors import ImageError
+from vlsens.data.calibration import load_split, read_tar
+from vlsens.data.images import ImageRef, open_rgb, resolve_images
+from vlsens.data.inputs import write_manifests
+from vlsens.export import stages
+from vlsens.model.vision import Geometry, patchify, processor_inputs
 
 
 def build_calibration(ckpt, refs, h, w, out, n_calib, n_eval, skip_unreadable=False):
@@ -47,7 +47,7 @@ def test_split_is_disjoint_and_complete(calib_224):
 
 
 def test_tensors_equal_the_processor_output(calib_224, tiny_ckpt):
-    from vlsens.processor import load_image_processor
+    from vlsens.model.processor import load_image_processor
 
     m = json.loads((calib_224 / "manifest.json").read_text())
     evals = [i for i in m["samples"] if i["split"] == "eval"]

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from vlsens.checkpoint import check_checkpoint_dir
-from vlsens.errors import CheckpointError
-from vlsens.loading import load_model
-from vlsens.presets.build import build_tiny_checkpoint, make_tiny_model
-from vlsens.processor import load_processor
+from vlsens.core.errors import CheckpointError
+from vlsens.model.checkpoint import check_checkpoint_dir
+from vlsens.model.loading import load_model
+from vlsens.model.presets.build import build_tiny_checkpoint, make_tiny_model
+from vlsens.model.processor import load_processor
 
 
 def _sha(p):
@@ -48,7 +48,7 @@ def test_tiny_checkpoint_is_deterministic_and_reloads_bit_identically(tiny_ckpt,
 
 
 def test_multimodal_forward_through_the_processor(tiny_ckpt, parity_refs):
-    from vlsens.images import open_rgb, resize_exact
+    from vlsens.data.images import open_rgb, resize_exact
 
     proc = load_processor(tiny_ckpt)
     model = load_model(tiny_ckpt)
@@ -107,8 +107,8 @@ def test_3b_preset_is_the_published_architecture():
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vlsens.presets.build import real_3b_config
-    from vlsens.presets.tokenizer import build_tiny_tokenizer
+    from vlsens.model.presets.build import real_3b_config
+    from vlsens.model.presets.tokenizer import build_tiny_tokenizer
 
     with torch.device("meta"):
         model = Qwen2_5_VLForConditionalGeneration(real_3b_config(build_tiny_tokenizer(), 36))
@@ -123,7 +123,7 @@ def test_3b_preset_is_the_published_architecture():
 def test_vision_only_loading_equals_the_full_model(tiny_ckpt):
     import torch
 
-    from vlsens.loading import load_model
+    from vlsens.model.loading import load_model
 
     full = load_model(tiny_ckpt)
     vision = load_model(tiny_ckpt, part="vision")

@@ -7,9 +7,9 @@ import pytest
 import yaml
 from conftest import REPO, default_config
 
-from vlsens.errors import ConfigError
-from vlsens.plan import configure
-from vlsens.targets import all_targets
+from vlsens.core.errors import ConfigError
+from vlsens.dag.plan import configure
+from vlsens.dag.targets import all_targets
 
 
 def _cfg(**changes):
@@ -213,7 +213,7 @@ def test_cluster_memory_and_runtime_per_rule_and_per_graph():
     """cluster.mem_mb / runtime: one value per rule, or one per graph (a real-size text LM asks
     SLURM for more than a small vision graph), each with a default; checked by the schema."""
     from vlsens.config import schema_errors
-    from vlsens.resources import cluster_value
+    from vlsens.dag.resources import cluster_value
 
     table = {"default": 8000, "fp16": 6000, "export": {"default": 9000, "text": 24000, "fp32": 12000}}
     assert cluster_value(table, "profile", "text") == 8000  # no entry: the section's default
@@ -228,7 +228,7 @@ def test_cluster_memory_and_runtime_per_rule_and_per_graph():
 def test_family_size_rules_and_features_are_checked_when_the_dag_is_built():
     """Qwen3-VL sides are multiples of 32 and the message says which family was detected; deploy
     and video prompts are refused where they are not built."""
-    from vlsens.plan import configure
+    from vlsens.dag.plan import configure
 
     with pytest.raises(ConfigError, match=r"vision.sizes\[0\].*multiples of 32 \(Qwen3-VL \(detected from "
                                           r"model.checkpoint\): patch 16.*224x320"):
@@ -253,7 +253,7 @@ def test_family_size_rules_and_features_are_checked_when_the_dag_is_built():
 def test_family_configs_plan_their_presets():
     import yaml
 
-    from vlsens.plan import configure
+    from vlsens.dag.plan import configure
 
     for preset in ("tiny-qwen2vl", "tiny-qwen3vl"):
         overlay = yaml.safe_load((REPO / "config" / f"{preset}.yaml").read_text())
@@ -278,7 +278,7 @@ def test_cpu_runs_take_no_gpu_token(tmp_path, device):
     tests/test_slurm.py checks through SLURM)."""
     import re
 
-    from vlsens.device import gpu_present
+    from vlsens.core.device import gpu_present
 
     if gpu_present():
         pytest.skip("this host has a GPU: device auto takes tokens here")
@@ -323,7 +323,7 @@ def test_job_cores_reserve_and_compute_threads_apart():
     on a tiny preset (jobs there are interpreter start-up and imports), ``threads`` elsewhere; a
     number caps the reservation. Rules carry the compute count as ``compute_threads``."""
     from vlsens.config import schema_errors
-    from vlsens.resources import job_cores
+    from vlsens.dag.resources import job_cores
 
     assert job_cores("auto", 2, "tiny") == 1 and job_cores("auto", 2, "tiny-qwen3vl") == 1
     assert job_cores("auto", 2, "3b") == 2 and job_cores("auto", 4, None) == 4
@@ -386,7 +386,7 @@ def test_text_exporter_auto_is_legacy_when_small_and_dynamo_at_full_depth(tiny_c
     when the DAG is built: the legacy one would hold the whole 36-layer 3B proto in memory."""
     from conftest import tower_of
 
-    from vlsens.plan import lm_fp32_bytes
+    from vlsens.dag.plan import lm_fp32_bytes
 
     def pick(**changes):
         return tower_of("text", **changes).export_settings()["exporter"], lm_fp32_bytes(default_config(**changes))

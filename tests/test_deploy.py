@@ -22,9 +22,9 @@ def test_preamble_equals_transformers_index_helpers(vision_config, tmp_path):
     """The in-graph preamble computes what transformers' get_vision_position_ids /
     get_vision_window_index / get_vision_cu_seqlens compute, for square, wide, tall, partial-window,
     one-window and large grids (one image; a video grid with t = 2 too)."""
-    from vlsens import genai
-    from vlsens.onnxutil import save_with_external_data
-    from vlsens.towers.vision_dynamic import index_inputs
+    from vlsens.core.onnxutil import save_with_external_data
+    from vlsens.deploy.genai import folder as genai
+    from vlsens.export.towers.vision_dynamic import index_inputs
 
     path = save_with_external_data(genai.vision_preamble(vision_config, tmp_path), tmp_path / "pre.onnx")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -40,8 +40,8 @@ def test_preamble_equals_transformers_index_helpers(vision_config, tmp_path):
 def test_embedding_graph_merges_image_features_in_order(tmp_path):
     """Token rows from the table, image-token rows replaced by feature rows in row-major order
     (transformers' masked_scatter), batch of two, and with no features at all (decode steps)."""
-    from vlsens.onnxutil import save_with_external_data
-    from vlsens.towers.decoder import embedding_model
+    from vlsens.core.onnxutil import save_with_external_data
+    from vlsens.export.towers.decoder import embedding_model
 
     rng = np.random.default_rng(0)
     table = rng.standard_normal((50, 8)).astype(np.float32)
@@ -59,7 +59,7 @@ def test_embedding_graph_merges_image_features_in_order(tmp_path):
 
 
 def test_configs_name_the_graphs_and_the_checkpoints_values(tiny_ckpt):
-    from vlsens import genai
+    from vlsens.deploy.genai import folder as genai
 
     cfg = json.loads((tiny_ckpt / "config.json").read_text())
     gen = json.loads((tiny_ckpt / "generation_config.json").read_text())
@@ -79,8 +79,8 @@ def test_configs_name_the_graphs_and_the_checkpoints_values(tiny_ckpt):
 def test_config_check_names_the_missing_graph():
     from conftest import default_config
 
+    from vlsens.core.errors import ConfigError
     from vlsens.deploy import check_config
-    from vlsens.errors import ConfigError
 
     check_config(default_config())
     with pytest.raises(ConfigError, match=r"int8-mixed.*vision\.dynamic\.sensitivity_variants"):
@@ -148,7 +148,7 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
 
     from vlsens import variants
     from vlsens.deploy.build import build_folder
-    from vlsens.profile import build_profile
+    from vlsens.precision.int8 import build_profile
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     cfg = default_config()
@@ -184,7 +184,7 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
 
 
 def _cases(parity_refs, tmp_path):
-    from vlsens.deploy.evaluate import eval_cases
+    from vlsens.deploy.genai.evaluate import eval_cases
 
     return eval_cases(parity_refs, tmp_path)
 
@@ -203,8 +203,8 @@ def test_fp32_folder_generates_what_transformers_generates(folders, tiny_ckpt, p
     import torch
     from PIL import Image
 
-    from vlsens.loading import load_model
-    from vlsens.processor import load_processor
+    from vlsens.model.loading import load_model
+    from vlsens.model.processor import load_processor
 
     cases = _cases(parity_refs, tmp_path)
     assert [len(c["images"]) for c in cases] == [0, 1, 2]
@@ -232,7 +232,7 @@ def test_fp32_folder_generates_what_transformers_generates(folders, tiny_ckpt, p
 
 
 def test_every_folder_is_complete_and_recorded(folders):
-    from vlsens.artifacts import verify
+    from vlsens.core.artifacts import verify
 
     for precision, folder in folders.items():
         names = {p.name for p in folder.iterdir()}
@@ -275,8 +275,8 @@ def test_a_folder_of_int4_embedding_and_vision_runs_in_onnxruntime_genai(folders
     from conftest import default_config
 
     from vlsens.deploy.build import build_folder
-    from vlsens.nbits import NBitsSettings
-    from vlsens.weight_only import embedding_folder, vision_folder
+    from vlsens.precision.weight_only import embedding_folder, vision_folder
+    from vlsens.quantize.nbits import NBitsSettings
 
     cfg = default_config(**{"deploy.nbits.vision": "int4"})
     dec, vis = graph_builder("decoder"), graph_builder("vision/dynamic")
@@ -294,9 +294,9 @@ def test_a_folder_of_int4_embedding_and_vision_runs_in_onnxruntime_genai(folders
 
 def test_a_folder_that_misses_its_check_is_not_written(folders, graph_builder, parity_refs, tmp_path, monkeypatch):
     """fp32 tokens that differ from transformers' fail the job and leave no folder behind."""
+    from vlsens.core.errors import VlsensError
     from vlsens.deploy import build
     from vlsens.deploy.build import build_folder
-    from vlsens.errors import VlsensError
 
     real = build.transformers_generate  # the job generates transformers' tokens before loading the folder
     monkeypatch.setattr(build, "transformers_generate",
@@ -310,14 +310,14 @@ def test_a_folder_that_misses_its_check_is_not_written(folders, graph_builder, p
 
 
 def test_chat_runs_a_folder_like_transformers(folders, tiny_ckpt, parity_refs, tmp_path):
-    """vlsens.runtime.Chat (the convenience layer over onnxruntime-genai): the folder's own chat
+    """vlsens.deploy.genai.runtime.Chat (the convenience layer over onnxruntime-genai): the folder's own chat
     template, images as paths or PIL images, the same greedy tokens as transformers."""
     import torch
     from PIL import Image
 
-    from vlsens.loading import load_model
-    from vlsens.processor import load_processor
-    from vlsens.runtime import Chat
+    from vlsens.deploy.genai.runtime import Chat
+    from vlsens.model.loading import load_model
+    from vlsens.model.processor import load_processor
 
     case = _cases(parity_refs, tmp_path)[1]
     model, processor = load_model(tiny_ckpt, attn_implementation="eager"), load_processor(tiny_ckpt)
@@ -342,8 +342,8 @@ def test_chat_runs_a_folder_like_transformers(folders, tiny_ckpt, parity_refs, t
 def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, graph_builder, parity_refs, tmp_path):
     import shutil
 
+    from vlsens.core.errors import ArtifactError
     from vlsens.deploy.build import build_folder
-    from vlsens.errors import ArtifactError
 
     base = tmp_path / "fp32"
     shutil.copytree(folders["fp32"], base)
@@ -358,7 +358,7 @@ def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, gr
 
 
 def test_evaluation_cases_have_two_sizes_from_one_image(parity_refs, tmp_path):
-    from vlsens.deploy.evaluate import eval_cases
+    from vlsens.deploy.genai.evaluate import eval_cases
 
     for refs in (parity_refs[:1], [parity_refs[0], parity_refs[0]]):
         cases = eval_cases(refs, tmp_path)

@@ -9,7 +9,7 @@ from conftest import REPO
 def test_set_threads_defers_to_the_import_of_torch():
     code = """
 import sys
-from vlsens.device import set_threads
+from vlsens.core.device import set_threads
 set_threads(1)
 assert "torch" not in sys.modules, "set_threads imported torch"
 import torch

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from vlsens.cases import Cases
-from vlsens.images import open_rgb, resolve_images
-from vlsens.towers.vision_dynamic import INPUTS, dynamic_module, graph_inputs, window_len
+from vlsens.data.cases import Cases
+from vlsens.data.images import open_rgb, resolve_images
+from vlsens.export.towers.vision_dynamic import INPUTS, dynamic_module, graph_inputs, window_len
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +23,9 @@ def dyn(graph_builder):
 def test_rewrite_equals_transformers_encoder(tiny_ckpt):
     import torch
 
-    from vlsens.loading import load_model
-    from vlsens.processor import load_image_processor
-    from vlsens.vision import processor_inputs
+    from vlsens.model.loading import load_model
+    from vlsens.model.processor import load_image_processor
+    from vlsens.model.vision import processor_inputs
 
     model = load_model(tiny_ckpt, attn_implementation="eager")
     proc = load_image_processor(tiny_ckpt)
@@ -76,8 +76,8 @@ def test_patchify_frames_is_the_video_processors_layout(tiny_ckpt):
     """Two copies of one image patchify exactly as the image processor's still image (which it
     repeats over the temporal patch axis); four frames give grid_t 2 with frames 2 and 3 in the
     second step, at temporal positions 0 and 1; an odd count repeats the last frame."""
-    from vlsens.processor import load_image_processor
-    from vlsens.vision import Geometry, patchify_frames, preprocess_nchw, processor_inputs
+    from vlsens.model.processor import load_image_processor
+    from vlsens.model.vision import Geometry, patchify_frames, preprocess_nchw, processor_inputs
 
     proc = load_image_processor(tiny_ckpt)
     geom = Geometry()
@@ -103,7 +103,7 @@ def test_dynamic_graph_equals_fixed_size_graph(dyn, fp32_224, reference_224, tin
     import onnxruntime as ort
     from transformers import AutoConfig
 
-    from vlsens.vision import Geometry, patchify_np
+    from vlsens.model.vision import Geometry, patchify_np
 
     vision_config = AutoConfig.from_pretrained(str(tiny_ckpt)).vision_config
     geom = Geometry.from_config(vision_config)
@@ -120,8 +120,8 @@ def test_dynamic_graph_equals_fixed_size_graph(dyn, fp32_224, reference_224, tin
 def test_vision_encoder_runtime_any_size(dyn, tiny_ckpt):
     import torch
 
-    from vlsens.loading import load_model
-    from vlsens.runtime import VisionEncoder
+    from vlsens.deploy.genai.runtime import VisionEncoder
+    from vlsens.model.loading import load_model
 
     enc = VisionEncoder(dyn.model(), tiny_ckpt)
     imgs = [open_rgb(r) for r in resolve_images("builtin")[:2]]
@@ -138,7 +138,7 @@ def test_vision_encoder_runtime_any_size(dyn, tiny_ckpt):
 
 
 def test_calibration_set_holds_every_size(dyn):
-    from vlsens.samples import Samples
+    from vlsens.data.samples import Samples
 
     man = json.loads((dyn.calib / "manifest.json").read_text())
     assert man["sizes"] == ["224x224", "224x336"] and man["counts"] == {"calib": 12, "eval": 6}
@@ -152,7 +152,7 @@ def test_dynamic_graph_names_ops_like_the_fixed_graphs(dyn, fp32_224):
     rankings, profiles and inc_op_name_dict read the same for both."""
     import onnx
 
-    from vlsens.quant import quantizable_ops
+    from vlsens.quantize.qdq import quantizable_ops
 
     dyn_ops = {o.name: o for o in quantizable_ops(onnx.load(str(dyn.model())))}
     fixed_ops = {o.name for o in quantizable_ops(onnx.load(str(fp32_224)))}

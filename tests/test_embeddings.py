@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from vlsens import embeddings
-from vlsens.errors import CheckpointError
-from vlsens.fsutil import file_sha256
+from vlsens.core.errors import CheckpointError
+from vlsens.core.fsutil import file_sha256
+from vlsens.npu import embeddings
 
 
 def test_binaries_equal_transformers_table(tiny_ckpt, tmp_path):

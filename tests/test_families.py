@@ -33,8 +33,8 @@ def family_run(request, tmp_path_factory):
 
 def _models(family_run):
     """transformers' model (eager) and processor of the run's checkpoint."""
-    from vlsens.loading import load_model
-    from vlsens.processor import load_processor
+    from vlsens.model.loading import load_model
+    from vlsens.model.processor import load_processor
 
     res, _ = family_run
     ckpt = res / "checkpoint"
@@ -79,10 +79,10 @@ def test_qwen3vl_text_graph_uses_its_deepstack_inputs(family_run):
     logits on an image prompt; the same graph with the DeepStack inputs zeroed does not."""
     import torch
 
-    from vlsens.images import open_rgb, resolve_images
-    from vlsens.metrics import compare
-    from vlsens.runtime import prompt_logits
-    from vlsens.towers.text import multimodal_inputs
+    from vlsens.core.metrics import compare
+    from vlsens.data.images import open_rgb, resolve_images
+    from vlsens.deploy.genai.runtime import prompt_logits
+    from vlsens.export.towers.text import multimodal_inputs
 
     res, preset = family_run
     if preset != "tiny-qwen3vl":
@@ -106,10 +106,10 @@ def test_video_clip_logits_onnx_only_equal_transformers(family_run):
     video forward logits (Qwen2-VL; Qwen2.5-VL with second_per_grid_ts: test_workflow)."""
     import torch
 
-    from vlsens.images import open_rgb, resolve_images
-    from vlsens.metrics import compare
-    from vlsens.runtime import prompt_logits
-    from vlsens.towers.text import video_inputs
+    from vlsens.core.metrics import compare
+    from vlsens.data.images import open_rgb, resolve_images
+    from vlsens.deploy.genai.runtime import prompt_logits
+    from vlsens.export.towers.text import video_inputs
 
     res, preset = family_run
     if preset != "tiny-qwen2vl":
@@ -130,7 +130,7 @@ def test_family_presets_preserve_the_function_and_plant_the_outlier(tmp_path):
     (function-preserving), and the planted vision channel is ~1000x the others at qkv's input."""
     import torch
 
-    from vlsens.presets.build import make_tiny_model
+    from vlsens.model.presets.build import make_tiny_model
 
     for preset, family in FAMILIES.items():
         plain, tok = make_tiny_model(0, family=family)
@@ -147,7 +147,7 @@ def test_family_presets_preserve_the_function_and_plant_the_outlier(tmp_path):
 
 
 def test_dense_deepstack_and_split_features():
-    from vlsens.family import dense_deepstack, split_features
+    from vlsens.model.family import dense_deepstack, split_features
 
     feats = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3 * 4)  # 2 tokens, 1 + 2 maps of width 4
     main, maps = split_features(feats, 2)

@@ -10,10 +10,10 @@ from conftest import TOL_FP16
 from onnx import TensorProto, helper, numpy_helper
 
 from vlsens import variants
-from vlsens.cases import Cases
-from vlsens.fp16 import choose_fp32_nodes, own_float_casts, range_fallbacks, to_fp16
-from vlsens.metrics import compare
-from vlsens.onnxutil import save_with_external_data, untie_identity_initializers
+from vlsens.core.metrics import compare
+from vlsens.core.onnxutil import save_with_external_data, untie_identity_initializers
+from vlsens.data.cases import Cases
+from vlsens.variants.float16 import choose_fp32_nodes, own_float_casts, range_fallbacks, to_fp16
 
 
 def _load(path):
@@ -91,7 +91,7 @@ def test_choose_fp32_nodes_reasons():
 def test_own_float32_islands_stay_fp32(fp32_224, reference_224, tmp_path):
     """What transformers upcasts on purpose (RMSNorm statistics, rotary angles) stays FP32; the
     matrix multiplications between an island's downcast and the next upcast do not."""
-    from vlsens.fp16 import own_fp32_islands
+    from vlsens.variants.float16 import own_fp32_islands
 
     model = onnx.load(str(fp32_224), load_external_data=False)
     kept = own_fp32_islands(model)
@@ -117,8 +117,8 @@ def test_streamed_fp16_weights_equal_the_converters_own(fp32_224, tmp_path):
     import numpy as np
     from onnx import numpy_helper
 
-    from vlsens.fp16 import save_streamed, to_fp16
-    from vlsens.onnxutil import untie_identity_initializers
+    from vlsens.core.onnxutil import untie_identity_initializers
+    from vlsens.variants.float16 import save_streamed, to_fp16
 
     lazy = onnx.load(str(fp32_224), load_external_data=False)
     untie_identity_initializers(lazy)

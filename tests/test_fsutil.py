@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from vlsens.fsutil import (
+from vlsens.core.fsutil import (
     atomic_dir,
     copy_file,
     publish,

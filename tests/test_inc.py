@@ -9,10 +9,10 @@ import sys
 import pytest
 from conftest import PLANT, REPO
 
-from vlsens.compare import average_ranks, compare, spearman, top_k
-from vlsens.inc.names import Node, map_names
-from vlsens.inc.settings import IncEnvironmentError, check_private_api, check_settings
-from vlsens.quant import QuantSettings
+from vlsens.quantize.qdq import QuantSettings
+from vlsens.sensitivity.compare import average_ranks, compare, spearman, top_k
+from vlsens.sensitivity.inc.names import Node, map_names
+from vlsens.sensitivity.inc.settings import IncEnvironmentError, check_private_api, check_settings
 from vlsens.sensitivity.ranking import read_csv
 
 SCRIPT = REPO / "workflow" / "scripts" / "sensitivity_inc.py"
@@ -109,7 +109,7 @@ def test_settings_inc_cannot_honour_are_named():
 
 def test_inc_environment_is_the_pinned_one(inc_python):
     """The interpreter `make inc-env` builds passes the same check the rule runs first."""
-    code = "from vlsens.inc.settings import check_environment; import json; print(json.dumps(check_environment()))"
+    code = "from vlsens.sensitivity.inc.settings import check_environment; import json; print(json.dumps(check_environment()))"
     r = subprocess.run([str(inc_python), "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(REPO / "src")})
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -202,7 +202,7 @@ def test_inc_ranks_the_planted_op_first(inc_run):
 def test_inc_ops_map_back_to_the_exported_graph(inc_run, planted):
     import onnx
 
-    from vlsens.quant import quantizable_ops
+    from vlsens.quantize.qdq import quantizable_ops
 
     summary = json.loads((inc_run / "inc.json").read_text())
     exported = {o.name for o in quantizable_ops(onnx.load(str(planted / "fp32" / "model.onnx")))}
@@ -239,7 +239,7 @@ def test_inc_fallback_run_meets_the_target_and_is_remeasured(planted, inc_python
     assert r.returncode == 0, r.stderr[-3000:]
     ev = json.loads((tmp_path / "inc-tune" / "eval.json").read_text())
     assert ev["status"] == "met" and ev["measured"]["cosine"] >= 0.999
-    from vlsens import records
+    from vlsens.core import records
 
     assert records.errors(tmp_path / "inc-tune" / "eval.json") == []
     assert (tmp_path / "inc-tune" / "model.onnx").is_file() and (tmp_path / "inc-tune" / "model.onnx.data").is_file()
@@ -250,8 +250,8 @@ def test_inc_fallback_run_meets_the_target_and_is_remeasured(planted, inc_python
     import numpy as np
     import onnxruntime as ort
 
-    from vlsens.calibration import load_split
-    from vlsens.metrics import output_metrics
+    from vlsens.core.metrics import output_metrics
+    from vlsens.data.calibration import load_split
 
     evals = load_split(planted / "calib" / "eval.npz")
     ref = ort.InferenceSession(str(planted / "fp32" / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -291,7 +291,7 @@ def test_profile_inc_op_name_dict_matches_inc_names(inc_run, planted, tmp_path):
     node names: each excluded op must match exactly its INC name, and no other op's."""
     import re
 
-    from vlsens.profile import inc_op_name_dict
+    from vlsens.precision.int8 import inc_op_name_dict
 
     summary = json.loads((inc_run / "inc.json").read_text())
     inc_name = {m["onnx_name"]: k for k, m in summary["mapping"].items()}  # exported -> INC

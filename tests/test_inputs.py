@@ -3,12 +3,12 @@
 import json
 import os
 
-from vlsens.images import ImageRef, resolve_images
-from vlsens.inputs import HashCache, checkpoint_dir, image_refs, write_if_changed, write_manifests
+from vlsens.data.images import ImageRef, resolve_images
+from vlsens.data.inputs import HashCache, checkpoint_dir, image_refs, write_if_changed, write_manifests
 
 
 def test_hash_cache_rehashes_only_changed_files(tmp_path, monkeypatch):
-    import vlsens.inputs as inputs
+    import vlsens.data.inputs as inputs
 
     f = tmp_path / "w.bin"
     f.write_bytes(b"a" * 100)

@@ -1,7 +1,7 @@
 """The package's layers (docs/architecture.md, Layout): no module imports from a layer above its own, so the
 plan sits at the bottom and the generic stages never import a tower."""
 
-from vlsens.versions import _module_file, _vlsens_imports
+from vlsens.core.versions import _module_file, _vlsens_imports
 
 LAYERS = {
     "floor": "errors job faults device fsutil paths sizes images prompts inputs versions metrics onnxutil onnxgraph",
@@ -18,7 +18,7 @@ LAYERS = {
                    "report report.tables report.figures report.build report.verdict cli",
 }
 LEVEL = {f"vlsens.{m}": i for i, names in enumerate(LAYERS.values()) for m in names.split()}
-TOWERS = {m for m in LEVEL if m.startswith("vlsens.towers.")}
+TOWERS = {m for m in LEVEL if m.startswith("vlsens.export.towers.")}
 
 
 def test_every_module_is_in_a_layer_and_imports_only_below():
@@ -33,7 +33,7 @@ def test_every_module_is_in_a_layer_and_imports_only_below():
 
 
 def test_generic_stages_import_no_tower():
-    stages = [m for m, level in LEVEL.items() if level == LEVEL["vlsens.parity"]]
+    stages = [m for m, level in LEVEL.items() if level == LEVEL["vlsens.export.parity"]]
     for m in stages:
         assert not _vlsens_imports(_module_file(m)) & TOWERS, m
 
@@ -64,18 +64,18 @@ def test_editing_preset_code_reruns_nothing_of_a_real_checkpoint(monkeypatch):
     that runs on a user's own checkpoint (only the preset-building rules import them)."""
     from pathlib import Path
 
-    import vlsens.towers
-    from vlsens.versions import script_code_version
+    import vlsens.export.towers
+    from vlsens.core.versions import script_code_version
 
     scripts = sorted(p for p in (Path(__file__).resolve().parents[1] / "workflow" / "scripts").glob("*.py")
                      if not p.name.startswith(("build_", "_")))
     assert len(scripts) >= 10, scripts
-    towers = sorted({path.partition(":")[0] for path in vlsens.towers.BUILTIN.values()})
+    towers = sorted({path.partition(":")[0] for path in vlsens.export.towers.BUILTIN.values()})
     assert len(towers) >= 6, towers
     jobs = [(s, t) for s in scripts for t in towers]
     before = {(s.name, t): script_code_version(s, t) for s, t in jobs}
-    preset_modules = [m for m in LEVEL if m.startswith("vlsens.presets.")]
-    assert {f"vlsens.presets.{m}" for m in ("tables", "plant", "build", "tokenizer")} <= set(preset_modules)
+    preset_modules = [m for m in LEVEL if m.startswith("vlsens.model.presets.")]
+    assert {f"vlsens.model.presets.{m}" for m in ("tables", "plant", "build", "tokenizer")} <= set(preset_modules)
     monkeypatch.setenv("VLSENS_VERSION_OVERRIDES", ",".join(f"{m}=edited" for m in preset_modules))
     after = {(s.name, t): script_code_version(s, t) for s, t in jobs}
     assert after == before
@@ -89,8 +89,8 @@ def test_editing_preset_code_reruns_nothing_of_a_real_checkpoint(monkeypatch):
 #: What only a tower (or the family table) may know: graph names and kinds, the output name of a
 #: language model, the families' model types.
 TOWER_WORDS = ("vision", "text", "decoder", "embeds.onnx", "embedding.onnx", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-#: vlsens.loading's "vision" and "text" name the checkpoint's two parts (model.visual, the LM), not towers.
-PARTS = {"vlsens.loading"}
+#: vlsens.model.loading's "vision" and "text" name the checkpoint's two parts (model.visual, the LM), not towers.
+PARTS = {"vlsens.model.loading"}
 
 
 def _code_strings(module: str) -> list[tuple[int, str]]:
@@ -107,12 +107,12 @@ def _code_strings(module: str) -> list[tuple[int, str]]:
 
 def test_generic_layers_name_no_tower_and_no_family():
     """Per-tower differences live behind Tower attributes and hooks (logits, block_label,
-    planted_site, outside inputs, profile settings), per-family ones in vlsens.family's table: the
+    planted_site, outside inputs, profile settings), per-family ones in vlsens.model.family's table: the
     floor, the plan's generic modules, the data layer and the generic stages never compare a graph
     name, a tower kind, an output name or a model type."""
     generic = [m for m, level in LEVEL.items()
-               if level in (LEVEL["vlsens.errors"], LEVEL["vlsens.config"], LEVEL["vlsens.cases"], LEVEL["vlsens.parity"])
-               and not m.startswith(("vlsens.presets", "vlsens.family", "vlsens.paths")) and m not in PARTS]
+               if level in (LEVEL["vlsens.core.errors"], LEVEL["vlsens.config"], LEVEL["vlsens.data.cases"], LEVEL["vlsens.export.parity"])
+               and not m.startswith(("vlsens.model.presets", "vlsens.model.family", "vlsens.core.paths")) and m not in PARTS]
     found = [(m, line, s) for m in generic for line, s in _code_strings(m)
              if s in TOWER_WORDS or s.split("/")[0] in TOWER_WORDS and "/" in s]
     assert found == []

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vlsens.metrics import Metrics, compare, output_metrics
+from vlsens.core.metrics import Metrics, compare, output_metrics
 
 
 def test_parity_view():
@@ -52,7 +52,7 @@ def test_valid_positions_only():
 def test_progress_lines_say_done_total_rate_and_eta():
     """Long loops log `what: done/total unit (pct), s/unit, ETA`, at most every `every` seconds
     and always at the end (tail -f on a job's log tells how long is left)."""
-    from vlsens.job import Progress
+    from vlsens.core.job import Progress
 
     t = [0.0]
     lines = []

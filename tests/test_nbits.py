@@ -4,8 +4,8 @@ bit for bit, the model ONNX Runtime's MatMulNBitsQuantizer builds for the same a
 import numpy as np
 import pytest
 
-from vlsens.nbits import NBitsSettings, quantize, quantized_nodes, weight_matmuls
-from vlsens.onnxutil import make_session
+from vlsens.core.onnxutil import make_session
+from vlsens.quantize.nbits import NBitsSettings, quantize, quantized_nodes, weight_matmuls
 from vlsens.sensitivity import nbits as nb
 
 
@@ -112,10 +112,10 @@ def weight_outlier(tmp_path_factory, parity_refs):
     nbits, the int4-mixed folder and the builder's k_quant_mixed folder."""
     from conftest import build_graph
 
-    from vlsens.deploy.anchors import builder_folder
-    from vlsens.presets.build import build_tiny_checkpoint
-    from vlsens.profile_nbits import profile_folder
-    from vlsens.towers.decoder import weight_reference
+    from vlsens.deploy.genai.anchors import builder_folder
+    from vlsens.export.towers.decoder import weight_reference
+    from vlsens.model.presets.build import build_tiny_checkpoint
+    from vlsens.precision.nbits import profile_folder
 
     root = tmp_path_factory.mktemp("nbits-outlier")
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, text_outlier={"layer": 1, "channels": 4, "scale": 0.001})
@@ -134,7 +134,7 @@ def weight_outlier(tmp_path_factory, parity_refs):
 
 
 def _kl(model, b, eng_dir):
-    from vlsens.metrics import Metrics
+    from vlsens.core.metrics import Metrics
 
     e = nb.Prepared(eng_dir)
     samples, ref = e.session(b.calib / "eval.npz").samples, e.reference()
@@ -185,8 +185,8 @@ def test_dequantize_reads_the_weight_matmulnbits_multiplies_by(tmp_path, bits, s
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from vlsens.onnxgraph import dequantize_matmulnbits as dequantize
-    from vlsens.onnxutil import save_with_external_data
+    from vlsens.core.onnxgraph import dequantize_matmulnbits as dequantize
+    from vlsens.core.onnxutil import save_with_external_data
 
     rng = np.random.default_rng(bits)
     for k in (128, 80) if symmetric and algorithm == "rtn" else (128,):
@@ -212,9 +212,9 @@ def test_int4_gate_compares_with_the_graphs_own_weights_and_fails_a_bad_one(weig
     """The int4 folders' gate: with float activations the graph equals transformers on its own
     dequantized weights at FP32's tolerance (the planted outlier makes INT4 far from the float
     model, which is measured apart); one MatMul's scales doubled and the gate fails, no folder."""
-    from vlsens.errors import ParityError
-    from vlsens.onnxutil import copy_model
-    from vlsens.towers.decoder import weight_reference
+    from vlsens.core.errors import ParityError
+    from vlsens.core.onnxutil import copy_model
+    from vlsens.export.towers.decoder import weight_reference
     from vlsens.variants import build_variant
 
     b, root, mixed, heuristic, ckpt = weight_outlier
@@ -240,13 +240,13 @@ def test_int4_gate_compares_with_the_graphs_own_weights_and_fails_a_bad_one(weig
 
 
 def test_the_anchors_equal_the_builders_own_int4_graphs(weight_outlier, tmp_path):
-    """vlsens.deploy.anchors builds -p int4 from the builder's FP32 graph with the builder's own
+    """vlsens.deploy.genai.anchors builds -p int4 from the builder's FP32 graph with the builder's own
     placement and quantizer: the same MatMulNBits nodes, attributes and weights as the builder's
     own -p int4 export (algo_config=k_quant_mixed, the run's settings)."""
     import onnx
 
-    from vlsens.onnxutil import tensor_array
-    from vlsens.towers.decoder import build_decoder
+    from vlsens.core.onnxutil import tensor_array
+    from vlsens.export.towers.decoder import build_decoder
 
     b, root, mixed, heuristic, ckpt = weight_outlier
     theirs = build_decoder(ckpt, tmp_path, precision="int4",

@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from vlsens.onnxutil import INLINE_MAX_BYTES, data_path, resave, save_with_external_data
+from vlsens.core.onnxutil import INLINE_MAX_BYTES, data_path, resave, save_with_external_data
 
 
 def _model(rng):
@@ -77,8 +77,8 @@ def test_onnx_writer_appends_and_check_compact_refuses_it(tmp_path):
 
     import pytest
 
-    from vlsens.errors import ArtifactError
-    from vlsens.onnxutil import check_compact
+    from vlsens.core.errors import ArtifactError
+    from vlsens.core.onnxutil import check_compact
 
     model, _ = _model(np.random.default_rng(2))
     dst = tmp_path / "model.onnx"

@@ -42,9 +42,10 @@ ONNX_ONLY_STAGES = """
 import sys
 sys.modules["torch"] = None          # any import of torch now raises ImportError
 sys.modules["transformers"] = None
-import vlsens.fp16, vlsens.simplify, vlsens.scripting, vlsens.parity, vlsens.variants, vlsens.samples
-import vlsens.sensitivity.stages, vlsens.profile, vlsens.compare, vlsens.calibration, vlsens.stages
-from vlsens.device import set_threads
+import vlsens.variants.float16, vlsens.variants.simplified, vlsens.core.scripting, vlsens.export.parity, vlsens.variants
+import vlsens.data.samples
+import vlsens.sensitivity.stages, vlsens.precision.int8, vlsens.sensitivity.compare, vlsens.data.calibration, vlsens.export.stages
+from vlsens.core.device import set_threads
 set_threads(2)
 print("ok")
 """
@@ -89,7 +90,7 @@ def test_every_rule_declares_log_benchmark_conda_and_cluster_resources():
 
 
 def test_no_results_path_is_written_in_the_rules():
-    """One path layout (vlsens.paths): the rules spell no results/ path themselves."""
+    """One path layout (vlsens.core.paths): the rules spell no results/ path themselves."""
     for smk in (REPO / "rules").glob("*.smk"):
         assert "results/" not in smk.read_text(), smk.name
 
@@ -97,8 +98,8 @@ def test_no_results_path_is_written_in_the_rules():
 def test_inc_env_is_pinned():
     """envs/inc.yaml (also the source of the Makefile's .venv-inc) pins exactly what the engine
     relies on; its onnxruntime is the main environment's, so both engines run the same runtime."""
-    from vlsens.inc.env import requirements
-    from vlsens.inc.settings import INC_VERSION
+    from vlsens.sensitivity.inc.env import requirements
+    from vlsens.sensitivity.inc.settings import INC_VERSION
 
     reqs = {Requirement(r).name: Requirement(r) for r in requirements(REPO / "envs" / "inc.yaml")}
     for r in reqs.values():
@@ -109,12 +110,12 @@ def test_inc_env_is_pinned():
     pins = {Requirement(line).name: str(Requirement(line).specifier) for line in
             (s.split("#")[0].strip() for s in (REPO / "constraints.txt").read_text().splitlines()) if line}
     assert str(reqs["onnxruntime"].specifier) == pins["onnxruntime"]
-    assert "vlsens.inc.env requirements envs/inc.yaml" in (REPO / "Makefile").read_text()
+    assert "vlsens.sensitivity.inc.env requirements envs/inc.yaml" in (REPO / "Makefile").read_text()
 
 
 def test_a_non_editable_install_finds_its_schemas(tmp_path):
     """Built and installed as a wheel (not editable), vlsens carries workflow/schemas as package
-    data: the config schema loads and python -m vlsens.records validates a record."""
+    data: the config schema loads and python -m vlsens.core.records validates a record."""
     import json
     import os
     import shutil
@@ -136,7 +137,7 @@ def test_a_non_editable_install_finds_its_schemas(tmp_path):
     (run / "manifest.json").write_text(json.dumps({"parts": "p", "counts": {"calib": 1, "eval": 1}, "inputs": [["x"]]}))
     env = {**os.environ, "PYTHONPATH": str(target)}
     code = ("import vlsens, vlsens.config as c; print(vlsens.__file__); c.load_schema(); "
-            "import sys, vlsens.records as r; sys.exit(r._main([sys.argv[1]]))")
+            "import sys, vlsens.core.records as r; sys.exit(r._main([sys.argv[1]]))")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
                        cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -11,10 +11,11 @@ import onnxruntime as ort
 import pytest
 from conftest import TOL_FP16, TOL_FP32
 
-from vlsens import parts, variants
-from vlsens.calibration import write_npu_archive
-from vlsens.errors import ArtifactError, ConfigError, ParityError
-from vlsens.onnxutil import data_path
+from vlsens import variants
+from vlsens.core.errors import ArtifactError, ConfigError, ParityError
+from vlsens.core.onnxutil import data_path
+from vlsens.data.calibration import write_npu_archive
+from vlsens.npu import build, calibration, cut
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def _graph_output(model, feed):
 
 
 def test_two_parts_chain_to_transformers_and_are_single_files(fixed, tmp_path):
-    rec = parts.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", 2, 2_000_000_000)
+    rec = build.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", 2, 2_000_000_000)
     assert rec["passed"] and rec["extra"]["onnxsim"]["passed"]
     assert [p["file"] for p in rec["parts"]] == ["part0.onnx", "part1.onnx"]
     assert [p["blocks"] for p in rec["parts"]] == [[0, 1], [2, 3]]  # the tiny tower's 4 blocks, balanced
@@ -63,7 +64,7 @@ def test_two_parts_chain_to_transformers_and_are_single_files(fixed, tmp_path):
 def test_fp16_parts_keep_inserted_casts_with_their_block(fp16_folder, fixed, tmp_path):
     """The FP16 step adds unnamed Casts and Constants out of order: each goes with the block it
     reads from, and static ones are copied into the parts that read them."""
-    rec = parts.build_parts(fp16_folder, fixed.reference, tmp_path / "p", TOL_FP16, "fp16", 3, 2_000_000_000)
+    rec = build.build_parts(fp16_folder, fixed.reference, tmp_path / "p", TOL_FP16, "fp16", 3, 2_000_000_000)
     assert rec["passed"] and len(rec["parts"]) == 3
     assert [len(p["inputs"]) for p in rec["parts"]] == [1, 1, 1]
     assert sum(p["nodes"] for p in rec["parts"]) >= len(onnx.load(str(fp16_folder / "model.onnx"),
@@ -71,45 +72,45 @@ def test_fp16_parts_keep_inserted_casts_with_their_block(fp16_folder, fixed, tmp
 
 
 def test_auto_takes_the_fewest_parts_below_max_bytes(fixed, tmp_path):
-    graph = parts.Graph.load(fixed.model())
+    graph = cut.Graph.load(fixed.model())
     units = graph.unit_bytes()
     total = sum(units.values())
-    assert parts.plan_cut(graph, "auto", total).count == 1
+    assert cut.plan_cut(graph, "auto", total).count == 1
     limit = max(units[b] + (units[-1] if b == 0 else 0) for b in graph.blocks) + 1
-    cut = parts.plan_cut(graph, "auto", limit)
-    sizes = [sum(units[b] for b in g) for g in cut.groups]
+    plan = cut.plan_cut(graph, "auto", limit)
+    sizes = [sum(units[b] for b in g) for g in plan.groups]
     assert all(s <= limit for s in sizes)
     # fewest: no two neighbouring parts would fit together
     assert all(a + b > limit for a, b in zip(sizes, sizes[1:]))
-    rec = parts.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", "auto", limit)
-    assert len(rec["parts"]) == cut.count > 1
+    rec = build.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", "auto", limit)
+    assert len(rec["parts"]) == plan.count > 1
 
 
 def test_one_part_is_the_whole_graph_in_one_file(fixed, tmp_path):
-    rec = parts.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", 1, 2_000_000_000)
+    rec = build.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", 1, 2_000_000_000)
     assert len(rec["parts"]) == 1 and rec["parts"][0]["single_file"]
     assert [i["name"] for i in rec["parts"][0]["inputs"]] == ["pixel_values"]
     assert not data_path(tmp_path / "p" / "part0.onnx").exists()
 
 
 def test_bad_counts_and_limits_name_the_key(fixed, tmp_path):
-    graph = parts.Graph.load(fixed.model())
+    graph = cut.Graph.load(fixed.model())
     with pytest.raises(ConfigError, match="vision.parts.count: 9"):
-        parts.plan_cut(graph, 9, 2_000_000_000)
+        cut.plan_cut(graph, 9, 2_000_000_000)
     with pytest.raises(ConfigError, match="vision.parts.max_bytes: 1000 bytes, but block"):
-        parts.plan_cut(graph, "auto", 1000)
+        cut.plan_cut(graph, "auto", 1000)
 
 
 def test_a_failing_gate_writes_nothing(fixed, tmp_path):
     with pytest.raises(ParityError, match="parity gate failed"):
-        parts.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", {"min_cosine": 1.1,
+        build.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", {"min_cosine": 1.1,
                           "max_rel_error": 0.0}, "fp32", 2, 2_000_000_000)
     assert not (tmp_path / "p").exists() and list(tmp_path.iterdir()) == []
 
 
 def test_part_calibration_archives_are_each_parts_own_inputs(fixed, tmp_path):
-    parts.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", 2, 2_000_000_000)
-    man = parts.part_calibration(tmp_path / "p", fixed.calib / "calib.npz", fixed.calib / "eval.npz", tmp_path / "c")
+    build.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", 2, 2_000_000_000)
+    man = calibration.part_calibration(tmp_path / "p", fixed.calib / "calib.npz", fixed.calib / "eval.npz", tmp_path / "c")
     assert man["counts"]["calib"] >= 1 and len(man["inputs"]) == 2
     # part 0's archive is the graph's own calib.tar (rule calibration_tar), byte for byte
     write_npu_archive(fixed.calib / "calib.npz", tmp_path / "calib.tar")
@@ -126,18 +127,18 @@ def test_part_calibration_archives_are_each_parts_own_inputs(fixed, tmp_path):
 
 
 def test_a_changed_part_is_refused(fixed, tmp_path):
-    parts.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", 2, 2_000_000_000)
+    build.build_parts(fixed.folder("fp32"), fixed.reference, tmp_path / "p", TOL_FP32, "fp32", 2, 2_000_000_000)
     f = tmp_path / "p" / "part1.onnx"
     f.write_bytes(f.read_bytes()[:-10])
     with pytest.raises(ArtifactError, match="part1.onnx: not the part"):
-        parts.part_calibration(tmp_path / "p", fixed.calib / "calib.npz", fixed.calib / "eval.npz", tmp_path / "c")
+        calibration.part_calibration(tmp_path / "p", fixed.calib / "calib.npz", fixed.calib / "eval.npz", tmp_path / "c")
     assert not (tmp_path / "c").exists()
 
 
 def test_parts_of_a_variant_no_graph_builds_are_refused(tmp_path):
     from conftest import default_config
 
-    from vlsens.plan import configure
+    from vlsens.dag.plan import configure
 
     cfg = default_config(**{"vision.parts.variants": ["fp32", "bf16"]})
     _, towers = configure(cfg, tmp_path)
@@ -156,14 +157,14 @@ def test_a_part_is_a_graph_for_the_engine_and_the_profile(planted, tmp_path):
     outlier planted in block 2 is its most sensitive op, and the profile keeps it float."""
     from conftest import PLANT, run_settings
 
-    from vlsens.profile import build_profile
+    from vlsens.precision.int8 import build_profile
     from vlsens.sensitivity.ranking import read_csv
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     tol = {"min_cosine": 0.99999, "max_rel_error": 1e-4}
-    rec = parts.build_parts(planted / "fp32", planted / "reference.npz", tmp_path / "p", tol, "fp32", 2, 2_000_000_000)
+    rec = build.build_parts(planted / "fp32", planted / "reference.npz", tmp_path / "p", tol, "fp32", 2, 2_000_000_000)
     assert [p["blocks"] for p in rec["parts"]] == [[0, 1], [2, 3]] and PLANT["block"] == 2
-    parts.part_calibration(tmp_path / "p", planted / "calib" / "calib.npz", planted / "calib" / "eval.npz", tmp_path / "c")
+    calibration.part_calibration(tmp_path / "p", planted / "calib" / "calib.npz", planted / "calib" / "eval.npz", tmp_path / "c")
     part, cal = tmp_path / "p" / "part1.onnx", tmp_path / "c" / "part1"
     prepare(part, cal / "calib.npz", cal / "eval.npz", tmp_path / "engine", run_settings(), logits=False)
     run_shard(tmp_path / "engine", cal / "eval.npz", 0, 1, tmp_path / "shard.csv")

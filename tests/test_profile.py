@@ -21,8 +21,8 @@ SIZE = "308x196"
 @pytest.fixture(scope="module")
 def held_out(tmp_path_factory):
     """The held-out planted tower through export, calibration and the ort engine (run settings)."""
-    from vlsens.images import resolve_images
-    from vlsens.presets.build import build_tiny_checkpoint
+    from vlsens.data.images import resolve_images
+    from vlsens.model.presets.build import build_tiny_checkpoint
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     root = tmp_path_factory.mktemp("held-out")
@@ -38,7 +38,7 @@ def held_out(tmp_path_factory):
 
 
 def _profile(root, out, objective="accuracy"):
-    from vlsens.profile import build_profile
+    from vlsens.precision.int8 import build_profile
 
     return build_profile(root / "engine", root / "ort.csv", root / "calib" / "eval.npz",
                          {"fp32": root / "fp32" / "model.onnx"}, out, "cosine", 0.999, objective=objective)
@@ -46,7 +46,7 @@ def _profile(root, out, objective="accuracy"):
 
 @pytest.mark.slow
 def test_estimate_is_the_built_model_on_a_held_out_checkpoint(held_out, tmp_path):
-    from vlsens.onnxutil import check_compact
+    from vlsens.core.onnxutil import check_compact
     from vlsens.sensitivity.ranking import read_csv
 
     rec = _profile(held_out, tmp_path / "p")
@@ -89,7 +89,7 @@ def test_a_missed_build_is_repaired_by_bisection_and_explained(held_out, tmp_pat
     """Force the built model to miss (its measurement made worse than the engine's by a fixed
     amount): the profile searches again for the shifted target, then bisects over built models,
     and ships the met build with the largest INT8 share; every op back in float says why."""
-    from vlsens import profile
+    from vlsens.precision import int8 as profile
 
     real = profile.measure
 

@@ -1,4 +1,4 @@
-"""Deployment targets (vlsens.quant_target): what CPU features decide, which settings each target
+"""Deployment targets (vlsens.quantize.target): what CPU features decide, which settings each target
 gets, and that with the run's saturation guard ONNX Runtime's integer kernels compute what the
 engine estimates (per op and per set), while without it, on a CPU whose U8S8 kernels saturate,
 they do not. The profile's repair and latency candidates as algorithms."""
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from conftest import default_config
 
-from vlsens.errors import ConfigError
-from vlsens.quant import QuantSettings
-from vlsens.quant_target import check_profile_objective, cpu_features, resolve
+from vlsens.core.errors import ConfigError
+from vlsens.quantize.qdq import QuantSettings
+from vlsens.quantize.target import check_profile_objective, cpu_features, resolve
 
 EPYC = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx avx2 fma f16c bmi2\n"
 SAPPHIRE = "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: sse2 avx2 avx512f avx512bw avx512_vnni amx_int8\n"
@@ -88,9 +88,9 @@ def test_latency_objective_for_an_untimed_target_fails_the_dag_build(tmp_path):
 def _metric_pairs(eng, evals, ops_sets, tmp_path, integer: bool):
     """(engine estimate, built model) cosines for each set; built measured in the default
     (integer kernels) or a basic (fake quant) session against the float model."""
-    from vlsens.metrics import Metrics
-    from vlsens.onnxutil import make_session
-    from vlsens.quant import quantize
+    from vlsens.core.metrics import Metrics
+    from vlsens.core.onnxutil import make_session
+    from vlsens.quantize.qdq import quantize
 
     session, reference = eng.session(evals), eng.reference()
     fl = make_session(eng.float_model)
@@ -197,7 +197,7 @@ class _FakeBuilder:
 def test_repair_finds_the_fewest_ops_to_drop_in_log2_builds(n, bad):
     import math
 
-    from vlsens.profile import repair
+    from vlsens.precision.int8 import repair
 
     chosen = [f"op{i}" for i in range(n)]
     by_sensitivity = list(reversed(chosen))  # the last ops are the most sensitive
@@ -213,7 +213,7 @@ def test_repair_finds_the_fewest_ops_to_drop_in_log2_builds(n, bad):
 
 
 def test_latency_candidates_leave_the_smallest_ops_in_float():
-    from vlsens.profile import latency_candidates
+    from vlsens.precision.int8 import latency_candidates
 
     weights = {"big": 800, "mid": 150, "small": 40, "tiny": 9, "act": 0}
     shipped = ["act", "tiny", "small", "mid", "big"]

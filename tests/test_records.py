@@ -1,4 +1,4 @@
-"""python -m vlsens.records: a summary line per folder, a non-zero exit on a missing or empty
+"""python -m vlsens.core.records: a summary line per folder, a non-zero exit on a missing or empty
 folder and on any record that breaks its schema."""
 
 import json
@@ -9,7 +9,7 @@ from conftest import REPO
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "vlsens.records", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "vlsens.core.records", *map(str, args)], capture_output=True, text=True,
                           cwd=REPO)
 
 

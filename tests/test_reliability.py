@@ -55,7 +55,7 @@ def write_config(workdir, cfg, name="config.yaml"):
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     """Two local checkpoints of the same architecture (seeds 0 and 1)."""
-    from vlsens.presets.build import build_tiny_checkpoint
+    from vlsens.model.presets.build import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("ckpts")
     return (build_tiny_checkpoint(root / "a", seed=0, outlier=PLANT),
@@ -102,13 +102,13 @@ def test_6_published_files_are_readable_by_others(run):
 
 
 def test_records_hold_the_sha256_of_each_onnx_file(run):
-    from vlsens.fsutil import file_sha256
+    from vlsens.core.fsutil import file_sha256
 
     res = run["results"]
     models = list(res.rglob("*.onnx"))
     assert len(models) >= 5
     for m in models:
-        from vlsens.artifacts import find_record
+        from vlsens.core.artifacts import find_record
 
         record_path, rec = find_record(m)
         data = m.with_name(m.name + ".data")
@@ -169,7 +169,7 @@ def test_5_corrupted_intermediate_fails_its_consumer_with_the_fix_then_heals(run
 
 
 def test_8_device_cuda_without_gpu_fails_before_touching_outputs(run):
-    from vlsens.device import cuda_visible
+    from vlsens.core.device import cuda_visible
 
     if cuda_visible():
         pytest.skip("this machine has CUDA: device: cuda is valid here")
@@ -197,7 +197,7 @@ def test_2_checkpoint_edited_in_place_reruns_exactly_what_reads_it(run, ckpts):
     for rule in ("reference", "export", "calibration", "fp16", "sensitivity_prepare", "profile"):
         assert rule in r.out, (rule, r.out)
     man = json.loads((run["results"] / "inputs" / "checkpoint.json").read_text())
-    from vlsens.fsutil import file_sha256
+    from vlsens.core.fsutil import file_sha256
 
     assert man["files"]["model.safetensors"]["sha256"] == file_sha256(ckpts[1] / "model.safetensors")
     shutil.copyfile(ckpts[0] / "model.safetensors", w)
@@ -266,7 +266,7 @@ def test_4_tiny_and_elongated_images_are_refused_or_warned(tmp_path, ckpts):
 
 
 def test_4_unreadable_calibration_image_is_named_or_skipped(tmp_path, ckpts):
-    from vlsens.images import resolve_images
+    from vlsens.data.images import resolve_images
 
     imgs = tmp_path / "imgs"
     imgs.mkdir()
@@ -286,7 +286,7 @@ def test_4_unreadable_calibration_image_is_named_or_skipped(tmp_path, ckpts):
 
 
 def test_4_sixteen_bit_grayscale_is_scaled_not_clipped(tmp_path):
-    from vlsens.images import ImageRef, header, open_rgb
+    from vlsens.data.images import ImageRef, header, open_rgb
 
     ramp = np.linspace(0, 65535, 64 * 64).reshape(64, 64).astype(np.uint16)
     p = _png(tmp_path / "g16.png", ramp)
@@ -299,8 +299,8 @@ def test_4_sixteen_bit_grayscale_is_scaled_not_clipped(tmp_path):
 
 
 def test_4_truncated_image_names_the_file(tmp_path):
-    from vlsens.errors import ImageError
-    from vlsens.images import ImageRef, open_rgb
+    from vlsens.core.errors import ImageError
+    from vlsens.data.images import ImageRef, open_rgb
 
     src = _png(tmp_path / "a.png", np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8))
     data = src.read_bytes()
@@ -339,8 +339,8 @@ def test_7_job_killed_mid_write_of_a_large_model_breaks_no_other_rule(tmp_path):
     weights): the FP16 job is SIGKILLed with half of its data file written, as the OOM killer
     would. The other jobs of that run still finish; the re-run removes the leftover, completes,
     and leaves no link into a published data file."""
-    from vlsens.presets.build import build_tiny_checkpoint
-    from vlsens.presets.tables import REAL_3B_VISION
+    from vlsens.model.presets.build import build_tiny_checkpoint
+    from vlsens.model.presets.tables import REAL_3B_VISION
 
     vision = dict(REAL_3B_VISION, depth=2, fullatt_block_indexes=[1], initializer_range=0.02)
     ckpt = build_tiny_checkpoint(tmp_path / "wide", seed=0, vision=vision)

@@ -266,7 +266,7 @@ def test_tables_escape_html():
 
 
 def test_search_trace_records_each_steps_int8_weight_share():
-    from vlsens.profile import search
+    from vlsens.precision.int8 import search
 
     weights = {"a": 10, "b": 30, "c": 60}  # least sensitive first: a, b, c
     err = {"a": 0.0001, "b": 0.0002, "c": 0.01}

@@ -1,4 +1,4 @@
-"""The jobs' wrapper (vlsens.scripting.run): known noise is counted, not logged; other warnings stay."""
+"""The jobs' wrapper (vlsens.core.scripting.run): known noise is counted, not logged; other warnings stay."""
 
 import logging
 import warnings
@@ -29,7 +29,7 @@ def restore_logging():
 
 
 def test_known_noise_is_counted_not_logged(tmp_path, capsys, restore_logging):
-    from vlsens.scripting import run
+    from vlsens.core.scripting import run
 
     def main(sm):
         for _ in range(3):

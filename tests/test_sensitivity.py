@@ -10,10 +10,10 @@ import pytest
 import yaml
 from conftest import PLANT
 
-from vlsens.calibration import load_split
-from vlsens.metrics import output_metrics
-from vlsens.profile import build_profile
-from vlsens.quant import parse_op_name
+from vlsens.core.metrics import output_metrics
+from vlsens.data.calibration import load_split
+from vlsens.precision.int8 import build_profile
+from vlsens.quantize.qdq import parse_op_name
 from vlsens.sensitivity.engine import Engine
 from vlsens.sensitivity.ranking import read_csv
 
@@ -124,7 +124,7 @@ def test_built_model_matches_profile_yaml(planted, tmp_path, case, metric, targe
 
 
 def test_fail_if_unreachable_writes_nothing(planted, tmp_path):
-    from vlsens.errors import VlsensError
+    from vlsens.core.errors import VlsensError
 
     with pytest.raises(VlsensError, match="unreachable.*fail_if_unreachable"):
         build_profile(planted / "engine", planted / "ort.csv", planted / "calib" / "eval.npz",
@@ -147,7 +147,7 @@ def test_switch_map_survives_a_json_round_trip():
     import pathlib
     import tempfile
 
-    from vlsens.fsutil import write_json
+    from vlsens.core.fsutil import write_json
     from vlsens.sensitivity.switch import SwitchMap
 
     sm = SwitchMap(["b", "a"], {"z": ["a"], "y": ["b"], "x": ["a", "b"]})
@@ -162,7 +162,7 @@ def test_switch_map_survives_a_json_round_trip():
 def test_weights_only_leaves_attention_matmuls_out(planted):
     import onnx
 
-    from vlsens.quant import quantizable_ops
+    from vlsens.quantize.qdq import quantizable_ops
 
     model = onnx.load(str(planted / "fp32" / "model.onnx"), load_external_data=False)
     every = quantizable_ops(model)
@@ -173,10 +173,10 @@ def test_weights_only_leaves_attention_matmuls_out(planted):
 
 
 def test_quantizing_twice_at_one_path_writes_one_model(planted, tmp_path):
-    """quantize_static saves through onnx's appending writer; vlsens.quant.quantize starts from an
+    """quantize_static saves through onnx's appending writer; vlsens.quantize.qdq.quantize starts from an
     empty data file, so a rebuild at the same path holds one model's bytes (and checks it)."""
-    from vlsens.onnxutil import check_compact, data_path
-    from vlsens.quant import quantize
+    from vlsens.core.onnxutil import check_compact, data_path
+    from vlsens.quantize.qdq import quantize
 
     eng = Engine(planted / "engine")
     names = [o.name for o in eng.ops]
@@ -194,7 +194,7 @@ def test_attention_matmuls_are_named_by_what_they_compute(fp32_224):
     (the Softmax's output times V), not their exported names (attn.MatMul_3)."""
     import onnx
 
-    from vlsens.quant import quantizable_ops
+    from vlsens.quantize.qdq import quantizable_ops
 
     ops = quantizable_ops(onnx.load(str(fp32_224), load_external_data=False))
     attn = [o for o in ops if o.op_type == "MatMul" and not o.weight_params]

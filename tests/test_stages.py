@@ -12,10 +12,11 @@ import onnx
 import pytest
 from conftest import TOL_FP16, TOL_FP32, run_settings
 
-from vlsens import parity, stages, variants
-from vlsens.cases import Cases
-from vlsens.errors import ParityError
-from vlsens.samples import Samples
+from vlsens import variants
+from vlsens.core.errors import ParityError
+from vlsens.data.cases import Cases
+from vlsens.data.samples import Samples
+from vlsens.export import parity, stages
 from vlsens.sensitivity.ranking import read_csv
 
 
@@ -45,7 +46,7 @@ def _sabotage(src_dir, dst_dir, graph):
     """Copy of a folder whose ``graph`` has one weight matrix changed after export."""
     from onnx import numpy_helper
 
-    from vlsens.onnxutil import save_with_external_data
+    from vlsens.core.onnxutil import save_with_external_data
 
     shutil.copytree(src_dir, dst_dir)
     model = onnx.load(str(src_dir / graph), load_external_data=True)
@@ -81,8 +82,8 @@ def test_failed_gate_leaves_nothing(built, tmp_path):
 def test_a_changed_graph_file_fails_its_reader_with_the_fix(built, tmp_path):
     """Every graph file of a folder is checked against parity.json when a job reads it; the fix
     names the folder's main graph (what Snakemake knows the folder by)."""
-    from vlsens.artifacts import verify
-    from vlsens.errors import ArtifactError
+    from vlsens.core.artifacts import verify
+    from vlsens.core.errors import ArtifactError
 
     for f in built.tower.files:
         copy = tmp_path / f.replace(".", "_")
@@ -231,8 +232,8 @@ def test_estimate_of_an_op_set_equals_the_built_model(built, engine, tmp_path):
     optimizations) session: random sets, every tower."""
     import random
 
-    from vlsens.onnxutil import make_session
-    from vlsens.quant import quantize
+    from vlsens.core.onnxutil import make_session
+    from vlsens.quantize.qdq import quantize
     from vlsens.sensitivity.engine import Engine
 
     eng = Engine(engine / "engine")
@@ -269,8 +270,8 @@ def test_profile_meets_its_target_and_is_remeasured(built, engine, tmp_path):
     here with fresh sessions against the float graph, is what eval.json says."""
     import onnxruntime as ort
 
-    from vlsens.metrics import Metrics
-    from vlsens.profile import build_profile
+    from vlsens.core.metrics import Metrics
+    from vlsens.precision.int8 import build_profile
 
     s = built.tower.profile_settings()
     out = tmp_path / "profile"

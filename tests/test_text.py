@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from conftest import TOL_FP32, build_graph, run_settings, tower_of
 
-from vlsens import stages
-from vlsens.cases import Cases
-from vlsens.errors import ConfigError
-from vlsens.images import resolve_images
-from vlsens.prompts import BUILTIN_PROMPTS, load_prompt_samples
-from vlsens.samples import Samples
+from vlsens.core.errors import ConfigError
+from vlsens.data.cases import Cases
+from vlsens.data.images import resolve_images
+from vlsens.data.prompts import BUILTIN_PROMPTS, load_prompt_samples
+from vlsens.data.samples import Samples
+from vlsens.export import stages
+from vlsens.export.towers.text import causal_padding_mask, text_position_ids
 from vlsens.sensitivity.ranking import read_csv
-from vlsens.towers.text import causal_padding_mask, text_position_ids
 
 TEXT_PLANT = {"layer": 1, "channels": 2, "scale": 1000.0}
 
@@ -24,7 +24,7 @@ TEXT_PLANT = {"layer": 1, "channels": 2, "scale": 1000.0}
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
     """The text graph of a checkpoint with a planted text layer: reference, fp32, calibration."""
-    from vlsens.presets.build import build_tiny_checkpoint
+    from vlsens.model.presets.build import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("text")
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, text_outlier=TEXT_PLANT)
@@ -86,10 +86,10 @@ def test_embeds_graph_on_merged_vision_features_equals_pytorch(text_run):
     import onnxruntime as ort
     import torch
 
-    from vlsens.images import open_rgb, resize_exact
-    from vlsens.loading import load_model
-    from vlsens.processor import load_processor
-    from vlsens.towers.text import chat_prompt, merged_embeds
+    from vlsens.data.images import open_rgb, resize_exact
+    from vlsens.export.towers.text import chat_prompt, merged_embeds
+    from vlsens.model.loading import load_model
+    from vlsens.model.processor import load_processor
 
     ckpt = text_run / "ckpt"
     model, processor = load_model(ckpt, attn_implementation="eager"), load_processor(ckpt)
@@ -112,7 +112,7 @@ def test_embeds_graph_on_merged_vision_features_equals_pytorch(text_run):
 
 def test_exporter_fallback_is_recorded(text_run, tmp_path, monkeypatch):
     """The legacy exporter failing (as it does on transformers 4.57) falls back to dynamo."""
-    import vlsens.towers.text as text
+    import vlsens.export.towers.text as text
 
     real = text._export_one
 
@@ -142,7 +142,7 @@ def text_cal(text_run):
 def test_text_calibration_carries_vision_features(text_cal, text_run):
     import torch
 
-    from vlsens.loading import load_model
+    from vlsens.model.loading import load_model
 
     man = json.loads((text_cal / "manifest.json").read_text())
     assert man["counts"] == {"calib": 6, "eval": 3}
@@ -206,7 +206,7 @@ def test_planted_text_layer_ranks_first(text_sens):
 def test_text_profile_meets_kl_target_and_keeps_the_planted_layer_float(text_sens, text_cal):
     import onnxruntime as ort
 
-    from vlsens.profile import build_profile
+    from vlsens.precision.int8 import build_profile
 
     rec = build_profile(text_sens / "engine", text_sens / "ort.csv", text_cal / "eval.npz",
                         {"fp32": text_sens / "fp32" / "embeds.onnx"}, text_sens / "profile", "kl", 1e-4)
@@ -215,7 +215,7 @@ def test_text_profile_meets_kl_target_and_keeps_the_planted_layer_float(text_sen
     assert any(f"layers.{TEXT_PLANT['layer']}/mlp/down_proj" in n for n in excluded)
     assert rec["int8_op_share"] >= 0.5
     # re-measured here, independently, at real tokens
-    from vlsens.metrics import Metrics
+    from vlsens.core.metrics import Metrics
 
     ev = Samples.load(text_cal / "eval.npz")
     q = ort.InferenceSession(str(text_sens / "profile" / "model.onnx"), providers=["CPUExecutionProvider"])

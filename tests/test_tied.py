@@ -11,11 +11,11 @@ import onnx
 import pytest
 from conftest import TOL_FP32, build_graph
 
-from vlsens.errors import ParityError, VlsensError
-from vlsens.nbits import NBitsSettings, lm_head_table, quantize, weight_matmuls
-from vlsens.onnxutil import make_session
+from vlsens.core.errors import ParityError, VlsensError
+from vlsens.core.onnxutil import make_session
+from vlsens.precision.weight_only import gate_tied, tied_embedding
+from vlsens.quantize.nbits import NBitsSettings, lm_head_table, quantize, weight_matmuls
 from vlsens.sensitivity import nbits as nb
-from vlsens.weight_only import gate_tied, tied_embedding
 
 LM = "/lm_head/MatMul"
 
@@ -24,7 +24,7 @@ LM = "/lm_head/MatMul"
 def tied(tmp_path_factory, parity_refs):
     """The tiny preset with tie_word_embeddings (same seed: only lm_head differs from the preset),
     through the decoder's stages and engine nbits."""
-    from vlsens.presets.build import build_tiny_checkpoint
+    from vlsens.model.presets.build import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tied")
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, tied=True)
@@ -87,8 +87,8 @@ def test_tied_embedding_gate_fails_on_a_wrong_table(tied, tmp_path):
 
 
 def test_text_rows_are_found_exactly(tied):
-    from vlsens.profile_nbits import text_ids
-    from vlsens.samples import Samples
+    from vlsens.data.samples import Samples
+    from vlsens.precision.nbits import text_ids
 
     b, root = tied
     table = lm_head_table(root / "engine" / nb.FILES["float"])
@@ -111,8 +111,8 @@ def test_profile_budgets_the_tied_table(tied, tmp_path):
     its own lm_head (as the folder's embedding graph gathers them) has the record's error."""
     import pandas as pd
 
-    from vlsens.metrics import Metrics
-    from vlsens.profile_nbits import build, text_ids
+    from vlsens.core.metrics import Metrics
+    from vlsens.precision.nbits import build, text_ids
 
     b, root = tied
     eval_npz = b.calib / "eval.npz"
@@ -162,8 +162,8 @@ def test_a_tied_folder_runs_in_onnxruntime_genai(tied, graph_builder, parity_ref
 
 def build(root, b, dst):
     """The tied int4-mixed decoder as a published variant folder (the deploy job's input)."""
-    from vlsens.profile_nbits import profile_folder
-    from vlsens.towers.decoder import weight_reference
+    from vlsens.export.towers.decoder import weight_reference
+    from vlsens.precision.nbits import profile_folder
 
     shutil.rmtree(dst, ignore_errors=True)
     rec = profile_folder(root / "engine", b.calib / "eval.npz", root / "nbits.csv", b.folder("fp32"), b.reference,
@@ -176,9 +176,9 @@ def build(root, b, dst):
 def test_tied_is_refused_for_an_untied_checkpoint_and_sources_its_cases(tmp_path):
     from conftest import default_config
 
+    from vlsens.core.errors import ConfigError
+    from vlsens.dag.plan import lm_config
     from vlsens.deploy import check_config, sources
-    from vlsens.errors import ConfigError
-    from vlsens.plan import lm_config
 
     def ties(**changes):
         return lm_config(default_config(**changes))["tie_word_embeddings"]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from conftest import TOL_FP32
 
-from vlsens.calibration import load_stacked, read_tar, write_npu_archive
-from vlsens.metrics import compare
+from vlsens.core.metrics import compare
+from vlsens.data.calibration import load_stacked, read_tar, write_npu_archive
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_uint8_features_equal_the_float_paths_within_the_fp32_gate(u8, fp):
     their features agree within the FP32 gate, and both match transformers (their records)."""
     import onnxruntime as ort
 
-    from vlsens.cases import Cases
+    from vlsens.data.cases import Cases
 
     su = ort.InferenceSession(str(u8.model()), providers=["CPUExecutionProvider"])
     sf = ort.InferenceSession(str(fp.model()), providers=["CPUExecutionProvider"])
@@ -68,7 +68,7 @@ def test_a_channel_swapped_image_misses_the_gate(u8):
     """The gate would see a BGR (or otherwise mislaid) input: the features move far off."""
     import onnxruntime as ort
 
-    from vlsens.cases import Cases
+    from vlsens.data.cases import Cases
 
     s = ort.InferenceSession(str(u8.model()), providers=["CPUExecutionProvider"])
     case = next(iter(Cases.load(u8.reference)))

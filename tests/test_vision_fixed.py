@@ -7,9 +7,10 @@ import numpy as np
 import onnx
 from conftest import TOL_FP32, tower_of
 
-from vlsens import stages, variants
-from vlsens.cases import Cases
-from vlsens.onnxutil import data_path
+from vlsens import variants
+from vlsens.core.onnxutil import data_path
+from vlsens.data.cases import Cases
+from vlsens.export import stages
 
 
 def test_export_writes_model_data_and_passing_record(fp32_224, reference_224):
@@ -51,9 +52,9 @@ def test_reference_cases_are_the_processor_pixels(reference_224, tiny_ckpt, pari
     """Each case's NCHW input patchifies back to exactly the processor's pixel_values."""
     import torch
 
-    from vlsens.images import open_rgb
-    from vlsens.processor import load_image_processor
-    from vlsens.vision import Geometry, patchify, processor_inputs
+    from vlsens.data.images import open_rgb
+    from vlsens.model.processor import load_image_processor
+    from vlsens.model.vision import Geometry, patchify, processor_inputs
 
     cases = Cases.load(reference_224)
     proc = load_image_processor(tiny_ckpt)

@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from vlsens.errors import ConfigError
-from vlsens.images import open_rgb, resize_exact
-from vlsens.sizes import nearest_valid_sizes, parse_size
-from vlsens.vision import Geometry, patchify, preprocess_nchw, processor_inputs, unpatchify
+from vlsens.core.errors import ConfigError
+from vlsens.core.sizes import nearest_valid_sizes, parse_size
+from vlsens.data.images import open_rgb, resize_exact
+from vlsens.model.vision import Geometry, patchify, preprocess_nchw, processor_inputs, unpatchify
 
 
 @pytest.mark.parametrize("h,w", [(224, 224), (224, 336), (308, 252)])
 def test_patchify_equals_hf_image_processor(tiny_ckpt, parity_refs, h, w):
     """Our in-graph patchify of an independently normalized image == the processor's patches."""
-    from vlsens.processor import load_image_processor
+    from vlsens.model.processor import load_image_processor
 
     proc = load_image_processor(tiny_ckpt)
     imgs = [open_rgb(r) for r in parity_refs]

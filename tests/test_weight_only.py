@@ -8,11 +8,11 @@ import onnx
 import pytest
 from conftest import TOL_FP32
 
-from vlsens.cases import Cases
-from vlsens.errors import ParityError
-from vlsens.nbits import NBitsSettings
-from vlsens.onnxutil import make_session
-from vlsens.weight_only import dequantize_table, embedding_folder, gemm_to_matmul, vision_folder
+from vlsens.core.errors import ParityError
+from vlsens.core.onnxutil import make_session
+from vlsens.data.cases import Cases
+from vlsens.precision.weight_only import dequantize_table, embedding_folder, gemm_to_matmul, vision_folder
+from vlsens.quantize.nbits import NBitsSettings
 
 TOL_INT4 = {"min_cosine": 0.98, "max_rel_error": 0.3}
 
@@ -63,7 +63,7 @@ def test_int4_embedding_gate_fails_and_writes_nothing(graph_builder, tmp_path):
 
 
 def test_gemm_to_matmul_is_exact_in_float(graph_builder, tmp_path):
-    from vlsens.onnxutil import save_with_external_data
+    from vlsens.core.onnxutil import save_with_external_data
 
     b = graph_builder("vision/dynamic")
     m = onnx.load(str(b.model("fp32")))
@@ -98,7 +98,7 @@ def test_int4_vision_is_gated_on_its_own_weights(graph_builder, tmp_path):
 def test_int4_vision_gate_catches_a_wrong_weight(graph_builder, tmp_path, monkeypatch):
     """Two same-shaped Linears swapped in the reference's mapping: the graph no longer computes
     what transformers does with its weights, so the exact gate fails and nothing is written."""
-    from vlsens import weight_only
+    from vlsens.precision import weight_only
 
     b = graph_builder("vision/dynamic")
     real = weight_only.quantize_vision

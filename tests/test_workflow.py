@@ -170,8 +170,8 @@ def test_profiles_ship_what_the_search_chose_and_every_file_is_compact(finished_
     the shipped INT8 weight share >= 90 % of the search's choice, fewer bytes than float; every ONNX
     file of the run (all stages) holds exactly its referenced bytes; INT8-mixed deploy folder
     smaller than the fp32 one."""
-    from vlsens.onnxutil import check_compact, data_path
-    from vlsens.quant_target import cpu_features
+    from vlsens.core.onnxutil import check_compact, data_path
+    from vlsens.quantize.target import cpu_features
 
     res = finished_run / "results" / "tiny"
     models = sorted(res.rglob("*.onnx"))
@@ -208,12 +208,12 @@ def test_video_clip_logits_onnx_only_equal_transformers(finished_run):
     import numpy as np
     import torch
 
-    from vlsens.images import open_rgb, resolve_images
-    from vlsens.loading import load_model
-    from vlsens.metrics import compare
-    from vlsens.processor import load_processor
-    from vlsens.runtime import prompt_logits
-    from vlsens.towers.text import video_inputs
+    from vlsens.core.metrics import compare
+    from vlsens.data.images import open_rgb, resolve_images
+    from vlsens.deploy.genai.runtime import prompt_logits
+    from vlsens.export.towers.text import video_inputs
+    from vlsens.model.loading import load_model
+    from vlsens.model.processor import load_processor
 
     res = finished_run / "results" / "tiny"
     ckpt = res / "checkpoint"
@@ -237,7 +237,7 @@ def test_every_record_matches_its_schema(finished_run):
     records/), and the check is real: a record missing a key or with a wrong type fails."""
     from collections import Counter
 
-    from vlsens import records
+    from vlsens.core import records
 
     found = records.records_under(finished_run / "results")
     kinds = Counter(records.schema_name(p) for p in found)
@@ -317,15 +317,15 @@ def test_onnxruntime_upgrade_reruns_only_sensitivity_and_profile(finished_run):
 def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
     """Snakemake tracks a rule's script, not the modules it imports: params carry a hash of the
     vlsens modules each script imports (transitively), and of the tower a job runs. A change to
-    vlsens.compare re-runs only the comparison; one to a tower module only that tower's graphs;
+    vlsens.sensitivity.compare re-runs only the comparison; one to a tower module only that tower's graphs;
     one to the variants module every graph's FP16/onnxsim and what follows, nothing upstream."""
-    rules, _ = planned(finished_run, "vlsens.compare=edited")
+    rules, _ = planned(finished_run, "vlsens.sensitivity.compare=edited")
     assert rules == {"sensitivity_compare", "report_engines"}, rules  # and the figure drawn from it
     # the decoder tower reuses the text tower's prompt and merge helpers; the deploy folders (no
     # graph wildcard) are made of the decoder and the dynamic vision graph
-    for module, graphs in (("vlsens.towers.text", {"text", "decoder"}),
-                           ("vlsens.towers.vision_dynamic", {"vision/dynamic"}),
-                           ("vlsens.towers.decoder", {"decoder"})):
+    for module, graphs in (("vlsens.export.towers.text", {"text", "decoder"}),
+                           ("vlsens.export.towers.vision_dynamic", {"vision/dynamic"}),
+                           ("vlsens.export.towers.decoder", {"decoder"})):
         jobs, _ = dry_run(finished_run, f"{module}=edited")
         assert {g for _, g in jobs} - {""} == graphs, jobs
         assert {r for r, g in jobs if not g} == {"deploy", "deploy_int4", "report_latency", "report_tables",

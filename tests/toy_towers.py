@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from vlsens.calibration import CalibrationSet
-from vlsens.cases import Case, Cases
-from vlsens.samples import Samples
-from vlsens.towers.base import Tower
+from vlsens.data.calibration import CalibrationSet
+from vlsens.data.cases import Case, Cases
+from vlsens.data.samples import Samples
+from vlsens.export.towers.base import Tower
 
 
 def _merger(checkpoint):
-    from vlsens.loading import load_model
+    from vlsens.model.loading import load_model
 
     return load_model(checkpoint).model.visual.merger.eval()
 
@@ -47,7 +47,7 @@ class MergerTower(Tower):
     def export(self, checkpoint, cases, workdir, settings):
         import torch
 
-        from vlsens.onnxutil import resave
+        from vlsens.core.onnxutil import resave
 
         merger = _merger(checkpoint)
         raw = workdir / "raw" / "model.onnx"

@@ -56,7 +56,7 @@ def run_config(args) -> dict:
 
 def cmd_run(args, extra: list[str]) -> int:
     from vlsens.config import model_name
-    from vlsens.errors import ConfigError
+    from vlsens.core.errors import ConfigError
 
     wf = workflow_dir()
     cfg = run_config(args)
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.command == "run":
         return cmd_run(args, extra)
-    from vlsens.records import _main
+    from vlsens.core.records import _main
 
     return _main(list(args.folders))
 

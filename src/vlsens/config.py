@@ -4,10 +4,10 @@ The JSON schema (``workflow/schemas/config.schema.yaml``) checks types and holds
 (:func:`with_defaults` fills them, as Snakemake's ``validate`` does); this module checks what a
 schema cannot (that the checkpoint directory is a usable safetensors checkpoint, that images and
 prompts exist, tolerances, the tiny preset's planted outliers) and raises
-:class:`~vlsens.errors.ConfigError` naming the key, the value and what would be valid. It runs
+:class:`~vlsens.core.errors.ConfigError` naming the key, the value and what would be valid. It runs
 when the DAG is built, so bad input fails before any job starts. It imports no stage: towers
-(:mod:`vlsens.towers`) check their own keys, and engine ``inc`` its environment
-(:mod:`vlsens.inc.env`).
+(:mod:`vlsens.export.towers`) check their own keys, and engine ``inc`` its environment
+(:mod:`vlsens.sensitivity.inc.env`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vlsens.errors import ConfigError, ImageError
-from vlsens.images import ImageRef, resolve_images
-from vlsens.presets import PRESETS
-from vlsens.sizes import parse_size, size_str
+from vlsens.core.errors import ConfigError, ImageError
+from vlsens.core.sizes import parse_size, size_str
+from vlsens.data.images import ImageRef, resolve_images
+from vlsens.model.presets import PRESETS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 VARIANTS = ("fp32", "fp16", "bf16", "fp32-sim", "fp16-sim")
@@ -130,7 +130,7 @@ def model_name(config: dict) -> str:
 
 def check_sizes(sizes: list, key: str = "vision.sizes", rule: dict | None = None) -> list[str]:
     """Sizes in their canonical form; each a valid ``HxW`` (``rule``: the family's
-    :func:`vlsens.family.size_rule`), none twice."""
+    :func:`vlsens.model.family.size_rule`), none twice."""
     if not sizes:
         raise ConfigError(f"{key}: give at least one size, e.g. [224x224, 224x336].")
     out = []
@@ -179,8 +179,8 @@ def check_images(manifests: dict[str, str], config: dict) -> list[str]:
     headers). Raises :class:`ConfigError` naming them unless ``image_checks.on_problem: warn``
     (unreadable calibration images: unless ``calibration.skip_unreadable``); returns the warnings
     then."""
-    from vlsens.images import image_problems
-    from vlsens.inputs import read
+    from vlsens.data.images import image_problems
+    from vlsens.data.inputs import read
 
     chk = config["image_checks"]
     min_side, ratio = int(chk["min_side"]), float(chk["max_aspect_ratio"])

@@ -1,13 +1,13 @@
 """onnxruntime-genai's builder decoder at -p int4 with one algo_config (its placement and quantizer on its FP32
-graph), gated (vlsens.deploy.anchors)."""
+graph), gated (vlsens.deploy.genai.anchors)."""
 from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.deploy.anchors import builder_folder
-from vlsens.inputs import checkpoint_dir
-from vlsens.nbits import NBitsSettings
-from vlsens.scripting import run, threads
+from vlsens.core.scripting import run, threads
+from vlsens.data.inputs import checkpoint_dir
+from vlsens.deploy.genai.anchors import builder_folder
+from vlsens.quantize.nbits import NBitsSettings
 
 
 def main(sm):

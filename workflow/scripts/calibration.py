@@ -3,9 +3,9 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens import stages, towers
-from vlsens.inputs import checkpoint_dir
-from vlsens.scripting import run
+from vlsens.core.scripting import run
+from vlsens.data.inputs import checkpoint_dir
+from vlsens.export import stages, towers
 
 
 def main(sm):

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
+from vlsens.core.scripting import run
+from vlsens.data.inputs import checkpoint_dir, image_refs
 from vlsens.deploy.build import build_folder
-from vlsens.inputs import checkpoint_dir, image_refs
-from vlsens.scripting import run
 
 run(snakemake, lambda sm: build_folder(  # noqa: F821
     sm.wildcards.precision, sm.output[0], checkpoint_dir(sm.input.checkpoint), sm.input.decoder,

@@ -1,12 +1,12 @@
-"""The int4 folders' embedding graph: its table as INT4 GatherBlockQuantized, gated (vlsens.weight_only)."""
+"""The int4 folders' embedding graph: its table as INT4 GatherBlockQuantized, gated (vlsens.precision.weight_only)."""
 import json
 from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.inputs import checkpoint_dir
-from vlsens.scripting import run, threads
-from vlsens.weight_only import embedding_folder
+from vlsens.core.scripting import run, threads
+from vlsens.data.inputs import checkpoint_dir
+from vlsens.precision.weight_only import embedding_folder
 
 
 def main(sm):

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens import stages, towers
-from vlsens.inputs import checkpoint_dir
-from vlsens.scripting import run, threads
+from vlsens.core.scripting import run, threads
+from vlsens.data.inputs import checkpoint_dir
+from vlsens.export import stages, towers
 
 run(snakemake, lambda sm: stages.export(  # noqa: F821
     towers.for_graph(sm.config, sm.wildcards.graph), checkpoint_dir(sm.input.checkpoint), sm.input.reference,

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.profile import build_profile
-from vlsens.scripting import run, threads
+from vlsens.core.scripting import run, threads
+from vlsens.precision.int8 import build_profile
 
 
 def main(sm):

@@ -1,12 +1,12 @@
-"""The int4-mixed decoder: searched in engine nbits, built by MatMulNBitsQuantizer, gated (vlsens.profile_nbits)."""
+"""The int4-mixed decoder: searched in engine nbits, built by MatMulNBitsQuantizer, gated (vlsens.precision.nbits)."""
 from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.inputs import checkpoint_dir
-from vlsens.profile_nbits import profile_folder
-from vlsens.scripting import run, threads
-from vlsens.towers.decoder import weight_reference_for
+from vlsens.core.scripting import run, threads
+from vlsens.data.inputs import checkpoint_dir
+from vlsens.export.towers.decoder import weight_reference_for
+from vlsens.precision.nbits import profile_folder
 
 
 def main(sm):

@@ -1,8 +1,8 @@
 """The report's figures and tables (rules/report.smk): one function per rule."""
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
+from vlsens.core.scripting import run
 from vlsens.report import build, verdict
-from vlsens.scripting import run
 
 
 def main(sm):

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.scripting import run, threads
+from vlsens.core.scripting import run, threads
 from vlsens.sensitivity.stages import gather
 
 run(snakemake, lambda sm: gather(  # noqa: F821

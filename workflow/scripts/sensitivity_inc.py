@@ -11,7 +11,7 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (src/ on sys.path: vlsens is not installed in INC's environment)
 
-from vlsens.scripting import run
+from vlsens.core.scripting import run
 
 p = argparse.ArgumentParser(description=__doc__)
 for name in ("model", "calib", "eval", "summary", "log"):
@@ -30,8 +30,8 @@ if not args.tune and not args.csv:
 
 
 def main(_sm):
-    from vlsens.inc.stages import sensitivity_stage, tune_stage
-    from vlsens.quant import QuantSettings
+    from vlsens.quantize.qdq import QuantSettings
+    from vlsens.sensitivity.inc.stages import sensitivity_stage, tune_stage
 
     settings = QuantSettings.from_config(json.loads(args.settings))
     if args.tune:

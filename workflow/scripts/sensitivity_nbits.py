@@ -1,8 +1,8 @@
 """Engine nbits: weight-only INT4 / INT8 sensitivity of every weight MatMul (vlsens.sensitivity.nbits)."""
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.nbits import NBitsSettings
-from vlsens.scripting import run, threads
+from vlsens.core.scripting import run, threads
+from vlsens.quantize.nbits import NBitsSettings
 from vlsens.sensitivity import nbits
 
 

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.quant import QuantSettings
-from vlsens.scripting import run, threads
+from vlsens.core.scripting import run, threads
+from vlsens.quantize.qdq import QuantSettings
 from vlsens.sensitivity.stages import prepare
 
 run(snakemake, lambda sm: prepare(  # noqa: F821

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.scripting import run, threads
+from vlsens.core.scripting import run, threads
 from vlsens.sensitivity.stages import run_shard
 
 run(snakemake, lambda sm: run_shard(  # noqa: F821

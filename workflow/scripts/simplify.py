@@ -4,7 +4,7 @@ from pathlib import Path
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens import variants
-from vlsens.scripting import run, threads
+from vlsens.core.scripting import run, threads
 
 run(snakemake, lambda sm: variants.simplify(  # noqa: F821
     Path(sm.input.model).parent, sm.input.reference, Path(sm.output.model).parent, sm.params.tolerance,

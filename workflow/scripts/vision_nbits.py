@@ -1,12 +1,12 @@
-"""The dynamic vision graph with weight-only INT4 Linears, gated on its own weights (vlsens.weight_only)."""
+"""The dynamic vision graph with weight-only INT4 Linears, gated on its own weights (vlsens.precision.weight_only)."""
 from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
-from vlsens.inputs import checkpoint_dir
-from vlsens.nbits import NBitsSettings
-from vlsens.scripting import run, threads
-from vlsens.weight_only import vision_folder
+from vlsens.core.scripting import run, threads
+from vlsens.data.inputs import checkpoint_dir
+from vlsens.precision.weight_only import vision_folder
+from vlsens.quantize.nbits import NBitsSettings
 
 run(snakemake, lambda sm: vision_folder(  # noqa: F821
     checkpoint_dir(sm.input.checkpoint), Path(sm.input.parity).parent, sm.input.reference,

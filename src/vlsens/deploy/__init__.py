@@ -1,5 +1,5 @@
 """Deploy folders: what ships. ``results/<model>/deploy/<precision>/`` is an onnxruntime-genai
-(ORT-GenAI) model folder for ``type: qwen2_5_vl`` (see :mod:`vlsens.genai` for its three graphs):
+(ORT-GenAI) model folder for ``type: qwen2_5_vl`` (see :mod:`vlsens.deploy.genai.folder` for its three graphs):
 
 ==============  =====================================  ===========================================
 precision       text decoder + embedding               vision
@@ -10,7 +10,7 @@ precision       text decoder + embedding               vision
                 embedding)
 ``int4-mixed``  ``profile/decoder/fp32-nbits``:        ``deploy.nbits.vision``
                 weight-only INT4/INT8/float per MatMul
-                (:mod:`vlsens.profile_nbits`)
+                (:mod:`vlsens.precision.nbits`)
 ``int4-<algo>`` ``decoder/builder-<algo>``: the        ``deploy.nbits.vision``
                 builder's ``-p int4`` (``rtn``,
                 ``k_quant``, ``k_quant_mixed``)
@@ -18,12 +18,12 @@ precision       text decoder + embedding               vision
 
 Every int4 folder takes the same vision graph, ``deploy.nbits.vision`` (default ``int8-mixed``:
 on the CPU the fastest vision graph that meets its profile; ``int4``: every Linear weight-only
-INT4, ``vision/dynamic/int4`` (:mod:`vlsens.weight_only`); ``fp16`` or ``fp32`` where the dynamic
+INT4, ``vision/dynamic/int4`` (:mod:`vlsens.precision.weight_only`); ``fp16`` or ``fp32`` where the dynamic
 graph is not analysed), and the same embedding graph, ``deploy.nbits.embedding`` (``int4``: the
 table as ``GatherBlockQuantized``, ``decoder/embedding-int4``; ``tied``: for checkpoints with
 ``tie_word_embeddings``, the table read from the folder decoder's lm_head weight in
 ``decoder.onnx.data``, so the folder carries it once, at lm_head's bits
-(:func:`vlsens.weight_only.tied_embedding`, gated in the deploy job on the decoder's embedding
+(:func:`vlsens.precision.weight_only.tied_embedding`, gated in the deploy job on the decoder's embedding
 cases); ``fp32``: the decoder folder's), so the int4 folders differ only in their decoders.
 
 Every graph comes from a gated variant folder (or a built profile), so each already passed its
@@ -48,8 +48,8 @@ check, publish).
 
 from __future__ import annotations
 
-from vlsens import paths
-from vlsens.errors import ConfigError
+from vlsens.core import paths
+from vlsens.core.errors import ConfigError
 
 #: The builder's ``algo_config`` values the int4 folders are compared with: uniform INT4 by
 #: round-to-nearest, by k_quant, and k_quant with llama.cpp's fixed mixed heuristic.
@@ -62,7 +62,7 @@ DONE = "eval.json"
 
 #: The graphs a deploy folder is made of: the decoder tower's and the dynamic vision graph.
 DECODER_GRAPH, VISION_GRAPH = "decoder", "vision/dynamic"
-#: The int4 folders' embedding graph with an INT4 table (:func:`vlsens.weight_only.embedding_folder`).
+#: The int4 folders' embedding graph with an INT4 table (:func:`vlsens.precision.weight_only.embedding_folder`).
 EMBEDDING_INT4 = f"{paths.MODEL}/{DECODER_GRAPH}/embedding-int4"
 
 
@@ -121,7 +121,7 @@ def sources(precision: str, int4_vision: str = "int8-mixed", int4_embedding: str
 def check_config(config: dict, ties: bool = False) -> None:
     """The graphs each requested precision needs are configured (else a ConfigError naming the key);
     ``ties``: whether the checkpoint ties lm_head to the embedding table (``tie_word_embeddings``,
-    :func:`vlsens.plan.lm_config`), which ``deploy.nbits.embedding: tied`` needs."""
+    :func:`vlsens.dag.plan.lm_config`), which ``deploy.nbits.embedding: tied`` needs."""
     d = config["deploy"]
     if not d["enabled"]:
         return

@@ -7,11 +7,11 @@ import logging
 import time
 from pathlib import Path
 
-from vlsens import paths
+from vlsens.core import paths
 from vlsens.deploy import DONE, prepacked
-from vlsens.deploy.assemble import assemble
-from vlsens.deploy.evaluate import eval_cases, evaluate, transformers_generate, vision_parity
-from vlsens.runtime import Chat
+from vlsens.deploy.genai.assemble import assemble
+from vlsens.deploy.genai.evaluate import eval_cases, evaluate, transformers_generate, vision_parity
+from vlsens.deploy.genai.runtime import Chat
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +22,11 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
     """Assemble, gate and evaluate one deploy folder; publish it only when every check passed.
     ``tied`` (``{"reference": the decoder's reference.npz, "exact_tolerance": FP32's}``): the
     embedding graph reads the decoder's lm_head weight, gated on the reference's embedding cases
-    against lm_head's own rows (:func:`vlsens.weight_only.gate_tied`)."""
+    against lm_head's own rows (:func:`vlsens.precision.weight_only.gate_tied`)."""
     import tempfile
 
-    from vlsens.artifacts import file_entries
-    from vlsens.fsutil import atomic_dir, write_json
+    from vlsens.core.artifacts import file_entries
+    from vlsens.core.fsutil import atomic_dir, write_json
 
     out_dir = Path(out_dir)
     fp32_eval = json.loads((Path(fp32_folder) / DONE).read_text()) if fp32_folder else None
@@ -35,7 +35,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble", tied=tied is not None)
         embedding_gate = None
         if tied is not None:
-            from vlsens.weight_only import gate_tied
+            from vlsens.precision.weight_only import gate_tied
 
             token = int(json.loads((Path(checkpoint) / "config.json").read_text())["image_token_id"])
             embedding_gate = gate_tied(tmp, tied["reference"], token, tied["exact_tolerance"])

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlsens import genai
 from vlsens.deploy import DONE
+from vlsens.deploy.genai import folder as genai
 
 HEURISTIC = "int4-k_quant_mixed"
 #: The int4-mixed folder's bytes against the FP16 folder's, at most.
@@ -128,7 +128,7 @@ def markdown(result: dict) -> str:
 
 
 def write(folders: dict[str, str | Path], out_json: str | Path, out_md: str | Path) -> dict:
-    from vlsens.fsutil import atomic_file, write_json
+    from vlsens.core.fsutil import atomic_file, write_json
 
     result = table(folders)
     write_json(out_json, result)

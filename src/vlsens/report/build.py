@@ -25,9 +25,9 @@ def kept_in_float(profile_yaml: str | Path | None) -> set[str]:
 
 def tower_facts(config: dict, graph: str, preset_json: str | Path | None) -> tuple[tuple[int, str] | None, str]:
     """What the report needs from a graph's tower: where a tiny preset (its ``vlsens_preset.json``)
-    planted an outlier in it (:meth:`~vlsens.towers.base.Tower.planted_site`; None for a real
+    planted an outlier in it (:meth:`~vlsens.export.towers.base.Tower.planted_site`; None for a real
     checkpoint) and what its blocks are called."""
-    from vlsens import towers
+    from vlsens.export import towers
 
     tower = towers.for_graph(config, graph)
     preset = json.loads(Path(preset_json).read_text()) if preset_json and Path(preset_json).is_file() else {}

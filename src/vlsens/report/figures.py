@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.fsutil import atomic_file
+from vlsens.core.fsutil import atomic_file
 
 #: Column order of the heatmap (roles as the ranking names them, grouped by :func:`role_column`).
 ROLE_ORDER = ["patch_embed", "qkv", "q_proj", "k_proj", "v_proj", "attn Q·Kᵀ", "attn A·V", "attn MatMul", "proj", "o_proj",

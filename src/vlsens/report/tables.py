@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from vlsens.fsutil import atomic_file
+from vlsens.core.fsutil import atomic_file
 
 PARITY_COLUMNS = ["artifact", "variant", "gate", "max rel error", "min cosine", "passed"]
 PROFILE_COLUMNS = ["graph", "base", "target", "quant target", "estimate → built", "builds", "status", "INT8 ops",

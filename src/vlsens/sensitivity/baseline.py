@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.metrics import Metrics
-from vlsens.onnxutil import make_session
-from vlsens.quant import Op, QuantSettings, quantize
+from vlsens.core.metrics import Metrics
+from vlsens.core.onnxutil import make_session
+from vlsens.quantize.qdq import Op, QuantSettings, quantize
 from vlsens.sensitivity.engine import as_samples
 
 

@@ -2,7 +2,7 @@
 ops on the evaluation feeds, and :class:`Engine` is a prepared engine folder.
 
 Outputs are compared feed by feed against float references kept on disk
-(:class:`~vlsens.samples.ReferenceStore`) with :class:`~vlsens.metrics.Metrics`; graphs whose
+(:class:`~vlsens.data.samples.ReferenceStore`) with :class:`~vlsens.core.metrics.Metrics`; graphs whose
 output is ``logits`` are also measured by KL and top-1, over their valid (real-token) positions.
 """
 
@@ -15,17 +15,17 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.metrics import Metrics
-from vlsens.onnxutil import input_batch, make_session
-from vlsens.paths import ENGINE_FILES
-from vlsens.quant import Op, QuantSettings
-from vlsens.samples import ReferenceStore, Samples
+from vlsens.core.metrics import Metrics
+from vlsens.core.onnxutil import input_batch, make_session
+from vlsens.core.paths import ENGINE_FILES
+from vlsens.data.samples import ReferenceStore, Samples
+from vlsens.quantize.qdq import Op, QuantSettings
 from vlsens.sensitivity.suffix import SKIP_INPUT, SuffixCache, SuffixPlan
 from vlsens.sensitivity.switch import MASK_INPUT, SwitchMap
 
 
 def as_samples(inputs, session) -> Samples:
-    """:class:`~vlsens.samples.Samples` as given, or from one stacked array for the session's
+    """:class:`~vlsens.data.samples.Samples` as given, or from one stacked array for the session's
     first input (cut into its fixed batch)."""
     if isinstance(inputs, Samples):
         return inputs
@@ -82,7 +82,7 @@ def float_pass(model: str | Path, inputs, threads: int = 0, keep: bool = False) 
 
 def engine_sensitivity(engine: SwitchEngine, ops: Sequence[Op], reference) -> tuple[list[dict], float]:
     """Rows (without rank) for ``ops``, and the mean seconds per op."""
-    from vlsens.job import Progress
+    from vlsens.core.job import Progress
 
     engine.evaluate((), reference)  # warm-up: first-run allocations are not the op's cost
     rows, t0 = [], time.perf_counter()

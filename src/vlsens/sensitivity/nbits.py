@@ -1,5 +1,5 @@
 """Engine ``nbits``: weight-only sensitivity of every weight MatMul, INT4 and INT8
-(:mod:`vlsens.nbits`), measured the fast way: one session over a switch model.
+(:mod:`vlsens.quantize.nbits`), measured the fast way: one session over a switch model.
 
 The switch model holds, for every weight MatMul k,
 
@@ -10,7 +10,7 @@ The switch model holds, for every weight MatMul k,
 with ``bits`` an int64 graph input (:data:`BITS_INPUT`), so one session evaluates any assignment
 of widths, and ONNX Runtime runs only the taken branch. The quantized nodes and weights are the
 ones ``MatMulNBitsQuantizer`` wrote (per node independent for ``rtn`` and ``k_quant``): an
-assignment evaluated here equals the model :func:`vlsens.nbits.quantize` builds for it, kernel for
+assignment evaluated here equals the model :func:`vlsens.quantize.nbits.quantize` builds for it, kernel for
 kernel (``tests/test_nbits.py`` checks every op against its one-op model, bit for bit).
 
 Suffix-only (:mod:`vlsens.sensitivity.suffix`, ``sensitivity.suffix_cuts``): an op changes nothing
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.metrics import Metrics
-from vlsens.nbits import BITS, FLOAT, NBitsSettings, float_bytes, quantize, quantized_nodes, weight_matmuls
+from vlsens.core.metrics import Metrics
+from vlsens.quantize.nbits import BITS, FLOAT, NBitsSettings, float_bytes, quantize, quantized_nodes, weight_matmuls
 from vlsens.sensitivity.suffix import SKIP_INPUT, SuffixCache, SuffixPlan
 from vlsens.sensitivity.suffix import build as build_suffix
 from vlsens.sensitivity.switch import SwitchMap
@@ -65,8 +65,8 @@ def build_switch_model(float_model: str | Path, quantized: Mapping[int, str | Pa
     import onnx
     from onnx import TensorProto, helper
 
-    from vlsens.onnxgraph import copy_node, element_types
-    from vlsens.onnxutil import save_with_external_data
+    from vlsens.core.onnxgraph import copy_node, element_types
+    from vlsens.core.onnxutil import save_with_external_data
 
     folder = Path(out_model).resolve().parent
     for src in (float_model, *quantized.values()):
@@ -151,7 +151,7 @@ class NBitsEngine:
 
     def __init__(self, switch_model: str | Path, ops: Sequence[str], samples, logits: bool, threads: int = 0,
                  suffix: SuffixCache | None = None):
-        from vlsens.onnxutil import make_session
+        from vlsens.core.onnxutil import make_session
 
         self.ops = list(ops)
         self._index = {n: i for i, n in enumerate(self.ops)}
@@ -167,7 +167,7 @@ class NBitsEngine:
     def tie(self, op: str, feeds: Mapping[int, list]) -> None:
         """Evaluate ``op`` (lm_head) with its table: an assignment giving ``op`` b bits runs on
         ``feeds[b]`` (the evaluation feeds with every text row gathered from lm_head's weight at b
-        bits, :func:`vlsens.profile_nbits.tied_feeds`) instead of the float feeds."""
+        bits, :func:`vlsens.precision.nbits.tied_feeds`) instead of the float feeds."""
         if self.suffix is not None:
             raise ValueError("a tied table changes the inputs: the suffix cache (float prefix) does not apply")
         if op not in self._index or set(feeds) != {FLOAT, *BITS}:
@@ -213,7 +213,7 @@ class Prepared:
     def session(self, eval_npz: str | Path, threads: int = 0, cache_dir: str | Path | None = None) -> NBitsEngine:
         """The engine on the evaluation set; with ``cache_dir`` (a private scratch folder) and a
         segmented switch model, the suffix engine (its cache filled there by one float pass)."""
-        from vlsens.samples import Samples
+        from vlsens.data.samples import Samples
 
         samples = Samples.load(eval_npz, self.folder / FILES["float"])
         suffix = None
@@ -224,7 +224,7 @@ class Prepared:
         return NBitsEngine(self.folder / FILES["switch"], self.ops, samples, self.meta["logits"], threads, suffix)
 
     def reference(self):
-        from vlsens.samples import ReferenceStore
+        from vlsens.data.samples import ReferenceStore
 
         return ReferenceStore(self.folder / FILES["reference"])
 
@@ -234,10 +234,10 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     """Engine folder of ``base_model``: the float model, the all-INT4 and all-INT8 models, the
     switch model (segmented for the suffix engine when ``suffix_cuts`` > 0, its probe beside it),
     the float reference on the evaluation set; ``engine.json`` written last."""
-    from vlsens.artifacts import verify
-    from vlsens.fsutil import savez_stream, write_json
-    from vlsens.quant import prepare_float_model
-    from vlsens.samples import Samples
+    from vlsens.core.artifacts import verify
+    from vlsens.core.fsutil import savez_stream, write_json
+    from vlsens.data.samples import Samples
+    from vlsens.quantize.qdq import prepare_float_model
 
     t0 = time.perf_counter()
     d = Path(engine_dir)
@@ -286,7 +286,7 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
     """One row per weight MatMul: its error with only it at INT4, and at INT8 (the rest float),
     ranked by the INT4 error (KL per real token for logits, else 1 - cosine); plus the all-INT4
     and all-INT8 models' metrics in the sidecar JSON."""
-    from vlsens.fsutil import staging_dir, write_csv, write_json
+    from vlsens.core.fsutil import staging_dir, write_csv, write_json
 
     eng_dir = Prepared(engine_dir)
     with staging_dir(out_csv) as scratch:  # the suffix cache: private to this job, removed after
@@ -314,7 +314,7 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
 
 def _score(eng_dir: Prepared, eng: NBitsEngine, ref) -> tuple[list[dict], float, dict]:
     """The ranked rows, seconds per op, and the all-INT4 / all-INT8 metrics."""
-    from vlsens.quant import parse_op_name
+    from vlsens.quantize.qdq import parse_op_name
 
     t0 = time.perf_counter()
     rows = []

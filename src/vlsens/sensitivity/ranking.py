@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.fsutil import write_csv as _write_csv
+from vlsens.core.fsutil import write_csv as _write_csv
 
 CSV_COLUMNS = ["rank", "op", "op_type", "block", "role", "weight_params", "mse", "cosine", "sqnr_db"]
 #: Extra columns of CSVs of graphs with logits: KL(float || int8) per position and top-1 agreement.

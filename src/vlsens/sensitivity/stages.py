@@ -6,7 +6,7 @@
              the suffix engine (:mod:`vlsens.sensitivity.suffix`) when the engine has cuts.
 ``gather``   shards -> ranked ``ort.csv`` + ``ort.json`` (all-INT8 metrics, timing, settings).
 
-Engine folder (``engine/``, file names in :data:`vlsens.paths.ENGINE_FILES`): ``float.onnx``
+Engine folder (``engine/``, file names in :data:`vlsens.core.paths.ENGINE_FILES`): ``float.onnx``
 (+ data), ``switch.onnx`` (its data file holds what quantize_static added; the float weights are
 read from ``float.onnx.data``), ``probe.onnx`` (the suffix engine's cache filler, reading the
 same weight files; empty with ``suffix_cuts: 0``), ``calibration.json`` (ORT's calibration
@@ -22,12 +22,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from vlsens.artifacts import file_entries, verify
-from vlsens.fsutil import file_sha256, savez_stream, staging_dir, write_json
-from vlsens.paths import ENGINE_FILES
-from vlsens.quant import QuantSettings, calibrate, prepare_float_model, quantize, select_ops
-from vlsens.quant_target import arithmetic_note, cpu_features
-from vlsens.samples import FeedReader, Samples
+from vlsens.core.artifacts import file_entries, verify
+from vlsens.core.fsutil import file_sha256, savez_stream, staging_dir, write_json
+from vlsens.core.paths import ENGINE_FILES
+from vlsens.data.samples import FeedReader, Samples
+from vlsens.quantize.qdq import QuantSettings, calibrate, prepare_float_model, quantize, select_ops
+from vlsens.quantize.target import arithmetic_note, cpu_features
 from vlsens.sensitivity.engine import Engine, SwitchEngine, engine_sensitivity, float_pass
 from vlsens.sensitivity.ranking import rank_rows, read_csv, shard, write_csv
 from vlsens.sensitivity.suffix import build as build_suffix
@@ -40,7 +40,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
             settings: QuantSettings, threads: int = 0, suffix_cuts: int = 32, weights_only: bool = False, *,
             logits: bool) -> dict:
     """Build the engine folder (staged, ``engine.json`` written last); ``logits``: the graph's output
-    is logits (the tower says, :attr:`vlsens.towers.base.Tower.logits`): KL and top-1 are measured
+    is logits (the tower says, :attr:`vlsens.export.towers.base.Tower.logits`): KL and top-1 are measured
     too, over real tokens. ``suffix_cuts`` > 0 makes the
     switch model segmented for the suffix engine (:mod:`vlsens.sensitivity.suffix`), 0 leaves it
     whole (every op evaluated on the full graph). ``weights_only`` leaves activation x activation

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.onnxgraph import element_types, node_reads, rename_reads
+from vlsens.core.onnxgraph import element_types, node_reads, rename_reads
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +253,8 @@ def build(switch_model: str | Path, probe_model: str | Path, switches, max_cuts:
     probe beside it (same weights file). Returns the plan (for the engine's metadata)."""
     import onnx
 
-    from vlsens.fsutil import atomic_file
-    from vlsens.onnxutil import check_compact
+    from vlsens.core.fsutil import atomic_file
+    from vlsens.core.onnxutil import check_compact
 
     switch_model, probe_model = Path(switch_model), Path(probe_model)
     elem = element_types(switch_model)
@@ -289,7 +289,7 @@ class SuffixCache:
         """One float pass of the probe per input (the switch input all zeros, of ``mask_dtype``;
         ``basic``: the engine session's optimization level, so the cached values are the ones the
         full switch model computes); live tensor j of input i saved as ``<i>/<j>.npy``."""
-        from vlsens.onnxutil import make_session
+        from vlsens.core.onnxutil import make_session
 
         folder = Path(folder)
         names = sorted({t for live in sp.live for t in live})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.onnxgraph import copy_node, element_types
+from vlsens.core.onnxgraph import copy_node, element_types
 
 MASK_INPUT = "vlsens_int8_mask"
 
@@ -77,7 +77,7 @@ def build_switch_model(float_model: str | Path, qdq_model: str | Path, out_model
     import onnx
     from onnx import TensorProto, helper
 
-    from vlsens.onnxutil import save_with_external_data
+    from vlsens.core.onnxutil import save_with_external_data
 
     if Path(out_model).resolve().parent != Path(float_model).resolve().parent:
         raise ValueError(f"{out_model} must be written beside {float_model} (it reads that model's weights file)")

@@ -1,0 +1,121 @@
+"""The JSON records the workflow writes, each documented once by a JSON Schema
+(``workflow/schemas/records/<name>.schema.yaml``) and checked against it in the tests:
+
+=====================  ====================================================  ===================
+record                 where                                                 schema
+=====================  ====================================================  ===================
+``parity.json``        every model folder ``<graph>/<variant>/``             ``parity``
+``manifest.json``      every calibration folder ``calib/<graph>/``          ``manifest``
+``engine.json``        ``sensitivity/<graph>/<variant>/engine/``             ``engine``
+``ort.json``           beside ``ort.csv``                                    ``ort``
+``inc.json``           beside ``inc.csv``                                    ``inc``
+``compare.json``       beside both CSVs                                      ``compare``
+``eval.json``          ``profile/<graph>/<variant>/``                        ``eval``
+``eval.json``          ``sensitivity/<graph>/<variant>/inc-tune/``           ``inc_tune``
+``parity.json``        ``deploy/<precision>/``                               ``deploy_parity``
+``eval.json``          ``deploy/<precision>/``                               ``deploy_eval``
+``engine.json``        ``sensitivity/<graph>/<variant>/nbits-engine/``       ``nbits_engine``
+``nbits.json``         beside ``nbits.csv``                                  ``nbits``
+``int4.json``          ``deploy/``                                           ``deploy_int4``
+``parts.json``         ``parts/<graph>/<variant>/``                          ``parts``
+``manifest.json``      ``calib/<graph>/parts-<variant>/``                    ``parts_calibration``
+=====================  ====================================================  ===================
+
+    python -m vlsens.core.records results/tiny     # check every record under a folder
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas" / "records"  # workflow/schemas/records (package data)
+BY_NAME = {"parity.json": "parity", "manifest.json": "manifest", "engine.json": "engine", "ort.json": "ort",
+           "inc.json": "inc", "compare.json": "compare", "eval.json": "eval", "nbits.json": "nbits",
+           "parts.json": "parts"}
+
+
+def schema_name(path: str | Path) -> str | None:
+    """The schema of a record file (None: not a record)."""
+    path = Path(path)
+    if path.name == "eval.json" and path.parent.name == "inc-tune":
+        return "inc_tune"
+    if path.name == "engine.json" and path.parent.name == "nbits-engine":
+        return "nbits_engine"
+    if path.name == "int4.json" and path.parent.name == "deploy":
+        return "deploy_int4"
+    if path.name == "manifest.json" and path.parent.name.startswith("parts-"):
+        return "parts_calibration"
+    if path.name == "manifest.json" and "calib" not in path.parts:
+        return None
+    if "deploy" in path.parts and path.name in ("parity.json", "eval.json"):
+        return "deploy_" + path.stem
+    return BY_NAME.get(path.name)
+
+
+@functools.cache
+def _validator(name: str):
+    import jsonschema
+    import yaml
+    from referencing import Registry, Resource
+
+    resources = []
+    for f in sorted(SCHEMAS.glob("*.schema.yaml")):
+        contents = yaml.safe_load(f.read_text())
+        contents["$id"] = f.resolve().as_uri()
+        resources.append((contents["$id"], Resource.from_contents(contents)))
+    registry = Registry().with_resources(resources)
+    schema = registry.contents((SCHEMAS / f"{name}.schema.yaml").resolve().as_uri())
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def errors(path: str | Path, data: dict | None = None) -> list[str]:
+    """Schema violations of a record (``data``: its content, default read from ``path``)."""
+    name = schema_name(path)
+    if name is None:
+        raise ValueError(f"{path}: not a vlsens record ({', '.join(sorted(BY_NAME))})")
+    data = json.loads(Path(path).read_text()) if data is None else data
+    out = []
+    for e in sorted(_validator(name).iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        out.append(f"{'.'.join(map(str, e.absolute_path)) or '<record>'}: {e.message}")
+    return out
+
+
+def records_under(folder: str | Path) -> list[Path]:
+    return sorted(p for p in Path(folder).rglob("*.json") if schema_name(p) is not None)
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+    from collections import Counter
+
+    ap = argparse.ArgumentParser(prog="python -m vlsens.core.records",
+                                 description="Check every JSON record under the given folders against its schema "
+                                             "(workflow/schemas/records/); one line per problem, then a summary.")
+    ap.add_argument("folders", nargs="*", default=["results"], help="run folders (default: results)")
+    args = ap.parse_args(argv)
+    bad = 0
+    for folder in args.folders:
+        if not Path(folder).is_dir():
+            print(f"{folder}: no such folder", file=sys.stderr)
+            return 2
+        found = records_under(folder)
+        if not found:
+            print(f"{folder}: no vlsens records under it (is it a run folder, results/<model>?)", file=sys.stderr)
+            return 2
+        problems = 0
+        for p in found:
+            for line in errors(p):
+                print(f"{p}: {line}")
+                problems += 1
+        kinds = Counter(schema_name(p) for p in found)
+        verdict = "all valid" if not problems else f"{problems} problem(s)"
+        print(f"{folder}: {len(found)} records ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}): {verdict}")
+        bad += problems
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,218 @@
+"""A deploy folder checked end to end: the vision graph against transformers on the runtime's own
+preprocessing (``parity.json``) and generation through onnxruntime-genai (``eval.json``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vlsens.core.errors import VlsensError
+from vlsens.deploy import prepacked
+from vlsens.deploy.genai import folder as genai
+from vlsens.deploy.genai.runtime import Chat
+
+log = logging.getLogger(__name__)
+
+
+def eval_cases(images, workdir: str | Path) -> list[dict]:
+    """Text only, one image, two images of different sizes (the first two parity images, as PNG
+    files both runtimes read; with one parity image, or two of one size, the second is shown at
+    two thirds of its width)."""
+    from vlsens.data.images import open_rgb
+    from vlsens.data.prompts import BUILTIN_PROMPTS
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not images:
+        raise VlsensError("deploy evaluation needs at least one parity image (parity.images)")
+    pics = [(open_rgb(ref), ref.name) for ref in images[:2]]
+    if len(pics) == 1:
+        pics.append(pics[0])
+    if pics[0][0].size == pics[1][0].size:  # the two-image case needs two sizes
+        im, name = pics[1]
+        pics[1] = (im.resize((max(28, im.width * 2 // 3), im.height)), f"{name} (2/3 width)")
+    files = []
+    for i, (im, name) in enumerate(pics):
+        f = workdir / f"image{i}.png"
+        # pixels only: an ICC profile would be copied from the source, and scikit-image's photos
+        # carry one libpng warns about on every read ("iCCP: known incorrect sRGB profile");
+        # neither runtime applies it
+        im.save(f, icc_profile=None)
+        files.append({"path": str(f), "source": name, "size": [im.height, im.width]})
+    return [{"name": "text", "prompt": BUILTIN_PROMPTS[0], "images": []},
+            {"name": "one-image", "prompt": BUILTIN_PROMPTS[1], "images": files[:1]},
+            {"name": "two-images", "prompt": BUILTIN_PROMPTS[2 % len(BUILTIN_PROMPTS)], "images": files[:2]}]
+
+
+
+def chat_text(processor, case: dict) -> str:
+    content = [{"type": "image"} for _ in case["images"]] + [{"type": "text", "text": case["prompt"]}]
+    return processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+
+def transformers_generate(checkpoint, cases: list[dict], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy ``generate`` (float32, eager) for every case: new tokens only."""
+    import torch
+    from PIL import Image
+
+    from vlsens.model.loading import load_model
+    from vlsens.model.processor import load_processor
+
+    model = load_model(checkpoint, attn_implementation="eager")
+    processor = load_processor(checkpoint)
+    out = []
+    for case in cases:
+        images = [Image.open(f["path"]).convert("RGB") for f in case["images"]] or None
+        inputs = processor(text=[chat_text(processor, case)], images=images, return_tensors="pt")
+        with torch.no_grad():
+            seq = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        out.append(seq[0, inputs["input_ids"].shape[1]:].tolist())
+    return out
+
+
+
+def _case_images(case: dict) -> list[str]:
+    return [f["path"] for f in case["images"]]
+
+
+
+def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    def logsoftmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    lp, lq = logsoftmax(p_logits), logsoftmax(q_logits)
+    return (np.exp(lp) * (lp - lq)).sum(-1)
+
+
+
+def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: list[dict], max_new_tokens: int,
+             fp32_folder: str | Path | None, fp32_eval: dict | None, target: dict | None,
+             runtime: Chat | None = None, expected: list[list[int]] | None = None) -> dict:
+    """``eval.json`` of a folder (see the module docs); raises VlsensError when the fp32 folder's
+    tokens differ from transformers'. ``runtime``: the folder already loaded; ``expected``:
+    transformers' tokens for ``cases``, already generated (:func:`transformers_generate`)."""
+    from vlsens.model.processor import load_processor
+
+    processor = load_processor(checkpoint)
+    packed = prepacked(precision)
+    folder_rt = runtime or Chat(folder, prepack=packed)
+    rows = []
+    timing = {"seconds": 0.0, "tokens": 0}
+
+    def generate(text: str, case: dict) -> list[int]:
+        t0 = time.perf_counter()
+        got = folder_rt.generate(text, _case_images(case), max_new_tokens)
+        timing["seconds"] += time.perf_counter() - t0
+        timing["tokens"] += len(got)
+        return got
+
+    def speed() -> dict:
+        return {"tokens_per_second": timing["tokens"] / timing["seconds"] if timing["seconds"] else None,
+                "prepacked": packed,
+                "speed_note": "tokens generated / seconds of onnxruntime-genai generate over the evaluation "
+                              "cases (image encoding, prefill and greedy decode; the first call included)"
+                              + ("" if packed else "; weight prepacking off (the fp32 reference folder is "
+                                 "checked memory-mapped): bench/bench_deploy.py measures it as users load it")}
+
+    if precision == "fp32":
+        if expected is None:
+            expected = transformers_generate(checkpoint, cases, max_new_tokens)
+        for case, ref in zip(cases, expected):
+            got = generate(chat_text(processor, case), case)
+            rows.append({"case": case["name"], "images": case["images"], "tokens": got, "transformers": ref,
+                         "identical": got == ref})
+        bad = [r["case"] for r in rows if not r["identical"]]
+        record = {"precision": precision, "max_new_tokens": max_new_tokens, "reference": "transformers generate "
+                  "(greedy, float32, eager)", "cases": rows, "identical": not bad, **speed()}
+        if bad:
+            raise VlsensError(f"{folder}: onnxruntime-genai's greedy tokens differ from transformers' for "
+                              f"{bad}: {json.dumps(rows)[:2000]}")
+        return record
+    from vlsens.core.artifacts import verify
+
+    for g in genai.GRAPHS.values():  # the fp32 folder is another job's output: check it first
+        verify(Path(fp32_folder) / g)
+    ref_rows = {r["case"]: r for r in fp32_eval["cases"]}
+    # The folder first (its tokens and its logits teacher-forced on the fp32 tokens), released,
+    # then the fp32 folder: one folder in memory at a time (at 3B with 36 layers the fp32 one is
+    # 14 GB).
+    mine = []
+    for case in cases:
+        text = chat_text(processor, case)
+        ref_tokens = ref_rows[case["name"]]["tokens"]
+        got = generate(text, case)
+        mine.append((text, ref_tokens, got, folder_rt.forced_logits(text, _case_images(case), ref_tokens)))
+    folder_rt.close()
+    base = Chat(fp32_folder, prepack=False)  # a reference: memory-mapped weights
+    kls, agree = [], []
+    for case, (text, ref_tokens, got, q) in zip(cases, mine):
+        p = base.forced_logits(text, _case_images(case), ref_tokens)
+        kl = _kl(p, q)
+        top1 = q.argmax(-1) == np.asarray(ref_tokens)
+        kls.append(kl)
+        agree.append(top1)
+        rows.append({"case": case["name"], "images": case["images"], "tokens": got, "fp32_tokens": ref_tokens,
+                     "identical_to_fp32": got == ref_tokens, "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
+                     "top1_agreement": float(top1.mean())})
+    base.close()
+    mean_kl = float(np.concatenate(kls).mean())
+    agreement = float(np.concatenate(agree).mean())
+    record = {"precision": precision, "max_new_tokens": max_new_tokens,
+              "reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens",
+              "cases": rows, "mean_kl": mean_kl, "top1_agreement": agreement, **speed()}
+    if target is not None:
+        metric, value = target["metric"], float(target["target"])
+        measured = {"kl": mean_kl, "top1": agreement}.get(metric)
+        met = None if measured is None else (measured <= value if metric == "kl" else measured >= value)
+        record["target"] = {"metric": metric, "target": value, "measured": measured, "met": met,
+                            "note": "the text profile's target, measured end to end through onnxruntime-genai "
+                                    "(vision INT8 included) on the generated steps"}
+    return record
+
+
+
+def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict], tolerance: dict | None,
+                  runtime: Chat | None = None) -> dict:
+    """``vision.onnx`` against transformers' ``get_image_features`` on every evaluation image at the
+    size the runtime's own preprocessing gives it (ORT-GenAI's processor output fed to both).
+    ``runtime``: the folder already loaded."""
+    import onnxruntime as ort
+    import torch
+
+    from vlsens.core.metrics import compare
+    from vlsens.model.loading import load_model
+
+    model = load_model(checkpoint, attn_implementation="eager", part="vision")
+    rt = runtime or Chat(folder)
+    sess = ort.InferenceSession(str(Path(folder) / genai.GRAPHS["vision"]), providers=["CPUExecutionProvider"])
+    seen, rows = set(), []
+    for case in cases:
+        for f in case["images"]:
+            if f["path"] in seen:
+                continue
+            seen.add(f["path"])
+            inputs = rt.inputs("<|vision_start|><|image_pad|><|vision_end|>", [f["path"]])
+            pixels = np.asarray(inputs["pixel_values"].as_numpy(), np.float32)
+            grid = np.asarray(inputs["image_grid_thw"].as_numpy(), np.int64)
+            got = sess.run(None, {"pixel_values": pixels, "image_grid_thw": grid})[0]
+            with torch.no_grad():
+                ref = model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(grid), return_dict=True)
+                ref = torch.cat(list(ref.pooler_output), 0).numpy()
+            m = compare(got, ref)
+            rows.append({"image": f["source"], "grid_thw": grid.tolist(), **m})
+    record = {"graph": genai.GRAPHS["vision"], "reference": "transformers get_image_features (float32, eager) on "
+              "onnxruntime-genai's own preprocessing", "images": rows}
+    if tolerance is not None:
+        ok = all(r["cosine"] >= tolerance["min_cosine"] and r["max_rel_error"] <= tolerance["max_rel_error"]
+                 for r in rows)
+        record.update(tolerance=tolerance, passed=ok)
+        if not ok:
+            raise VlsensError(f"{folder}/vision.onnx misses parity tolerance {tolerance}: {rows}")
+    return record

@@ -1,0 +1,235 @@
+"""ONNX-only inference: the pieces a user imports in their application.
+
+:class:`Chat` is a deploy folder (``results/<model>/deploy/<precision>/``) run by onnxruntime-genai:
+its own image preprocessing, vision, embedding and KV-cache decoder sessions, chat template and
+search -- a thin convenience layer, so that there is one runtime and it is the one the folders are
+proven with (:mod:`vlsens.deploy`)::
+
+    from vlsens.deploy.genai.runtime import Chat
+    chat = Chat("results/tiny/deploy/int8-mixed")
+    print(chat("Describe this image.", images=["photo.jpg"], max_new_tokens=64))
+
+:class:`VisionEncoder` runs the dynamic vision graph (analysis folders) on PIL images of any size
+(several per call), with the checkpoint's own image processor: vision features, no generation.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from vlsens.export.towers.vision_dynamic import graph_inputs
+
+
+def _session(path, threads: int = 0, device: str = "auto"):
+    from vlsens.core.onnxutil import make_session
+
+    return make_session(path, threads=threads, device=device)
+
+
+class VisionEncoder:
+    """The dynamic vision graph + the checkpoint's image processor."""
+
+    def __init__(self, model: str | Path, checkpoint: str | Path, threads: int = 0, device: str = "auto"):
+        from transformers import AutoConfig
+
+        from vlsens.model.checkpoint import check_checkpoint_dir
+        from vlsens.model.processor import load_image_processor
+
+        check_checkpoint_dir(checkpoint)
+        self.config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
+        self.vision_config = self.config.vision_config
+        self.image_processor = load_image_processor(checkpoint)
+        self.session = _session(model, threads, device)
+
+    def preprocess(self, images: Sequence, sizes: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
+        """Processor output (``pixel_values`` patches, ``image_grid_thw``) for PIL images, resized
+        by the processor itself or, with ``sizes``, to exactly (H, W) each (multiples of 28)."""
+        from vlsens.model.vision import processor_inputs
+
+        if sizes is None:
+            out = self.image_processor(images=list(images), return_tensors="np")
+            return {"pixel_values": np.asarray(out["pixel_values"], np.float32),
+                    "image_grid_thw": np.asarray(out["image_grid_thw"], np.int64)}
+        parts = [processor_inputs(self.image_processor, [im], h, w) for im, (h, w) in zip(images, sizes)]
+        return {"pixel_values": np.concatenate([p["pixel_values"] for p in parts]),
+                "image_grid_thw": np.concatenate([p["image_grid_thw"] for p in parts])}
+
+    def features(self, pixel_values: np.ndarray, image_grid_thw: np.ndarray) -> np.ndarray:
+        """All images' merged tokens, concatenated (as ``get_image_features`` concatenates them)."""
+        return self.session.run(None, graph_inputs(pixel_values, image_grid_thw, self.vision_config))[0]
+
+    def __call__(self, images: Sequence, sizes: Sequence[tuple[int, int]] | None = None) -> list[np.ndarray]:
+        """Features per image: (tokens_i, out_hidden) each."""
+        p = self.preprocess(images, sizes)
+        feats = self.features(p["pixel_values"], p["image_grid_thw"])
+        merge = int(self.vision_config.spatial_merge_size) ** 2
+        counts = (p["image_grid_thw"].prod(-1) // merge).tolist()
+        return np.split(feats, np.cumsum(counts)[:-1])
+
+
+def _parts(folder: Path) -> list[str]:
+    """The sections of a folder's ``genai_config.json`` that hold a session (decoder, vision, ...)."""
+    model = json.loads((folder / "genai_config.json").read_text())["model"]
+    return [k for k, v in model.items() if isinstance(v, dict) and "filename" in v]
+
+
+class Chat:
+    """A deploy folder run by onnxruntime-genai (greedy search by default, KV cache): the one
+    wrapper of the runtime, for users (:meth:`__call__`, :meth:`tokens`) and for the deploy
+    stage's checks (:meth:`generate`, :meth:`forced_logits` on a ready prompt text)."""
+
+    def __init__(self, folder: str | Path, prepack: bool = True):
+        """``prepack=False``: ONNX Runtime keeps the folder's weights memory-mapped from their data
+        files instead of copying each MatMul weight into a prepacked buffer (the folder's own
+        ``genai_config.json`` is not changed): a float32 folder then costs file pages, not
+        anonymous memory (the 36-layer 3B fp32 folder: 16.4 GB of weights)."""
+        import onnxruntime_genai as og
+
+        self.og = og
+        self.folder = Path(folder)
+        config = og.Config(str(self.folder))
+        if not prepack:
+            config.overlay(json.dumps({"model": {part: {"session_options": {"session.disable_prepacking": "1"}}
+                                                 for part in _parts(self.folder)}}))
+        self.model = og.Model(config)
+        self.processor = self.model.create_multimodal_processor()
+        self.tokenizer = og.Tokenizer(self.model)
+
+    def close(self) -> None:
+        """Release the folder's sessions now (the object may still be referenced elsewhere): a
+        check that runs two folders one after the other holds one at a time."""
+        import gc
+
+        self.model = self.processor = self.tokenizer = None
+        gc.collect()
+
+    def prompt(self, text: str, n_images: int = 0) -> str:
+        """The folder's chat template around ``text`` with ``n_images`` image placeholders."""
+        content = [{"type": "image"}] * n_images + [{"type": "text", "text": text}]
+        return self.tokenizer.apply_chat_template(json.dumps([{"role": "user", "content": content}]),
+                                                  add_generation_prompt=True)
+
+    def _images(self, images: Sequence):
+        if not images:
+            return None
+        if all(isinstance(i, (str, Path)) for i in images):
+            return self.og.Images.open(*[str(i) for i in images])
+        blobs = []
+        for im in images:  # PIL images: as PNG bytes
+            if isinstance(im, (str, Path)):
+                blobs.append(Path(im).read_bytes())
+            else:
+                buf = io.BytesIO()
+                im.convert("RGB").save(buf, format="PNG")
+                blobs.append(buf.getvalue())
+        return self.og.Images.open_bytes(*blobs)
+
+    def inputs(self, prompt: str, images: Sequence = ()):
+        """The folder's own multimodal processor on a ready chat text and its images."""
+        return self.processor(prompt, images=self._images(images))
+
+    def _generator(self, prompt: str, images: Sequence, **search):
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(**{"do_sample": False, **search})
+        gen = self.og.Generator(self.model, params)
+        gen.set_inputs(self.inputs(prompt, images))
+        return gen
+
+    def generate(self, prompt: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> list[int]:
+        """New token ids after ``prompt``, a ready chat text (template applied, one image
+        placeholder per image), ``search``: onnxruntime-genai search options."""
+        gen = self._generator(prompt, images, **search)
+        out: list[int] = []
+        while not gen.is_done() and len(out) < max_new_tokens:
+            gen.generate_next_token()
+            out.append(int(gen.get_next_tokens()[0]))
+        return out
+
+    def forced_logits(self, prompt: str, images: Sequence, tokens: Sequence[int]) -> np.ndarray:
+        """Next-token logits (steps, vocab) at ``prompt``'s end and after each of ``tokens[:-1]``
+        appended (teacher forcing)."""
+        gen = self._generator(prompt, images)
+        out = [np.asarray(gen.get_logits(), np.float64).reshape(-1)]
+        for t in tokens[:-1]:
+            gen.append_tokens(np.array([[t]], dtype=np.int32))
+            out.append(np.asarray(gen.get_logits(), np.float64).reshape(-1))
+        return np.stack(out)
+
+    def tokens(self, text: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> list[int]:
+        """New token ids for one user turn (the folder's chat template around ``text``)."""
+        return self.generate(self.prompt(text, len(images)), images, max_new_tokens, **search)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Text of ``tokens`` as transformers decodes it (the folder's ``tokenizer.json`` through
+        the tokenizers library, special tokens skipped, invalid UTF-8 as U+FFFD):
+        onnxruntime-genai's own ``Tokenizer.decode`` stops at the first invalid UTF-8 sequence, and
+        its streaming decoder drops such bytes."""
+        if getattr(self, "_text_tokenizer", None) is None:
+            from tokenizers import Tokenizer
+
+            self._text_tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        return self._text_tokenizer.decode(list(map(int, tokens)), skip_special_tokens=True)
+
+    def __call__(self, text: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> str:
+        """The answer to one user turn: the new tokens only (at most ``max_new_tokens``; greedy
+        unless ``search`` says otherwise), decoded as transformers does (:meth:`decode`)."""
+        return self.decode(self.tokens(text, images, max_new_tokens, **search))
+
+
+def rope_positions(checkpoint: str | Path, inputs: dict) -> np.ndarray:
+    """The 3-D mRoPE ``position_ids`` (3, B, S) of processor-style ``inputs`` (``input_ids``,
+    ``attention_mask``, ``mm_token_type_ids``, grids, ``second_per_grid_ts``), by transformers' own
+    ``get_rope_index`` on a weightless model (torch's meta device: index arithmetic only)."""
+    import torch
+    from transformers import AutoConfig
+
+    from vlsens.model.family import family_of
+
+    config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
+    with torch.device("meta"):
+        model = family_of(checkpoint).transformers_class()(config)
+    t = {k: torch.as_tensor(np.asarray(v)) for k, v in inputs.items()
+         if k in ("input_ids", "attention_mask", "mm_token_type_ids", "image_grid_thw", "video_grid_thw",
+                  "second_per_grid_ts")}
+    pos, _ = model.model.get_rope_index(**t)
+    return pos.numpy().astype(np.int64)
+
+
+def prompt_logits(checkpoint: str | Path, vision_graph: str | Path, text_graph: str | Path, inputs: dict,
+                  video: bool = False, zero_deepstack: bool = False, threads: int = 0) -> np.ndarray:
+    """Logits of a multimodal prompt with ONNX graphs only: the dynamic vision graph on the
+    processor's patches (``pixel_values`` / ``image_grid_thw``, or with ``video``
+    ``pixel_values_videos`` / ``video_grid_thw``), its tokens written into the image (video) token
+    slots of the checkpoint's embedding table, :func:`rope_positions`, and the text graph
+    ``embeds.onnx``. Qwen3-VL's DeepStack maps go in as ``deepstack_embeds``
+    (``zero_deepstack``: zeros, to show what dropping them costs)."""
+    from transformers import AutoConfig
+
+    from vlsens.model.family import deepstack_count, dense_deepstack, split_features
+    from vlsens.model.loading import embedding_table
+
+    config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
+    pv, grid = (inputs["pixel_values_videos"], inputs["video_grid_thw"]) if video else \
+        (inputs["pixel_values"], inputs["image_grid_thw"])
+    feats = _session(vision_graph, threads).run(None, graph_inputs(np.asarray(pv, np.float32), np.asarray(grid),
+                                                                    config.vision_config))[0]
+    k = deepstack_count(config.vision_config)
+    main, maps = split_features(feats, k)
+    ids = np.asarray(inputs["input_ids"], dtype=np.int64)
+    slots = ids == int(config.video_token_id if video else config.image_token_id)
+    if int(slots.sum()) != len(main):
+        raise ValueError(f"{int(slots.sum())} placeholder tokens for {len(main)} vision tokens")
+    embeds = embedding_table(checkpoint)[ids]
+    embeds[slots] = main
+    feed = {"inputs_embeds": embeds.astype(np.float32),
+            "attention_mask": np.asarray(inputs["attention_mask"], dtype=np.int64),
+            "position_ids": rope_positions(checkpoint, inputs)}
+    if k:
+        dense = dense_deepstack(maps, slots)
+        feed["deepstack_embeds"] = np.zeros_like(dense) if zero_deepstack else dense
+    return _session(text_graph, threads).run(None, feed)[0]

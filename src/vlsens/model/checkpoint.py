@@ -1,0 +1,93 @@
+"""Checking a checkpoint directory before anything loads it: a supported family, safetensors
+weights only (a directory that holds only pickle weights is refused), complete files. Reads
+``config.json`` and safetensors headers, no torch: it runs when the DAG is built."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vlsens.core.errors import CheckpointError
+from vlsens.model.family import FAMILIES
+from vlsens.model.presets import PRESETS
+
+
+def check_checkpoint_dir(path: str | Path, key: str = "model.checkpoint") -> Path:
+    """Raise :class:`CheckpointError` unless ``path`` is a loadable safetensors checkpoint of a
+    supported family (:mod:`vlsens.model.family`).
+
+    Cheap (reads ``config.json`` and lists files), so it runs when the DAG is built.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(
+            f"{key}: checkpoint directory '{path}' does not exist. Give a local Hugging Face "
+            f"Qwen2.5-VL directory (with config.json and *.safetensors) or a preset: {', '.join(PRESETS)}."
+        )
+    if not p.is_dir():
+        raise CheckpointError(f"{key}: '{path}' is a file; a checkpoint is a directory with config.json.")
+    cfg = p / "config.json"
+    if not cfg.is_file():
+        raise CheckpointError(f"{key}: '{path}' has no config.json; is it a Hugging Face checkpoint directory?")
+    try:
+        model_type = json.loads(cfg.read_text()).get("model_type")
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{key}: '{cfg}' is not valid JSON ({e}).") from e
+    if model_type not in FAMILIES:
+        raise CheckpointError(
+            f"{key}: '{path}' holds model_type '{model_type}'; vlsens takes "
+            + ", ".join(f"'{k}' ({f.title})" for k, f in FAMILIES.items()) + "."
+        )
+    if not any(p.glob("*.safetensors")):
+        pickles = sorted(x.name for x in p.iterdir() if x.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        if pickles:
+            raise CheckpointError(
+                f"{key}: '{path}' holds only pickle weights ({', '.join(pickles[:3])}); vlsens loads "
+                "safetensors only, because unpickling runs arbitrary code. Convert it once in a trusted "
+                "environment (model.save_pretrained(dir, safe_serialization=True))."
+            )
+        raise CheckpointError(f"{key}: '{path}' has no *.safetensors weight files.")
+    check_safetensors_files(p, key)
+    return p
+
+
+
+def check_safetensors_files(directory: Path, key: str = "model.checkpoint") -> None:
+    """Each ``*.safetensors`` file is complete (its header's tensors end exactly at the end of the
+    file), and every shard an index names exists. Reads headers only, so it is cheap at any size."""
+    for f in sorted(directory.glob("*.safetensors")):
+        safetensors_header(f, key)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (json.JSONDecodeError, KeyError, AttributeError) as e:
+            raise CheckpointError(f"{key}: '{index}' is not a valid safetensors index ({e}).") from e
+        missing = sorted(s for s in shards if not (directory / s).is_file())
+        if missing:
+            raise CheckpointError(f"{key}: '{index}' names shard(s) {missing} that are not in '{directory}'.")
+
+
+
+def safetensors_header(path: Path, key: str = "model.checkpoint") -> dict:
+    """The JSON header of a safetensors file; :class:`CheckpointError` naming the file when the
+    file is not one, or is shorter or longer than its header says (truncated or corrupt)."""
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if n < 2 or 8 + n > size:
+            raise CheckpointError(f"{key}: '{path}' is not a complete safetensors file ({size} bytes; its header "
+                                  "cannot be read). Copy the file again.")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{key}: '{path}' has a corrupt safetensors header ({e}). Copy the file again.") from e
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        raise CheckpointError(
+            f"{key}: '{path}' is {size} bytes but its safetensors header describes {8 + n + end}: the file is "
+            f"{'truncated' if size < 8 + n + end else 'corrupt'}. Copy the file again.")
+    return header

@@ -1,0 +1,485 @@
+"""Weight-only INT4 of the two graphs an int4 deploy folder carries besides its decoder: the
+embedding table and the dynamic vision graph. At 3B they are 1.24 GB (FP32 table) and 1.34 GB
+(FP16 vision) of a folder whose INT4 decoder is about 2 GB, so without them no int4 folder gets
+near a third of the FP16 folder's bytes.
+
+* **Embedding** (``embedding.onnx`` of the decoder's folder): its table Gather becomes
+  ``GatherBlockQuantized`` (com.microsoft; INT4 blocks along the hidden axis, one FP32 scale per
+  block) by ONNX Runtime's own ``MatMulNBitsQuantizer`` (``DefaultWeightOnlyQuantConfig`` with
+  ``op_types_to_quantize=("Gather",)``, the path the model builder takes for quantized
+  embeddings). Gated exactly against the table it holds: every text row equals the dequantized
+  table's row (:func:`embedding_reference`), the image rows are transformers' features as in the
+  float reference; the error against the checkpoint's table is recorded.
+* **Vision** (``vision/dynamic/fp32``): every Linear (the exporter's ``Gemm``, weight ``(N, K)``,
+  ``transB=1``) becomes ``MatMul`` + bias ``Add`` (:func:`gemm_to_matmul`, exact in float), then
+  every weight MatMul is quantized by :func:`vlsens.quantize.nbits.quantize` (the decoder's quantizer, its
+  algorithm, block size, symmetry and accuracy level). Gated like the INT4 decoders
+  (:func:`vlsens.variants.gate_own_weights`): against transformers' ``get_image_features`` with
+  every Linear given the dequantized weight the graph multiplies by (:func:`vision_weight_reference`).
+
+* **Tied table** (``embedding.onnx`` of an int4 deploy folder, checkpoints with
+  ``tie_word_embeddings``): the table Gather reads lm_head's weight where the folder's decoder
+  stores it (:func:`tied_embedding`: ``GatherBlockQuantized`` on ``MatMulNBits``' own bytes in
+  ``decoder.onnx.data``), so the folder holds the table once, at lm_head's bits; gated exactly on
+  lm_head's rows (:func:`gate_tied`).
+
+Memory: the embedding job holds the FP32 table and its quantized copy (about 1.5x the table);
+the vision job the vision tower in FP32 twice (the rewrite and the reference model: 2.7 GB each
+for Qwen2.5-VL's 669 M vision parameters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+
+from vlsens.core.errors import VlsensError
+from vlsens.data.cases import Case, Cases
+
+log = logging.getLogger(__name__)
+
+EMBEDDING = "embedding.onnx"
+QUANTIZER = "onnxruntime.quantization MatMulNBitsQuantizer"
+
+
+# ----------------------------------------------------------------------------------------------
+# The embedding table
+
+
+def table_gather(model):
+    """``(Gather node, table initializer)``: the graph's one Gather that reads a 2-D initializer."""
+    inits = {i.name: i for i in model.graph.initializer}
+    found = [(n, inits[n.input[0]]) for n in model.graph.node
+             if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2]
+    if len(found) != 1:
+        raise VlsensError(f"expected one Gather of a 2-D table in the embedding graph, found {len(found)}")
+    return found[0]
+
+
+def quantize_embedding(src: str | Path, dst: str | Path, block_size: int, symmetric: bool) -> dict:
+    """``dst`` (+ its data file): ``src`` with its table Gather as INT4 ``GatherBlockQuantized``,
+    written by ONNX Runtime's ``MatMulNBitsQuantizer``. Facts for the record."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    from vlsens.core.onnxutil import save_with_external_data
+
+    model = onnx.load(str(src))
+    gather, table = table_gather(model)
+    shape = [int(d) for d in table.dims]
+    if shape[1] % block_size:
+        raise VlsensError(f"deploy.nbits.block_size {block_size} does not divide the embedding width {shape[1]}")
+    ops, axes = ("Gather",), (("Gather", 1),)
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric, bits=4,
+                                          op_types_to_quantize=ops, quant_axes=axes)
+    q = MatMulNBitsQuantizer(model, block_size=block_size, is_symmetric=symmetric, algo_config=config,
+                             op_types_to_quantize=ops, quant_axes=axes)
+    with contextlib.redirect_stdout(io.StringIO()):
+        q.process()
+    out = q.model.model if hasattr(q.model, "model") else q.model
+    del q, model
+    kinds = [n.op_type for n in out.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")
+             and n.output[0] == gather.output[0]]
+    if kinds != ["GatherBlockQuantized"]:
+        raise VlsensError(f"MatMulNBitsQuantizer left the table Gather {gather.name} as {kinds}")
+    save_with_external_data(out, dst)
+    qbytes = sum(_bytes(t) for t in out.graph.initializer if t.name.startswith(table.name))
+    opset = next(o.version for o in out.opset_import if o.domain in ("", "ai.onnx"))
+    return {"table": table.name, "shape": shape, "bits": 4, "block_size": block_size, "symmetric": symmetric,
+            "opset": opset, "opset_note": "the quantizer raises the opset to 21 for the INT4 tensor type",
+            "bytes": {"float32": 4 * shape[0] * shape[1], "quantized": qbytes},
+            "quantizer": f"{QUANTIZER} (DefaultWeightOnlyQuantConfig, Gather -> GatherBlockQuantized)"}
+
+
+def _bytes(t) -> int:
+    from onnx import TensorProto, helper
+
+    n = int(np.prod(t.dims)) if len(t.dims) else 1
+    if t.data_type in (TensorProto.INT4, TensorProto.UINT4):
+        return (n + 1) // 2
+    return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+
+
+def dequantize_table(model_path: str | Path) -> np.ndarray:
+    """The FP32 table a ``GatherBlockQuantized`` graph gathers from, as its contrib-op spec
+    defines it: ``(data - zero_point) * scale`` per block of ``block_size`` along
+    ``quantize_axis`` (zero point 0 for INT4 without ``zero_points``)."""
+    import onnx
+    from onnx import numpy_helper
+
+    path = Path(model_path)
+    m = onnx.load(str(path))
+    inits = {i.name: i for i in m.graph.initializer}
+    nodes = [n for n in m.graph.node if n.op_type == "GatherBlockQuantized"]
+    if len(nodes) != 1:
+        raise VlsensError(f"{path}: expected one GatherBlockQuantized, found {len(nodes)}")
+    n = nodes[0]
+    a = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
+    if int(a.get("quantize_axis", 1)) != 1 or int(a.get("gather_axis", 0)) != 0:
+        raise VlsensError(f"{path}: {n.name} quantizes axis {a.get('quantize_axis')}: not a layout vlsens reads")
+    bs = int(a["block_size"])
+    q = numpy_helper.to_array(inits[n.input[0]]).astype(np.float32)
+    scale = numpy_helper.to_array(inits[n.input[2]]).astype(np.float32)
+    rows, cols = q.shape
+    zp = (numpy_helper.to_array(inits[n.input[3]]).astype(np.float32) if len(n.input) > 3 and n.input[3]
+          else np.zeros_like(scale))
+    w = (q.reshape(rows, -1, bs) - zp.reshape(rows, -1, 1)) * scale.reshape(rows, -1, 1)
+    return np.ascontiguousarray(w.reshape(rows, cols), np.float32)
+
+
+def embedding_reference(graph: str | Path, cases: Cases, image_token_id: int) -> Cases:
+    """The embedding cases' expected outputs for the table ``graph`` holds: each text position's
+    row of the dequantized table (the lookup transformers' ``nn.Embedding`` does), each image
+    position's row unchanged (transformers' image features, merged as in the float reference)."""
+    return _with_table(dequantize_table(graph), cases, image_token_id,
+                       "the dequantized table of the graph (GatherBlockQuantized's spec)")
+
+
+def _with_table(table: np.ndarray, cases: Cases, image_token_id: int, what: str) -> Cases:
+    out = Cases(source=f"{what} at the text positions; image positions: {cases.source}")
+    for c in cases:
+        ids = c.inputs["input_ids"]
+        expected = np.array(c.expected, np.float32, copy=True)
+        text = ids != image_token_id
+        expected[text] = table[ids[text]]
+        out.add(Case(c.name, c.graph, c.inputs, expected, c.valid, c.logits, c.meta))
+    return out
+
+
+def embedding_cases(reference: str | Path) -> Cases:
+    """The embedding graph's cases of the decoder's reference (none: an error naming the file)."""
+    every = Cases.load(reference)
+    cases = Cases(every.for_graph(EMBEDDING), source=every.source)
+    if not len(cases):
+        raise VlsensError(f"{reference}: no cases of {EMBEDDING}")
+    return cases
+
+
+def embedding_folder(decoder_dir: str | Path, reference: str | Path, out_dir: str | Path, block_size: int,
+                     symmetric: bool, image_token_id: int, exact_tolerance: dict, threads: int = 0) -> dict:
+    """``out_dir/embedding.onnx``: the decoder folder's embedding graph with an INT4 table, gated
+    on the embedding cases of ``reference`` against its own table at ``exact_tolerance`` (FP32's),
+    with the error against the checkpoint's table recorded; published with its record, or nothing."""
+    from vlsens.core.artifacts import publish_models, verify
+    from vlsens.core.fsutil import staging_dir
+    from vlsens.export import parity
+
+    decoder_dir, out_dir = Path(decoder_dir), Path(out_dir)
+    src = verify(decoder_dir / EMBEDDING)
+    cases = embedding_cases(reference)
+    with staging_dir(out_dir / EMBEDDING) as tmp:
+        staged = {EMBEDDING: tmp / EMBEDDING}
+        facts = quantize_embedding(src, staged[EMBEDDING], block_size, symmetric)
+        own = embedding_reference(staged[EMBEDDING], cases, image_token_id)
+        per_input, providers, vs_float = parity.measure(staged, own, threads, "cpu", also=cases)
+        extra = {"source": str(src), "graphs": {EMBEDDING: facts},
+                 "float_reference": {"reference": cases.source, "note": "the INT4 table against the checkpoint's "
+                                     "own: the quantization error, measured, not gated",
+                                     **parity.summary(vs_float), "per_input": vs_float}}
+        record = parity.make_record(out_dir, "embedding-int4", per_input, exact_tolerance, own.source, providers,
+                                    extra)
+        parity.gate(record)
+        publish_models(staged, record, out_dir, main=EMBEDDING)
+    log.info("embedding: %d -> %d bytes; against the checkpoint's table min cosine %.6f", facts["bytes"]["float32"],
+             facts["bytes"]["quantized"], extra["float_reference"]["metrics"]["min_cosine"])
+    return record
+
+
+# ----------------------------------------------------------------------------------------------
+# The tied table (``deploy.nbits.embedding: tied``)
+
+
+TIED_INPUTS = ("tied_table", "tied_scales", "tied_zero_points")
+
+
+def _alias(t, name: str, dims, data_type: int):
+    """A tensor proto that reads ``t``'s bytes where they are (its external data reference) as
+    another shape / element type (the same bytes: a reinterpretation, no copy; a small tensor the
+    decoder holds inline, under :data:`vlsens.core.onnxutil.INLINE_MAX_BYTES`, is copied)."""
+    import onnx
+
+    from vlsens.core.onnxutil import INLINE_MAX_BYTES
+
+    if not any(e.key == "location" for e in t.external_data) and len(t.raw_data) >= INLINE_MAX_BYTES:
+        raise VlsensError(f"{t.name}: {len(t.raw_data)} bytes inline; the tied table reads the decoder's data file")
+    a = onnx.TensorProto()
+    a.CopyFrom(t)
+    a.name = name
+    del a.dims[:]
+    a.dims.extend(int(d) for d in dims)
+    a.data_type = data_type
+    return a
+
+
+def tied_embedding(decoder: str | Path, embedding: str | Path, dst: str | Path) -> dict:
+    """``dst`` (beside ``decoder``, no data file of its own): the embedding graph ``embedding``
+    with its table Gather reading the decoder's ``lm_head`` weight where it is stored, in
+    ``decoder``'s data file: for checkpoints that tie the two (``tie_word_embeddings``), the
+    table is lm_head's weight, so the folder carries it once.
+
+    * lm_head ``MatMulNBits`` (``B`` (N, blocks, block_size * bits / 8), ``scales``, optional
+      ``zero_points``): ``GatherBlockQuantized`` (com.microsoft; ``bits``, ``block_size``,
+      gather axis 0, quantize axis 1; the same zero point default) on the same bytes read as
+      (N, blocks * block_size * bits / 8) uint8, (N, blocks) scales and packed zero points, then a
+      Slice when K is not a whole number of blocks (the layout the model builder's
+      ``shared_embeddings`` uses inside one graph);
+    * lm_head float ``MatMul`` (weight (K, N)): ``Gather`` along axis 1 and a Transpose.
+
+    Every row it gathers is the row lm_head multiplies by: gate it with :func:`tied_reference`."""
+    import onnx
+    from onnx import TensorProto, helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    from vlsens.quantize.nbits import lm_head
+
+    decoder, dst = Path(decoder), Path(dst)
+    if decoder.parent.resolve() != dst.parent.resolve():
+        raise VlsensError(f"{dst}: the tied embedding graph must sit beside {decoder} (it reads its data file)")
+    dm = onnx.load(str(decoder), load_external_data=False)
+    node, dinits = lm_head(dm)
+    em = onnx.load(str(embedding), load_external_data=False)
+    gather, table = table_gather(em)
+    vocab, hidden = (int(d) for d in table.dims)
+    for t in em.graph.initializer:  # the graph's small constants, inline in the tied graph
+        if t.name != table.name and uses_external_data(t):
+            load_external_data_for_tensor(t, str(Path(embedding).parent))
+            del t.external_data[:]
+            t.data_location = TensorProto.DEFAULT
+    out = gather.output[0]
+    if node.op_type == "MatMulNBits":
+        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+        k, n, bits, bs = int(a["K"]), int(a["N"]), int(a["bits"]), int(a["block_size"])
+        if len(node.input) > 4 and node.input[4]:
+            raise VlsensError(f"{node.name}: g_idx: not a layout GatherBlockQuantized reads")
+        blocks = -(-k // bs)
+        ins = [_alias(dinits[node.input[1]], TIED_INPUTS[0], (n, blocks * bs * bits // 8), TensorProto.UINT8),
+               _alias(dinits[node.input[2]], TIED_INPUTS[1], (n, blocks), dinits[node.input[2]].data_type)]
+        if len(node.input) > 3 and node.input[3]:
+            zp = dinits[node.input[3]]
+            if zp.data_type != TensorProto.UINT8:
+                raise VlsensError(f"{node.name}: zero points of type {zp.data_type}: not a layout vlsens reads")
+            ins.append(_alias(zp, TIED_INPUTS[2], (n, -(-blocks * bits // 8)), TensorProto.UINT8))
+        gathered = out if blocks * bs == k else f"{out}_padded"
+        nodes = [helper.make_node("GatherBlockQuantized", [ins[0].name, gather.input[1], *[t.name for t in ins[1:]]],
+                                  [gathered], name=f"{gather.name}BlockQuantized", domain="com.microsoft",
+                                  bits=bits, block_size=bs, gather_axis=0, quantize_axis=1)]
+        if gathered != out:
+            consts = [helper.make_tensor(f"{out}_{x}", TensorProto.INT64, [1], [v])
+                      for x, v in (("start", 0), ("end", k), ("axis", -1))]
+            ins += consts
+            nodes.append(helper.make_node("Slice", [gathered, *[c.name for c in consts]], [out],
+                                          name=f"{gather.name}/Slice"))
+        facts = {"lm_head": node.name, "bits": bits, "block_size": bs, "op": "GatherBlockQuantized"}
+    else:
+        w = dinits[node.input[1]]
+        k, n = (int(d) for d in w.dims)
+        ins = [_alias(w, TIED_INPUTS[0], (k, n), w.data_type)]
+        nodes = [helper.make_node("Gather", [ins[0].name, gather.input[1]], [f"{out}_kfirst"], axis=1,
+                                  name=f"{gather.name}Columns"),
+                 helper.make_node("Transpose", [f"{out}_kfirst"], [out], perm=[1, 2, 0], name=f"{gather.name}/Transpose")]
+        facts = {"lm_head": node.name, "bits": 0, "op": "Gather (axis 1) + Transpose"}
+    if (n, k) != (vocab, hidden):
+        raise VlsensError(f"{decoder}: lm_head {node.name} is {k}x{n}; the embedding table is {vocab}x{hidden}: "
+                          "not a tied table")
+    body = []
+    for x in em.graph.node:
+        body.extend(nodes if x is gather else [x])
+    kept = [t for t in em.graph.initializer if t.name != table.name]
+    del em.graph.node[:]
+    em.graph.node.extend(body)
+    del em.graph.initializer[:]
+    em.graph.initializer.extend(kept + ins)
+    if not any(o.domain == "com.microsoft" for o in em.opset_import):
+        em.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    data = decoder.with_name(decoder.name + ".data")
+    size = data.stat().st_size
+    for t in ins:
+        ext = {e.key: e.value for e in t.external_data}
+        if ext.get("location") and (ext["location"] != data.name or int(ext["offset"]) + int(ext["length"]) > size):
+            raise VlsensError(f"{t.name}: reads {ext} beyond {data.name} ({size} bytes)")
+    onnx.save_model(em, str(dst))
+    shared = sum(int({e.key: e.value for e in t.external_data}.get("length", 0)) for t in ins)
+    return {**facts, "reads": data.name, "shared_bytes": shared, "own_bytes": 0, "shape": [vocab, hidden],
+            "float32_bytes": 4 * vocab * hidden}
+
+
+def tied_reference(decoder: str | Path, cases: Cases, image_token_id: int) -> Cases:
+    """The embedding cases' expected outputs for a tied table: each text position's row of lm_head's
+    weight as the decoder multiplies by it; image positions unchanged."""
+    from vlsens.quantize.nbits import lm_head_table
+
+    return _with_table(lm_head_table(decoder), cases, image_token_id,
+                       f"lm_head's weight as {Path(decoder).name} multiplies by it")
+
+
+def gate_tied(folder: str | Path, reference: str | Path, image_token_id: int, exact_tolerance: dict,
+              threads: int = 0) -> dict:
+    """Gate a folder's tied ``embedding.onnx`` on the decoder's embedding cases (``reference``)
+    against lm_head's own rows at ``exact_tolerance`` (FP32's); the error against the checkpoint's
+    table measured, not gated. Raises :class:`~vlsens.core.errors.ParityError` when it misses."""
+    from vlsens.export import parity
+
+    folder = Path(folder)
+    cases = embedding_cases(reference)
+    own = tied_reference(folder / "decoder.onnx", cases, image_token_id)
+    per_input, providers, vs_float = parity.measure({EMBEDDING: folder / EMBEDDING}, own, threads, "cpu", also=cases)
+    extra = {"float_reference": {"reference": cases.source, "note": "the tied table against the checkpoint's own: "
+                                 "lm_head's quantization error, measured, not gated",
+                                 **parity.summary(vs_float), "per_input": vs_float}}
+    record = parity.make_record(folder, "embedding-tied", per_input, exact_tolerance, own.source, providers, extra)
+    parity.gate(record)
+    return record
+
+
+# ----------------------------------------------------------------------------------------------
+# The vision graph
+
+
+def _matmul_name(gemm_name: str) -> str:
+    m = re.match(r"^(.*)Gemm(_\d+)?$", gemm_name)
+    return f"{m[1]}MatMul{m[2] or ''}" if m else f"{gemm_name}/MatMul"
+
+
+def gemm_to_matmul(model) -> dict[str, str]:
+    """Rewrite, in place, every ``Gemm`` of ``model`` (weights loaded) whose B is an initializer
+    into ``MatMul(A, B')`` (+ ``Add(C)``), ``B'`` the ``(K, N)`` weight, so that ONNX Runtime's
+    weight-only quantizer (MatMul only) reaches the Linears of an exported vision tower.
+    ``alpha``/``beta`` other than 1 and ``transA`` raise. Returns ``{MatMul name: B's name}`` (the
+    exporter names B after the Linear's parameter, ``<module>.weight``)."""
+    from collections import Counter
+
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    # a weight read by one node only is freed as soon as it is transposed (the tower's weights
+    # are held once, not twice)
+    readers = Counter(x for n in model.graph.node for x in n.input)
+    nodes, names, done = [], {}, {}
+    for n in model.graph.node:
+        if n.op_type != "Gemm" or n.input[1] not in inits:
+            nodes.append(n)
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        if float(a.get("alpha", 1.0)) != 1.0 or float(a.get("beta", 1.0)) != 1.0 or int(a.get("transA", 0)):
+            raise VlsensError(f"{n.name}: Gemm with alpha/beta != 1 or transA: not a Linear vlsens rewrites")
+        key = (n.input[1], int(a.get("transB", 0)))
+        if key not in done:
+            w = numpy_helper.to_array(inits[n.input[1]])
+            w = np.ascontiguousarray(w.T if key[1] else w)
+            done[key] = f"{n.input[1]}_KxN" if key[1] else f"{n.input[1]}_KN"
+            model.graph.initializer.append(numpy_helper.from_array(w, done[key]))
+            del w
+            if readers[n.input[1]] == 1:
+                inits[n.input[1]].ClearField("raw_data")
+        mm = _matmul_name(n.name)
+        names[mm] = n.input[1]
+        has_bias = len(n.input) > 2 and n.input[2]
+        mid = f"{n.output[0]}_matmul" if has_bias else n.output[0]
+        nodes.append(helper.make_node("MatMul", [n.input[0], done[key]], [mid], name=mm))
+        if has_bias:
+            nodes.append(helper.make_node("Add", [mid, n.input[2]], [n.output[0]], name=f"{mm}/Bias"))
+    still = {x for n in nodes for x in n.input}
+    sources = {k for k, _ in done}
+    kept = [t for t in model.graph.initializer if t.name in still or t.name not in sources]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return names
+
+
+def linear_module(model, weight_name: str):
+    """transformers' Linear behind an exported weight ``<module path>.weight`` (the checkpoint's
+    names; transformers 5 nests the towers under ``model.``)."""
+    path = weight_name.removesuffix(".weight")
+    for p in (path, f"model.{path}"):
+        with contextlib.suppress(AttributeError):
+            return model.get_submodule(p)
+    raise VlsensError(f"{weight_name}: no module {path} in {type(model).__name__}")
+
+
+def vision_weight_reference(checkpoint, graph: str | Path, cases: Cases, weights: dict[str, str]) -> Cases:
+    """``cases`` (the dynamic vision graph's) with transformers' features recomputed after every
+    Linear that ``graph`` quantized is given the dequantized weight it multiplies by; ``weights``:
+    ``{MatMul name: exported weight name}`` (:func:`gemm_to_matmul`)."""
+    import torch
+
+    from vlsens.core.onnxgraph import dequantize_matmulnbits
+    from vlsens.export.towers.vision_fixed import image_features
+    from vlsens.model.loading import load_model
+
+    model = load_model(checkpoint, attn_implementation="eager", part="vision")
+    replaced = 0
+    for name, w in dequantize_matmulnbits(graph):
+        linear = linear_module(model, weights[name])
+        if tuple(linear.weight.shape) != (w.shape[1], w.shape[0]):
+            raise VlsensError(f"{graph}: {name} is {w.shape[0]}x{w.shape[1]}; {weights[name]} holds "
+                              f"{tuple(linear.weight.shape)} (transposed)")
+        linear.weight = torch.nn.Parameter(torch.from_numpy(w.T.copy()), requires_grad=False)
+        replaced += 1
+    log.info("%s: %d quantized weights in transformers' vision tower; recomputing %d cases", graph, replaced, len(cases))
+    out = Cases(source=f"transformers {type(model.model).__name__}.get_image_features (PyTorch, float32) with the "
+                       f"graph's own weights: {replaced} Linears dequantized (vlsens.core.onnxgraph.dequantize_matmulnbits)")
+    for c in cases:
+        pv = torch.from_numpy(c.inputs["patches"])
+        grid = torch.tensor(c.meta["grid_thw"], dtype=torch.long)
+        feats = image_features(model, pv, grid, video=c.name.startswith("clip-"))
+        out.add(Case(c.name, c.graph, c.inputs, np.concatenate(feats), c.valid, c.logits, c.meta))
+    del model
+    return out
+
+
+def quantize_vision(src: str | Path, staged: str | Path, settings, bits: int = 4) -> tuple[dict, dict[str, str]]:
+    """``staged`` (+ data file): the FP32 vision graph ``src`` with every Linear weight-only
+    quantized to ``bits`` (:func:`gemm_to_matmul`, then :func:`vlsens.quantize.nbits.quantize`). Returns
+    ``(facts, {MatMul name: exported weight name})``."""
+    import onnx
+
+    from vlsens.core.onnxutil import save_with_external_data
+    from vlsens.quantize.nbits import quantize, quantized_nodes, weight_matmuls
+
+    staged = Path(staged)
+    work = staged.parent / ".float"
+    work.mkdir(exist_ok=True)
+    model = onnx.load(str(src))
+    weights = gemm_to_matmul(model)
+    rewritten = save_with_external_data(model, work / "model.onnx")
+    del model
+    ops = [o["name"] for o in weight_matmuls(rewritten)]
+    quantize(rewritten, staged, dict.fromkeys(ops, bits), settings)
+    for f in work.iterdir():
+        f.unlink()
+    work.rmdir()
+    q = quantized_nodes(staged)
+    facts = {"linears": len(weights), "bits": bits, "settings": settings.as_dict(),
+             "weight_bytes": sum(v["bytes"] for v in q.values()),
+             "quantizer": f"{QUANTIZER} (vlsens.quantize.nbits.quantize) after vlsens.precision.weight_only.gemm_to_matmul",
+             "weights": weights}
+    return facts, weights
+
+
+def vision_folder(checkpoint, src_dir: str | Path, reference: str | Path, out_dir: str | Path, settings,
+                  tolerance: dict, exact_tolerance: dict, threads: int = 0) -> dict:
+    """The dynamic vision graph with INT4 Linears as a variant folder (``int4``), gated against
+    transformers on its own weights (:func:`vlsens.variants.gate_own_weights`)."""
+    from vlsens.variants import build_variant
+
+    found: dict[str, str] = {}
+
+    def transform(src: Path, feeds, staged: Path) -> dict:
+        facts, weights = quantize_vision(src, staged, settings)
+        found.update(weights)
+        return facts
+
+    return build_variant(src_dir, reference, out_dir, tolerance, "int4", transform, threads,
+                         reference_for=lambda staged, cases: vision_weight_reference(
+                             checkpoint, staged["model.onnx"], cases, found),
+                         exact_tolerance=exact_tolerance)

@@ -1,0 +1,270 @@
+"""Weight-only quantization of a graph's MatMuls (``MatMulNBits``: block-wise INT4 / INT8 weights,
+float activations), as onnxruntime-genai ships language-model decoders.
+
+Every quantized model here is written by ONNX Runtime's own ``MatMulNBitsQuantizer`` (the one the
+model builder calls for ``-p int4``), with per-node bits: a MatMul is INT4, INT8 or left float.
+Algorithms: ``rtn`` (round to nearest per block) and ``k_quant`` (llama.cpp's scale search per
+block), both data-free. The bytes of an op at each width are read from the quantized models, not
+computed from a formula.
+
+``accuracy_level`` is ``MatMulNBits``' compute type (0: float32 activations; 4: the activations
+are quantized to INT8 per block on the CPU, the builder's default for CPU). It is part of the
+arithmetic: the sensitivity engine, the built models and the deploy folders use the same one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("rtn", "k_quant")
+BITS = (4, 8)
+FLOAT = 0  # "bits" of an op left in float
+
+
+@dataclass(frozen=True)
+class NBitsSettings:
+    """How weights are quantized (config ``<tower section>.nbits``)."""
+
+    algorithm: str = "k_quant"
+    block_size: int = 32
+    symmetric: bool = True
+    accuracy_level: int = 4
+
+    def __post_init__(self):
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"nbits.algorithm: {self.algorithm!r}; valid: {list(ALGORITHMS)}")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"nbits.block_size: {self.block_size}; a power of two >= 16")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ValueError(f"nbits.accuracy_level: {self.accuracy_level}; valid: 0-4")
+
+    @classmethod
+    def from_config(cls, d: Mapping | None) -> NBitsSettings:
+        """From ``deploy.nbits`` (its ``tolerance`` is not a quantization setting) or a record."""
+        return cls(**{k: v for k, v in dict(d or {}).items() if k in cls.__dataclass_fields__})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def weight_matmuls(model) -> list[dict]:
+    """The MatMuls of ``model`` (a path or ModelProto, graph only) whose second input is a 2-D
+    initializer: name, weight, K, N, in graph order."""
+    import onnx
+
+    m = onnx.load(str(model), load_external_data=False) if not hasattr(model, "graph") else model
+    inits = {i.name: i for i in m.graph.initializer}
+    out = []
+    for n in m.graph.node:
+        if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in inits and len(inits[n.input[1]].dims) == 2:
+            k, nn = (int(d) for d in inits[n.input[1]].dims)
+            out.append({"name": n.name, "weight": n.input[1], "K": k, "N": nn})
+    return out
+
+
+def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, int], settings: NBitsSettings,
+             batch_bytes: int = 512 << 20) -> Path:
+    """Write ``float_model`` with every MatMul named in ``bits`` quantized to that width (4 or 8)
+    and every other MatMul left float, by ONNX Runtime's ``MatMulNBitsQuantizer``; ``out_model`` +
+    its data file. Node ``<name>`` becomes ``<name>_Q<bits>``.
+
+    The quantizer is run on models of a few MatMuls each (about ``batch_bytes`` of float weights,
+    read from ``float_model``'s data file) and its nodes and weights are put into the float graph:
+    ``rtn`` and ``k_quant`` quantize each node on its own, so the result is the one a run over the
+    whole model gives (``tests/test_nbits.py``: equal to the model builder's ``-p int4`` export,
+    weight for weight), and the memory is one batch and the quantized weights, not the float
+    model and its quantized copy together (24 GB at 3B with 36 layers)."""
+    import onnx
+
+    from vlsens.core.onnxgraph import node_reads
+    from vlsens.core.onnxutil import save_streamed
+
+    bad = {n: b for n, b in bits.items() if b not in BITS}
+    if bad:
+        raise ValueError(f"bits must be one of {BITS} (float: leave the op out); got {bad}")
+    float_model = Path(float_model)
+    model = onnx.load(str(float_model), load_external_data=False)
+    ops = weight_matmuls(model)
+    unknown = sorted(set(bits) - {o["name"] for o in ops})
+    if unknown:
+        raise ValueError(f"not weight MatMuls of {float_model}: {unknown[:5]}")
+    inits = {i.name: i for i in model.graph.initializer}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    done: dict[str, tuple] = {}
+    batch: list[dict] = []
+    size = 0
+    chosen = [o for o in ops if o["name"] in bits]
+    fb = float_bytes(chosen)
+    for k, o in enumerate(chosen):
+        batch.append(o)
+        size += fb[o["name"]]
+        if k == len(chosen) - 1 or size >= batch_bytes:
+            done.update(_quantize_batch(batch, inits, float_model.parent, bits, settings, opset))
+            batch, size = [], 0
+    nodes = []
+    for node in model.graph.node:
+        if node.name not in done:
+            nodes.append(node)
+            continue
+        q, weights = done.pop(node.name)
+        q.input[0], q.output[0] = node.input[0], node.output[0]
+        nodes.append(q)
+        model.graph.initializer.extend(weights)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    read = {x for n in model.graph.node for x in node_reads(n)} | {o.name for o in model.graph.output}
+    kept = [t for t in model.graph.initializer if t.name in read]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return save_streamed(model, float_model.parent, out_model)
+
+
+def _quantize_batch(batch: Sequence[dict], inits: dict, weights_dir: Path, bits: Mapping[str, int],
+                    settings: NBitsSettings, opset: int) -> dict[str, tuple]:
+    """``{MatMul name: (MatMulNBits node, its weight tensors)}`` for ``batch`` (weight MatMuls of
+    :func:`weight_matmuls`), quantized by ``MatMulNBitsQuantizer`` in a model of their own."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        KQuantWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+        RTNWeightOnlyQuantConfig,
+    )
+
+    from vlsens.core.onnxutil import tensor_array
+
+    nodes, inputs, outputs, weights = [], [], [], []
+    for j, o in enumerate(batch):
+        weights.append(numpy_helper.from_array(np.array(tensor_array(inits[o["weight"]], weights_dir)), o["weight"]))
+        nodes.append(helper.make_node("MatMul", [f"x{j}", o["weight"]], [f"y{j}"], name=o["name"]))
+        inputs.append(helper.make_tensor_value_info(f"x{j}", TensorProto.FLOAT, ["n", o["K"]]))
+        outputs.append(helper.make_tensor_value_info(f"y{j}", TensorProto.FLOAT, ["n", o["N"]]))
+    model = helper.make_model(helper.make_graph(nodes, "batch", inputs, outputs, weights),
+                              opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+    del weights
+    config = {o["name"]: {"bits": int(bits[o["name"]]), "group_size": settings.block_size,
+                          "scheme": "sym" if settings.symmetric else "asym"} for o in batch}
+    algo = (RTNWeightOnlyQuantConfig if settings.algorithm == "rtn" else KQuantWeightOnlyQuantConfig)(
+        customized_weight_config=config)
+    q = MatMulNBitsQuantizer(model, bits=4, block_size=settings.block_size, is_symmetric=settings.symmetric,
+                             accuracy_level=settings.accuracy_level, algo_config=algo)
+    with contextlib.redirect_stdout(io.StringIO()):  # its progress bar
+        q.process()
+    out = q.model.model if hasattr(q.model, "model") else q.model
+    tensors = {t.name: t for t in out.graph.initializer}
+    found = {}
+
+    def copy(message):  # a part of a protobuf message keeps the whole message (float weights too) alive
+        c = type(message)()
+        c.CopyFrom(message)
+        return c
+
+    for node in out.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        node = copy(node)
+        # RTN and k_quant leave it unset
+        if settings.accuracy_level and not any(a.name == "accuracy_level" for a in node.attribute):
+            node.attribute.append(onnx.helper.make_attribute("accuracy_level", settings.accuracy_level))
+        found[node.name.rsplit("_Q", 1)[0]] = (node, [copy(tensors[x]) for x in node.input[1:] if x in tensors])
+    del q, out, tensors, model
+    missing = [o["name"] for o in batch if o["name"] not in found]
+    if missing:
+        raise ValueError(f"MatMulNBitsQuantizer left {missing[:5]} unquantized")
+    return found
+
+
+def quantized_nodes(model) -> dict[str, dict]:
+    """``{float MatMul name: {"bits", "node", "bytes"}}`` of the ``MatMulNBits`` nodes of a model
+    :func:`quantize` wrote (graph only); bytes: its weight, scale and zero-point tensors."""
+    import onnx
+
+    m = onnx.load(str(model), load_external_data=False) if not hasattr(model, "graph") else model
+    inits = {i.name: i for i in m.graph.initializer}
+    out = {}
+    for n in m.graph.node:
+        if n.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        name = n.name.rsplit("_Q", 1)[0]
+        nbytes = sum(_tensor_bytes(inits[x]) for x in n.input[1:] if x in inits)
+        out[name] = {"bits": int(attrs["bits"]), "node": n.name, "bytes": nbytes}
+    return out
+
+
+def _tensor_bytes(t) -> int:
+    import numpy as np
+    from onnx import helper
+
+    n = int(np.prod(t.dims)) if len(t.dims) else 1
+    return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+
+
+def float_bytes(ops: Sequence[dict]) -> dict[str, int]:
+    """Bytes of each op's float32 weight."""
+    return {o["name"]: 4 * o["K"] * o["N"] for o in ops}
+
+
+def float_activations_copy(model: str | Path, dst: str | Path) -> Path:
+    """``model``'s graph with every ``MatMulNBits`` at ``accuracy_level`` 0 (float activations:
+    the kernel computes ``x @ W`` of its dequantized weight exactly), written as ``dst`` beside it
+    reading the same data file (graph only; nothing copied). The exact half of an INT4 decoder's
+    parity gate."""
+    import onnx
+
+    model, dst = Path(model), Path(dst)
+    if dst.parent.resolve() != model.parent.resolve():
+        raise ValueError(f"{dst} must be beside {model} (it reads that model's data file)")
+    m = onnx.load(str(model), load_external_data=False)
+    for n in m.graph.node:
+        if n.op_type == "MatMulNBits":
+            for a in n.attribute:
+                if a.name == "accuracy_level":
+                    a.i = 0
+    onnx.save_model(m, str(dst))
+    return dst
+
+
+def lm_head(model):
+    """``(node, initializers)``: the weight MatMul (or ``MatMulNBits``) that produces the decoder
+    graph's ``logits`` output."""
+    from vlsens.core.errors import VlsensError
+
+    outs = [o.name for o in model.graph.output]
+    if "logits" not in outs:
+        raise VlsensError(f"the decoder graph has no 'logits' output (outputs: {outs[:4]})")
+    producer = {o: n for n in model.graph.node for o in n.output}
+    node = producer["logits"]
+    inits = {i.name: i for i in model.graph.initializer}
+    if node.op_type not in ("MatMul", "MatMulNBits") or node.input[1] not in inits:
+        raise VlsensError(f"the decoder's logits come from {node.op_type} {node.name}, not a weight MatMul")
+    return node, inits
+
+
+def lm_head_table(decoder: str | Path):
+    """The (vocab, hidden) FP32 table a tied embedding gathers: lm_head's weight as the decoder
+    multiplies by it (dequantized per ``MatMulNBits``' spec, :func:`vlsens.core.onnxgraph.dequantize_matmulnbits`)."""
+    import numpy as np
+    import onnx
+
+    from vlsens.core.errors import VlsensError
+    from vlsens.core.onnxgraph import dequantize_matmulnbits
+    from vlsens.core.onnxutil import tensor_array
+
+    decoder = Path(decoder)
+    node, inits = lm_head(onnx.load(str(decoder), load_external_data=False))
+    if node.op_type == "MatMul":
+        return np.ascontiguousarray(tensor_array(inits[node.input[1]], decoder.parent).T, np.float32)
+    for _, w in dequantize_matmulnbits(decoder, names=[node.name]):
+        return np.ascontiguousarray(w.T)
+    raise VlsensError(f"{decoder}: {node.name} not found")

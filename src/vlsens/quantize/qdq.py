@@ -1,0 +1,267 @@
+"""ONNX Runtime static quantization (QDQ) with one calibration, reused everywhere.
+
+Every quantized model vlsens builds (per-op reference models, the all-op model the engine is
+made from, the mixed-precision profile) comes from ``onnxruntime.quantization.quantize_static``
+with the same :class:`QuantSettings` and the same calibration cache, so their Q/DQ parameters
+agree exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv")
+_QTYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
+_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    op_types: tuple[str, ...] = DEFAULT_OP_TYPES
+    activation_type: str = "uint8"
+    weight_type: str = "int8"
+    per_channel: bool = True
+    calibrate_method: str = "minmax"
+    #: 7-bit weights (ORT's guard against u8 x s8 saturation on CPUs without VNNI)
+    reduce_range: bool = False
+    #: activations symmetric around zero (TensorRT)
+    activation_symmetric: bool = False
+    #: the deployment target (vlsens.quantize.target) and its saturation guard, recorded with the settings
+    target: str = "ort-cpu"
+    guard: str = "none"
+    guard_why: str = ""
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "QuantSettings":
+        """From :func:`vlsens.quantize.target.resolve` (``sensitivity.*`` for the run's ``quant.target``)
+        or a record's ``settings``; keys older records lack take their defaults."""
+        return cls(
+            op_types=tuple(cfg["op_types"]),
+            activation_type=cfg["activation_type"],
+            weight_type=cfg["weight_type"],
+            per_channel=bool(cfg["per_channel"]),
+            calibrate_method=cfg["calibrate_method"],
+            reduce_range=bool(cfg.get("reduce_range", False)),
+            activation_symmetric=bool(cfg.get("activation_symmetric", False)),
+            target=str(cfg.get("target", "ort-cpu")),
+            guard=str(cfg.get("guard", "none")),
+            guard_why=str(cfg.get("guard_why", "")),
+        )
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["op_types"] = list(self.op_types)
+        return d
+
+    def kwargs(self) -> dict:
+        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+
+        return dict(
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(self.op_types),
+            per_channel=self.per_channel,
+            reduce_range=self.reduce_range,
+            activation_type=getattr(QuantType, _QTYPES[self.activation_type]),
+            weight_type=getattr(QuantType, _QTYPES[self.weight_type]),
+            calibrate_method=getattr(CalibrationMethod, _METHODS[self.calibrate_method]),
+            use_external_data_format=True,
+            extra_options={"ActivationSymmetric": True} if self.activation_symmetric else {},
+        )
+
+
+@dataclass
+class Op:
+    """A quantizable node of the float graph."""
+
+    name: str
+    op_type: str
+    weight_params: int
+    block: int | None = None
+    role: str = ""
+
+    def as_row(self) -> dict:
+        return {"op": self.name, "op_type": self.op_type,
+                "block": "" if self.block is None else self.block, "role": self.role,
+                "weight_params": self.weight_params}
+
+
+_BLOCK_RE = re.compile(r"(?:^|/|\.)(?:blocks|layers)\.(\d+)(?:/|\.|$)")
+
+
+def parse_op_name(name: str, op_type: str = "") -> tuple[int | None, str]:
+    """Block index and role from an exported node name.
+
+    ``/visual/blocks.7/mlp/down_proj/Gemm`` -> (7, ``mlp.down_proj``);
+    ``/visual/merger/mlp/mlp.2/Gemm`` -> (None, ``merger.mlp.mlp.2``);
+    ``/visual/blocks.0/attn/MatMul_3`` -> (0, ``attn.MatMul_3``).
+    """
+    m = _BLOCK_RE.search(name)
+    block = int(m.group(1)) if m else None
+    parts = [p for p in name.strip("/").split("/") if p]
+    if parts and parts[0] in ("visual", "model", "language_model"):
+        parts = parts[1:]
+    if m:
+        idx = next(i for i, p in enumerate(parts) if re.fullmatch(r"(blocks|layers)\.\d+", p))
+        parts = parts[idx + 1:]
+    if len(parts) > 1 and parts[-1] == op_type:  # ".../down_proj/Gemm" -> "down_proj"
+        parts = parts[:-1]
+    return block, ".".join(parts)
+
+
+#: Ops between an attention MatMul and its Softmax (scaling, masking, casts, reshapes).
+_PASS_THROUGH = {"Mul", "Div", "Add", "Sub", "Where", "Cast", "Reshape", "Transpose", "Dropout", "Identity"}
+
+
+def attention_role(node, producer: dict, consumers: dict, depth: int = 4) -> str | None:
+    """``qk`` for a weightless MatMul whose output reaches a Softmax (the scores Q·Kᵀ), ``av`` for
+    one that reads a Softmax's output (the probabilities times V), through at most ``depth``
+    scaling / masking / cast / reshape ops; None otherwise."""
+
+    def reaches_softmax(tensor, d):
+        for c in consumers.get(tensor, ()):
+            if c.op_type == "Softmax" or (d > 0 and c.op_type in _PASS_THROUGH
+                                          and any(reaches_softmax(o, d - 1) for o in c.output)):
+                return True
+        return False
+
+    def from_softmax(tensor, d):
+        p = producer.get(tensor)
+        if p is None:
+            return False
+        return p.op_type == "Softmax" or (d > 0 and p.op_type in _PASS_THROUGH
+                                          and any(from_softmax(x, d - 1) for x in p.input if x))
+
+    if any(from_softmax(x, depth) for x in node.input if x):
+        return "av"
+    if any(reaches_softmax(o, depth) for o in node.output):
+        return "qk"
+    return None
+
+
+def quantizable_ops(model, op_types: Iterable[str] = DEFAULT_OP_TYPES, weights_only: bool = False) -> list[Op]:
+    """Nodes of ``op_types`` in graph order, with their weight parameter counts; ``weights_only``
+    leaves out those without a weight (activation x activation MatMuls: attention scores). An
+    attention MatMul's role names what it computes (``attn.qk``, ``attn.av``:
+    :func:`attention_role`), not its exported name (``attn.MatMul_3``)."""
+    inits = {i.name: int(np.prod(i.dims)) if len(i.dims) else 1 for i in model.graph.initializer}
+    wanted = set(op_types)
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    consumers: dict = {}
+    for n in model.graph.node:
+        for x in n.input:
+            consumers.setdefault(x, []).append(n)
+    ops = []
+    for node in model.graph.node:
+        if node.op_type in wanted:
+            # The weight is the second input (Conv W, Gemm B, MatMul B) when it is an initializer.
+            w = inits.get(node.input[1], 0) if len(node.input) > 1 else 0
+            if weights_only and not w:
+                continue
+            block, role = parse_op_name(node.name, node.op_type)
+            if node.op_type == "MatMul" and not w and not any(x in inits for x in node.input):
+                kind = attention_role(node, producer, consumers)
+                if kind:
+                    scope = role.rsplit(".", 1)[0] if "." in role else ""
+                    scope = scope if scope.endswith("attn") else (role if role.endswith("attn") else "attn")
+                    role = f"{scope}.{kind}"
+            ops.append(Op(node.name, node.op_type, w, block, role))
+    names = [o.name for o in ops]
+    if len(set(names)) != len(names):
+        raise ValueError("quantizable nodes must have unique names")
+    return ops
+
+
+def prepare_float_model(src: str | Path, dst: str | Path) -> Path:
+    """The float model the quantizer works on: shared (Identity) weights untied, nodes named."""
+    import onnx
+
+    from vlsens.core.onnxutil import save_with_external_data, untie_identity_initializers
+
+    model = onnx.load(str(src), load_external_data=True)
+    untie_identity_initializers(model)
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_vlsens_{i}"
+    return save_with_external_data(model, dst)
+
+
+def calibrate(float_model: str | Path, cache: str | Path, settings: QuantSettings, reader, scratch: str | Path) -> Path:
+    """ORT's calibration cache for ``float_model``, written by ORT's own calibrator (what
+    ``quantize_static`` runs on a cache miss, with the same options), alone: the calibrator's
+    model copy and session only. Inside ``quantize_static`` the quantizer's model copy is held
+    as well (11.3 GB instead of about 6 for the 2.7 GB Qwen2.5-VL-3B vision tower)."""
+    import tempfile
+
+    import onnxruntime as ort
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+
+    kw = settings.kwargs()
+    with tempfile.TemporaryDirectory(prefix="ort.quant.", dir=scratch) as d:
+        calibrator = create_calibrator(Path(float_model), list(kw["op_types_to_quantize"]),
+                                       augmented_model_path=str(Path(d) / "augmented_model.onnx"),
+                                       calibrate_method=kw["calibrate_method"], use_external_data_format=True,
+                                       extra_options={})
+        # ORT's default execution order runs the appended reductions late and keeps every
+        # intermediate they read alive (13.9 GB for the 3B vision tower at 448x448): the same
+        # session (optimizations off, as ORT makes it) in priority order.
+        del calibrator.infer_session
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        calibrator.infer_session = ort.InferenceSession(calibrator.augmented_model_path, sess_options=so,
+                                                        providers=calibrator.execution_providers)
+        calibrator.collect_data(reader)
+        ranges = calibrator.compute_data()
+        del calibrator
+    save_tensors_data(ranges, cache, smooth_quant=False)
+    return Path(cache)
+
+
+def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str],
+             settings: QuantSettings, cache: str | Path, reader=None) -> Path:
+    """QDQ-quantize exactly ``nodes``; the calibration cache is created on first use (better:
+    by :func:`calibrate`, beforehand) and reused."""
+    from onnxruntime.quantization import quantize_static
+
+    from vlsens.core.onnxutil import check_compact, data_path
+
+    out_model = Path(out_model)
+    out_model.parent.mkdir(parents=True, exist_ok=True)
+    # ORT saves through onnx's external-data writer, which appends to a data file of the same name
+    # (a second build at one path would carry the first one's bytes): start from nothing.
+    out_model.unlink(missing_ok=True)
+    data_path(out_model).unlink(missing_ok=True)
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.INFO))
+    quantize_static(str(float_model), str(out_model), reader, nodes_to_quantize=list(nodes),
+                    calibration_cache_path=str(cache), **settings.kwargs())
+    check_compact(out_model)
+    return out_model
+
+
+def quantized_ops(model_path: str | Path, ops: Sequence[str]) -> set[str]:
+    """The ops among ``ops`` that run in INT8 in a QDQ model: their weight (second) input comes
+    from a DequantizeLinear node (activation x activation MatMuls: both inputs do)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    wanted = set(ops)
+    out = set()
+    for node in model.graph.node:
+        if node.name in wanted and len(node.input) > 1 and producer.get(node.input[1]) == "DequantizeLinear":
+            out.add(node.name)
+    return out
+
+
+def select_ops(model_path: str | Path, settings: QuantSettings, weights_only: bool = False) -> list[Op]:
+    import onnx
+
+    return quantizable_ops(onnx.load(str(model_path), load_external_data=False), settings.op_types, weights_only)
