@@ -71,10 +71,14 @@ REPORT ?= results/report.html
 report: install
 	$(BIN)/snakemake --configfile $(CONFIG) --report $(REPORT) --report-stylesheet report/stylesheet.css $(ARGS)
 
+# tests/duplicates.py: pairs of places sharing 6+ lines (the same, or the same but for names and
+# values); the counts may only go down.
 lint: $(STAMP)-lint
 	$(BIN)/ruff check src tests bench workflow
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint
+	$(BIN)/python tests/duplicates.py --max 1 src
+	$(BIN)/python tests/duplicates.py --max 7 rules Snakefile
 
 bench: install inc-env
 	$(BIN)/python bench/bench_spine.py

@@ -16,12 +16,11 @@ configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 include: "rules/common.smk"
 include: "rules/checkpoint.smk"
-include: "rules/towers.smk"
+include: "rules/export.smk"
 include: "rules/variants.smk"
 include: "rules/npu.smk"
 include: "rules/sensitivity.smk"
-include: "rules/profile.smk"
-include: "rules/nbits.smk"
+include: "rules/precision.smk"
 include: "rules/deploy.smk"
 include: "rules/report.smk"
 

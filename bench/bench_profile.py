@@ -82,7 +82,7 @@ def held_out(names: list[str], guards: list[str], work: Path, objective: str) ->
 
     from vlsens.data.images import resolve_images
     from vlsens.model.presets.build import build_tiny_checkpoint
-    from vlsens.precision.int8 import build_profile
+    from vlsens.precision.int8 import ProfileSettings, build_profile
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     rows = []
@@ -101,7 +101,7 @@ def held_out(names: list[str], guards: list[str], work: Path, objective: str) ->
             gather(g / "engine", ev_npz, [g / "ort.0-of-1.csv"], g / "ort.csv", g / "ort.json")
             t0 = time.perf_counter()
             ev = build_profile(g / "engine", g / "ort.csv", ev_npz, {"fp32": root / "fp32" / "model.onnx"},
-                               g / "profile", "cosine", 0.999, objective=objective)
+                               g / "profile", ProfileSettings("cosine", 0.999, objective=objective))
             rows.append({**row(f"{name} ({size})", guard, ev), "profile s": time.perf_counter() - t0})
             print(f"# {name} {guard}: done", file=sys.stderr, flush=True)
     return rows
@@ -131,7 +131,7 @@ def kernels(model: Path, feed: dict, runs: int = 3) -> dict[str, float]:
 
 def from_results(results: Path, graphs: list[str], latency: bool, with_kernels: bool, out: Path) -> list[dict]:
     from vlsens.data.samples import Samples
-    from vlsens.precision.int8 import build_profile
+    from vlsens.precision.int8 import ProfileSettings, build_profile
 
     rows, breakdowns = [], {}
     for graph in graphs:
@@ -146,7 +146,7 @@ def from_results(results: Path, graphs: list[str], latency: bool, with_kernels: 
             if latency:
                 t = ev["target"]
                 lat = build_profile(eng, results / "sensitivity" / graph / variant / "ort.csv", calib, bases,
-                                    out / graph / variant, t["metric"], t["value"], objective="latency")
+                                    out / graph / variant, ProfileSettings(t["metric"], t["value"], objective="latency"))
                 rows.append(row(f"{graph} [{variant}] latency", lat["settings"].get("guard", "?"), lat))
             if with_kernels:
                 feed = Samples.load(calib, eng / "float.onnx").feeds[0]

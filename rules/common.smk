@@ -17,7 +17,7 @@ if Path(_SRC).is_dir() and _SRC not in sys.path:  # else vlsens must be pip-inst
 
 from vlsens import deploy as _deploy
 from vlsens.core import paths
-from vlsens.config import SCHEMA, canonical, check_images, schema_errors, tolerance_for
+from vlsens.config import SCHEMA, VARIANTS, canonical, check_images, schema_errors, tolerance_for
 from vlsens.core.device import gpu_present
 from vlsens.core.errors import ConfigError
 from vlsens.dag.plan import configure, lm_config
@@ -27,6 +27,7 @@ from vlsens.model.presets import rule_names as _preset_rule_names
 from vlsens.quantize.target import check_profile_objective as _check_objective, resolve as _resolve_quant
 from vlsens.dag.resources import cluster_value, job_cores
 from vlsens.dag.targets import all_targets
+from vlsens.report import numbered_categories
 from vlsens.core.versions import provenance as _provenance
 from snakemake.settings.types import DeploymentMethod
 
@@ -86,8 +87,9 @@ INC_SCRIPT = str(SCRIPTS / "sensitivity_inc.py")
 wildcard_constraints:
     model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     graph="|".join(re.escape(g) for g in TOWERS),
-    base="fp32|fp16",
-    variant="fp32|fp16|bf16|fp32-sim|fp16-sim",
+    # the variants vlsens.config knows, and those onnxsim simplifies ({base}-sim)
+    base="|".join(v.removesuffix("-sim") for v in VARIANTS if v.endswith("-sim")),
+    variant="|".join(VARIANTS),
     precision="|".join(_deploy.PRECISIONS),
     engine="ort|inc",
 
@@ -156,10 +158,44 @@ def calibration_inputs(wildcards):
     return {"checkpoint": checkpoint_dir(wildcards), **tower(wildcards).calibration_inputs(wildcards.model, INPUTS)}
 
 
+#: A graph's calibration folder (calib.npz, eval.npz, manifest.json), and its calibration and
+#: evaluation sets as named inputs.
+CALIB = paths.files(paths.CALIB, paths.CALIB_FILES)
+CALIB_SETS = {k: CALIB[k] for k in ("calib", "eval")}
+
+
+#: The ort engine's folder (paths.ENGINE_FILES).
+ENGINE = paths.files(paths.ENGINE, paths.ENGINE_FILES)
+
+
+def engine_files(*names):
+    """Files of the ort engine's folder, as named inputs."""
+    return {name: ENGINE[name] for name in names}
+
+
 def record(variant):
     """The parity record of a variant folder: what a consumer of its graphs depends on (every
     graph file is listed in it with its hash, and checked when read)."""
     return paths.in_variant(variant, paths.RECORD)
+
+
+def variant_inputs(variant="{variant}"):
+    """What a job that transforms or cuts a variant folder reads: its main graph, its parity
+    record (every graph file of the folder, by hash) and the reference cases it is gated on."""
+    return {"model": paths.in_variant(variant), "parity": record(variant), "reference": paths.REFERENCE}
+
+
+def weights_inputs(graph=None):
+    """What a graph built from the checkpoint's weights and gated on them reads: the checkpoint,
+    the fp32 record and the reference cases, of ``graph`` (default: the ``graph`` wildcard's)."""
+    at = (lambda p: paths.fill(p, graph=graph)) if graph else (lambda p: p)
+    return {"checkpoint": checkpoint_dir, "parity": at(record("fp32")), "reference": at(paths.REFERENCE)}
+
+
+def gated(model):
+    """The outputs of a gated graph: ``model`` (its main graph file), its external data and the
+    parity record beside it (``model``, ``data``, ``parity``)."""
+    return {"model": model, "data": paths.data(model), "parity": f"{model.rpartition('/')[0]}/{paths.RECORD}"}
 
 
 def analysed_model(wildcards, variant=None):
@@ -259,15 +295,20 @@ def landing_page():
     return str(verdict.resolve()) if verdict.is_file() else "report/workflow.rst"
 
 
-def report_figure(figure, caption, category, figure_labels=None):
+def report_item(path, caption, category, subcategory, **labels):
+    """An output marked for the report (``snakemake --report``), its caption one of report/*.rst."""
+    return report(path, caption=f"../report/{caption}", category=category, subcategory=subcategory, labels=labels)
+
+
+def report_figure(figure, caption, category, **labels):
     """A figure of ``paths.FIGURE_FILES`` marked for the report, one subcategory per graph."""
-    return report(
-        f"{paths.REPORT_FIGURES}/{paths.FIGURE_FILES[figure]}",
-        caption=f"../report/{caption}",
-        category=category,
-        subcategory="{graph}",
-        labels={"graph": "{graph}", "base": "{variant}", **(figure_labels or {})},
-    )
+    path = f"{paths.REPORT_FIGURES}/{paths.FIGURE_FILES[figure]}"
+    return report_item(path, caption, category, "{graph}", graph="{graph}", base="{variant}", **labels)
+
+
+def report_file(name, caption, category, subcategory, **labels):
+    """A figure or table of the whole model (``paths.REPORT_FILES``) marked for the report."""
+    return report_item(f"{paths.REPORT}/{paths.REPORT_FILES[name]}", caption, category, subcategory, **labels)
 
 
 # --- params ----------------------------------------------------------------------------------
@@ -275,6 +316,13 @@ def report_figure(figure, caption, category, figure_labels=None):
 
 def tolerance(variant):
     return tolerance_for(config, variant)
+
+
+def nbits_tolerances():
+    """The two gates of a weight-only INT4 graph: against transformers run on the graph's own
+    dequantized weights with float activations at FP32's tolerance (``exact_tolerance``), and as
+    shipped at ``deploy.nbits.tolerance``."""
+    return {"tolerance": canonical(config["deploy"]["nbits"]["tolerance"]), "exact_tolerance": tolerance("fp32")}
 
 
 def nbits_settings():
@@ -309,6 +357,16 @@ def tower_settings(stage):
 def provenance(stage, script):
     """Rerun trigger: library versions and the hash of the vlsens code the script runs."""
     return _provenance(stage, SCRIPTS / script)
+
+
+def inc_command(task, outputs, options):
+    """The command line of an engine inc task (rules/sensitivity.smk): ``task`` (a flag), its
+    ``outputs`` and ``options``; the script runs with INC's interpreter (``params.python``)."""
+    return (
+        f"{{params.python}} {{params.script}}{task} --model {{params.model:q}} --calib {{input.calib:q}}"
+        f" --eval {{input.eval:q}} {outputs} --log {{log:q}}"
+        f" --settings {{params.settings:q}} {options} --threads {{resources.compute_threads}}"
+    )
 
 
 def inc_provenance():

@@ -3,20 +3,38 @@
 # onnxruntime-genai itself (vlsens.deploy).
 
 
+# The peers the int4 folders are compared with: onnxruntime-genai's builder at -p int4, one decoder
+# per algo_config (vlsens.deploy.genai.anchors), each a decoder variant folder gated twice
+# (nbits_tolerances) like the int4-mixed profile.
+rule builder_int4:
+    input:
+        **weights_inputs(),
+    output:
+        **gated(f"{paths.BUILDER_INT4}/{paths.MAIN}"),
+    wildcard_constraints:
+        algo="|".join(_deploy.BUILDER_ALGOS),
+    params:
+        **nbits_tolerances(),
+        settings=builder_settings(),
+        provenance=provenance("export", "builder_int4.py"),
+    log:
+        paths.log("builder_int4", "{algo}"),
+    benchmark:
+        paths.benchmark("builder_int4", "{algo}")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("builder_int4", threads=config["threads"]),
+    script:
+        "../workflow/scripts/builder_int4.py"
+
+
 rule deploy:
     input:
         unpack(deploy_inputs),
     output:
         directory(DEPLOY),
-    log:
-        paths.DEPLOY_LOG,
-    benchmark:
-        paths.DEPLOY_BENCHMARK
-    conda:
-        "../envs/torch.yaml"
-    threads: cores(config["threads"])
-    resources:
-        **cluster("deploy", threads=config["threads"]),
     params:
         max_new_tokens=config["deploy"]["max_new_tokens"],
         tolerance=lambda wc: _deploy.vision_tolerance(config, wc.precision),
@@ -27,6 +45,15 @@ rule deploy:
         ),
         exact_tolerance=tolerance("fp32"),
         provenance=provenance("deploy", "deploy.py"),
+    log:
+        paths.DEPLOY_LOG,
+    benchmark:
+        paths.DEPLOY_BENCHMARK
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("deploy", threads=config["threads"]),
     script:
         "../workflow/scripts/deploy.py"
 
@@ -36,16 +63,15 @@ rule deploy_int4:
         unpack(int4_folders),
     output:
         **paths.DEPLOY_INT4,
+    params:
+        provenance=provenance("deploy", "deploy_int4.py"),
     log:
         paths.model_log("deploy_int4"),
     benchmark:
         f"{paths.MODEL}/benchmarks/deploy/deploy_int4.tsv"
     conda:
         "../envs/onnx.yaml"
-    threads: 1
     resources:
         **cluster("deploy_int4", gpu=False),
-    params:
-        provenance=provenance("deploy", "deploy_int4.py"),
     script:
         "../workflow/scripts/deploy_int4.py"

@@ -6,11 +6,14 @@
 
 rule parts:
     input:
-        model=paths.in_variant(),
-        parity=record("{variant}"),
-        reference=rules.reference.output.reference,
+        **variant_inputs(),
     output:
         parts=directory(paths.PARTS),
+    params:
+        tolerance=lambda wildcards: tolerance(wildcards.variant),
+        parts=config["vision"]["parts"]["count"],
+        max_bytes=config["vision"]["parts"]["max_bytes"],
+        provenance=provenance("parts", "parts.py"),
     log:
         paths.log("parts", "{variant}"),
     benchmark:
@@ -20,11 +23,6 @@ rule parts:
     threads: cores(config["threads"])
     resources:
         **cluster("parts", threads=config["threads"]),
-    params:
-        tolerance=lambda wildcards: tolerance(wildcards.variant),
-        parts=config["vision"]["parts"]["count"],
-        max_bytes=config["vision"]["parts"]["max_bytes"],
-        provenance=provenance("parts", "parts.py"),
     script:
         "../workflow/scripts/parts.py"
 
@@ -32,10 +30,12 @@ rule parts:
 rule parts_calibration:
     input:
         parts=rules.parts.output.parts,
-        calib=f"{paths.CALIB}/{paths.CALIB_FILES['calib']}",
-        eval=f"{paths.CALIB}/{paths.CALIB_FILES['eval']}",
+        calib=CALIB["calib"],
+        eval=CALIB["eval"],
     output:
         archives=directory(paths.PARTS_CALIB),
+    params:
+        provenance=provenance("parts", "parts_calibration.py"),
     log:
         paths.log("parts_calibration", "{variant}"),
     benchmark:
@@ -45,8 +45,6 @@ rule parts_calibration:
     threads: cores(config["threads"])
     resources:
         **cluster("parts_calibration", threads=config["threads"]),
-    params:
-        provenance=provenance("parts", "parts_calibration.py"),
     script:
         "../workflow/scripts/parts_calibration.py"
 
@@ -56,18 +54,17 @@ rule embeddings:
         checkpoint=checkpoint_dir,
     output:
         embeddings=directory(paths.EMBEDDINGS),
-    log:
-        paths.model_log("embeddings"),
-    benchmark:
-        f"{paths.MODEL}/benchmarks/embeddings.tsv"
-    conda:
-        "../envs/onnx.yaml"
-    threads: 1
-    resources:
-        **cluster("embeddings", gpu=False),
     params:
         dtypes=config["embeddings"]["dtypes"],
         checkpoint=lambda wildcards: PLAN.checkpoint,
         provenance=provenance("embeddings", "embeddings.py"),
+    log:
+        paths.model_log("embeddings"),
+    benchmark:
+        paths.model_benchmark("embeddings")
+    conda:
+        "../envs/onnx.yaml"
+    resources:
+        **cluster("embeddings", gpu=False),
     script:
         "../workflow/scripts/embeddings.py"

@@ -4,6 +4,10 @@
 
 
 REPORT_CODE = provenance("report", "report.py")
+# Report categories (vlsens.report.CATEGORIES), numbered over the ones this run draws
+CATEGORY = numbered_categories(get_final_output())
+TABLES = CATEGORY["Parity and profiles"]
+INT4 = CATEGORY["INT4 decoders"]
 
 
 rule report_heatmap:
@@ -12,7 +16,10 @@ rule report_heatmap:
         csv=f"{paths.SENSITIVITY}/ort.csv",
         profile=f"{paths.PROFILE}/{paths.PROFILE_FILES['profile']}",
     output:
-        report_figure("heatmap", "heatmap.rst", "2. Sensitivity heatmaps", {"engine": "ort"}),
+        report_figure("heatmap", "heatmap.rst", CATEGORY["Sensitivity heatmaps"], engine="ort"),
+    params:
+        preset=preset_json,
+        provenance=REPORT_CODE,
     log:
         paths.log("report_heatmap", "{variant}"),
     benchmark:
@@ -21,9 +28,6 @@ rule report_heatmap:
         "../envs/report.yaml"
     resources:
         **cluster("report_heatmap", gpu=False),
-    params:
-        preset=preset_json,
-        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -34,7 +38,11 @@ rule report_ranked:
         csv=f"{paths.SENSITIVITY}/{{engine}}.csv",
         profile=f"{paths.PROFILE}/{paths.PROFILE_FILES['profile']}",
     output:
-        report_figure("ranked", "ranked.rst", "3. Most sensitive ops", {"engine": "{engine}"}),
+        report_figure("ranked", "ranked.rst", CATEGORY["Most sensitive ops"], engine="{engine}"),
+    params:
+        preset=preset_json,
+        top=config["report"]["top_ops"],
+        provenance=REPORT_CODE,
     log:
         paths.log("report_ranked", "{variant}", "{engine}"),
     benchmark:
@@ -43,10 +51,6 @@ rule report_ranked:
         "../envs/report.yaml"
     resources:
         **cluster("report_ranked", gpu=False),
-    params:
-        preset=preset_json,
-        top=config["report"]["top_ops"],
-        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -55,7 +59,9 @@ rule report_pareto:
     input:
         eval=f"{paths.PROFILE}/{paths.PROFILE_FILES['eval']}",
     output:
-        report_figure("pareto", "pareto.rst", "4. Profiles: INT8 coverage vs accuracy"),
+        report_figure("pareto", "pareto.rst", CATEGORY["Profiles: INT8 coverage vs accuracy"]),
+    params:
+        provenance=REPORT_CODE,
     log:
         paths.log("report_pareto", "{variant}"),
     benchmark:
@@ -64,8 +70,6 @@ rule report_pareto:
         "../envs/report.yaml"
     resources:
         **cluster("report_pareto", gpu=False),
-    params:
-        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -76,7 +80,9 @@ rule report_engines:
         inc=f"{paths.SENSITIVITY}/inc.csv",
         compare=f"{paths.SENSITIVITY}/compare.json",
     output:
-        report_figure("engines", "engines.rst", "5. Engine agreement"),
+        report_figure("engines", "engines.rst", CATEGORY["Engine agreement"]),
+    params:
+        provenance=REPORT_CODE,
     log:
         paths.log("report_engines", "{variant}"),
     benchmark:
@@ -85,8 +91,6 @@ rule report_engines:
         "../envs/report.yaml"
     resources:
         **cluster("report_engines", gpu=False),
-    params:
-        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -95,13 +99,9 @@ rule report_fp16:
     input:
         record=paths.fill(record("fp16")),
     output:
-        report(
-            paths.REPORT_FP16,
-            caption="../report/fp16.rst",
-            category="6. FP16 fallback",
-            subcategory="{graph}",
-            labels={"graph": "{graph}"},
-        ),
+        report_item(paths.REPORT_FP16, "fp16.rst", CATEGORY["FP16 fallback"], "{graph}", graph="{graph}"),
+    params:
+        provenance=REPORT_CODE,
     log:
         paths.log("report_fp16"),
     benchmark:
@@ -110,8 +110,6 @@ rule report_fp16:
         "../envs/report.yaml"
     resources:
         **cluster("report_fp16", gpu=False),
-    params:
-        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -120,13 +118,13 @@ rule report_latency:
     input:
         report_latency_inputs,
     output:
-        report(
-            f"{paths.REPORT}/{paths.REPORT_FILES['latency']}",
-            caption="../report/latency.rst",
-            category="7. Latency and size",
-            subcategory="all graphs",
-            labels={"figure": "latency and size"},
-        ),
+        report_file("latency", "latency.rst", CATEGORY["Latency and size"], "all graphs", figure="latency and size"),
+    params:
+        profiles=report_profiles,
+        records=report_base_records,
+        deploy=report_deploy,
+        analysed=lambda wc: {g: t.analysed for g, t in TOWERS.items()},
+        provenance=REPORT_CODE,
     log:
         paths.model_log("report_latency"),
     benchmark:
@@ -135,12 +133,6 @@ rule report_latency:
         "../envs/report.yaml"
     resources:
         **cluster("report_latency", gpu=False),
-    params:
-        profiles=report_profiles,
-        records=report_base_records,
-        deploy=report_deploy,
-        analysed=lambda wc: {g: t.analysed for g, t in TOWERS.items()},
-        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -151,22 +143,17 @@ rule report_tables:
         records=report_records,
         deploy=lambda wc: list(report_deploy(wc).values()),
     output:
-        parity=report(
-            f"{paths.REPORT}/{paths.REPORT_FILES['parity']}",
-            caption="../report/parity.rst",
-            category="1. Parity and profiles",
-            subcategory="tables",
-            labels={"table": "parity of every artifact"},
-        ),
-        profiles=report(
-            f"{paths.REPORT}/{paths.REPORT_FILES['profiles']}",
-            caption="../report/profiles.rst",
-            category="1. Parity and profiles",
-            subcategory="tables",
-            labels={"table": "mixed-precision profiles"},
-        ),
+        parity=report_file("parity", "parity.rst", TABLES, "tables", table="parity of every artifact"),
+        profiles=report_file("profiles", "profiles.rst", TABLES, "tables", table="mixed-precision profiles"),
         # the report's landing page (the Snakefile's report: directive, when it exists)
         verdict=f"{paths.REPORT}/{paths.REPORT_FILES['verdict']}",
+    params:
+        profiles=report_profiles,
+        deploy=report_deploy,
+        variant_records=report_records,
+        description=str(VLSENS_ROOT / "report" / "workflow.rst"),
+        root=lambda wc: paths.fill(paths.MODEL, model=wc.model),
+        provenance=REPORT_CODE,
     log:
         paths.model_log("report_tables"),
     benchmark:
@@ -175,13 +162,6 @@ rule report_tables:
         "../envs/report.yaml"
     resources:
         **cluster("report_tables", gpu=False),
-    params:
-        profiles=report_profiles,
-        deploy=report_deploy,
-        variant_records=report_records,
-        description=str(VLSENS_ROOT / "report" / "workflow.rst"),
-        root=lambda wc: paths.fill(paths.MODEL, model=wc.model),
-        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"
 
@@ -192,20 +172,12 @@ rule report_int4:
         csv=paths.fill(f"{paths.SENSITIVITY}/{paths.NBITS_FILES['csv']}", graph=_deploy.DECODER_GRAPH, variant="fp32"),
         profile=paths.fill(f"{paths.NBITS_PROFILE}/{paths.RECORD}", graph=_deploy.DECODER_GRAPH, variant="fp32"),
     output:
-        pareto=report(
-            f"{paths.REPORT}/{paths.REPORT_FILES['int4_pareto']}",
-            caption="../report/int4.rst",
-            category="8. INT4 decoders",
-            subcategory="deploy folders",
-            labels={"figure": "size vs KL"},
+        pareto=report_file("int4_pareto", "int4.rst", INT4, "deploy folders", figure="size vs KL"),
+        heatmap=report_file(
+            "nbits_heatmap", "nbits.rst", INT4, "deploy folders", figure="weight-only sensitivity and bits"
         ),
-        heatmap=report(
-            f"{paths.REPORT}/{paths.REPORT_FILES['nbits_heatmap']}",
-            caption="../report/nbits.rst",
-            category="8. INT4 decoders",
-            subcategory="deploy folders",
-            labels={"figure": "weight-only sensitivity and bits"},
-        ),
+    params:
+        provenance=REPORT_CODE,
     log:
         paths.model_log("report_int4"),
     benchmark:
@@ -214,7 +186,5 @@ rule report_int4:
         "../envs/report.yaml"
     resources:
         **cluster("report_int4", gpu=False),
-    params:
-        provenance=REPORT_CODE,
     script:
         "../workflow/scripts/report.py"

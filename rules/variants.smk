@@ -5,13 +5,14 @@
 
 rule fp16:
     input:
-        model=rules.export.output.model,
-        parity=rules.export.output.parity,
-        reference=rules.reference.output.reference,
+        **variant_inputs("fp32"),
     output:
-        model=paths.in_variant("fp16"),
-        data=paths.data(paths.in_variant("fp16")),
-        parity=record("fp16"),
+        **gated(paths.in_variant("fp16")),
+    params:
+        tolerance=tolerance("fp16"),
+        max_activation=config["fp16"]["max_activation"],
+        max_initializer=config["fp16"]["max_initializer"],
+        provenance=provenance("fp16", "fp16.py"),
     log:
         paths.log("fp16"),
     benchmark:
@@ -21,24 +22,18 @@ rule fp16:
     threads: cores(config["threads"])
     resources:
         **cluster("fp16", threads=config["threads"]),
-    params:
-        tolerance=tolerance("fp16"),
-        max_activation=config["fp16"]["max_activation"],
-        max_initializer=config["fp16"]["max_initializer"],
-        provenance=provenance("fp16", "fp16.py"),
     script:
         "../workflow/scripts/fp16.py"
 
 
 rule bf16:
     input:
-        model=rules.export.output.model,
-        parity=rules.export.output.parity,
-        reference=rules.reference.output.reference,
+        **variant_inputs("fp32"),
     output:
-        model=paths.in_variant("bf16"),
-        data=paths.data(paths.in_variant("bf16")),
-        parity=record("bf16"),
+        **gated(paths.in_variant("bf16")),
+    params:
+        tolerance=tolerance("bf16"),
+        provenance=provenance("bf16", "bf16.py"),
     log:
         paths.log("bf16"),
     benchmark:
@@ -48,22 +43,19 @@ rule bf16:
     threads: cores(config["threads"])
     resources:
         **cluster("bf16", threads=config["threads"]),
-    params:
-        tolerance=tolerance("bf16"),
-        provenance=provenance("bf16", "bf16.py"),
     script:
         "../workflow/scripts/bf16.py"
 
 
 rule simplify:
     input:
-        model=paths.in_variant("{base}"),
-        parity=record("{base}"),
-        reference=rules.reference.output.reference,
+        **variant_inputs("{base}"),
     output:
-        model=paths.in_variant("{base}-sim"),
-        data=paths.data(paths.in_variant("{base}-sim")),
-        parity=record("{base}-sim"),
+        **gated(paths.in_variant("{base}-sim")),
+    params:
+        tolerance=lambda wildcards: tolerance(wildcards.base),
+        check_max_bytes=config["simplify"]["check_max_bytes"],
+        provenance=provenance("simplify", "simplify.py"),
     log:
         paths.log("simplify", "{base}"),
     benchmark:
@@ -73,9 +65,5 @@ rule simplify:
     threads: cores(config["threads"])
     resources:
         **cluster("simplify", threads=config["threads"]),
-    params:
-        tolerance=lambda wildcards: tolerance(wildcards.base),
-        check_max_bytes=config["simplify"]["check_max_bytes"],
-        provenance=provenance("simplify", "simplify.py"),
     script:
         "../workflow/scripts/simplify.py"

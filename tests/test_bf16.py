@@ -15,6 +15,7 @@ from vlsens import variants
 from vlsens.core.errors import ParityError
 from vlsens.core.onnxutil import tensor_array
 from vlsens.data.cases import Cases
+from vlsens.model.presets.tables import TINY_VISION
 from vlsens.npu import build, calibration
 from vlsens.variants import bfloat16 as bf16
 
@@ -47,7 +48,12 @@ def test_bf16_graph_is_bfloat16_inside_float32_outside(bf16_folder, fixed):
     assert sum(t == onnx.TensorProto.BFLOAT16 for t in types.values()) > 40
     # attention softmax stays float32, as transformers computes it (in bfloat16 the 3B tower's
     # cosine fell to 0.976; torch's own bfloat16 forward keeps 0.99988)
-    assert facts["fp32_softmax"] > 0
+    # every attention Softmax of the graph: one per window in the tiny tower's 2 windowed blocks
+    # (224 / window_size 112 = 2 x 2 windows) and one in each of its 2 full-attention blocks, 10 in all
+    windowed = TINY_VISION["depth"] - len(TINY_VISION["fullatt_block_indexes"])
+    windows = (224 // TINY_VISION["window_size"]) ** 2
+    assert facts["fp32_softmax"] == sum(n.op_type == "Softmax" for n in m.graph.node)
+    assert facts["fp32_softmax"] == windowed * windows + len(TINY_VISION["fullatt_block_indexes"]) == 10
     inferred = onnx.shape_inference.infer_shapes(m)
     vtypes = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info}
     softmax_in = [n.input[0] for n in m.graph.node if n.op_type == "Softmax"]

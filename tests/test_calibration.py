@@ -84,7 +84,10 @@ def test_corrupt_image_can_be_skipped(tiny_ckpt, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         m = build_calibration(tiny_ckpt, refs, 224, 224, tmp_path / "out", 2, 2, skip_unreadable=True)
     assert "broken.png" in caplog.text
-    assert all(i["name"] != "broken.png" for i in m["samples"])
+    # the 4 readable images fill both splits (2 + 2, the counts asked for); the broken one is in neither
+    good = sorted(r.name for r in refs if r.name != "broken.png")
+    assert len(good) == 4 and m["counts"] == {"calib": 2, "eval": 2}
+    assert sorted(i["name"] for i in m["samples"]) == good
 
 
 def test_calibration_logs_its_progress_in_images(tiny_ckpt, tmp_path, caplog):

@@ -70,7 +70,7 @@ def test_configs_name_the_graphs_and_the_checkpoints_values(tiny_ckpt):
     assert g["decoder"]["num_hidden_layers"] == cfg["text_config"]["num_hidden_layers"]
     pre = json.loads((tiny_ckpt / "preprocessor_config.json").read_text())
     ops = {t["operation"]["type"]: t["operation"].get("attrs", {})
-           for t in genai.processor_config(pre)["processor"]["transforms"]}
+           for t in genai.processor_config(pre, cfg["model_type"])["processor"]["transforms"]}
     assert ops["Normalize"]["mean"] == pre["image_mean"] and ops["Normalize"]["qwen2_5_vl"] == 1
     assert ops["Resize"]["min_pixels"] == pre["size"]["shortest_edge"]
     assert ops["PatchImage"]["patch_size"] == pre["patch_size"]
@@ -148,7 +148,8 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
 
     from vlsens import variants
     from vlsens.deploy.build import build_folder
-    from vlsens.precision.int8 import build_profile
+    from vlsens.deploy.genai.evaluate import Checks
+    from vlsens.precision.int8 import ProfileSettings, build_profile
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
     cfg = default_config()
@@ -165,21 +166,21 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
         run_shard(eng, b.calib / "eval.npz", 0, 1, shard)
         gather(eng, b.calib / "eval.npz", [shard], work / "ort.csv", work / "ort.json")
         build_profile(eng, work / "ort.csv", b.calib / "eval.npz", {"fp32": b.model("fp32", analysed=True)},
-                      work / "profile", settings["metric"], float(settings["target"]))
+                      work / "profile", ProfileSettings(settings["metric"], float(settings["target"])))
         profiles[name] = work / "profile" / "model.onnx"
     out = {}
-    common = dict(checkpoint=dec.ckpt, images=parity_refs, max_new_tokens=16)
+    common = dict(checkpoint=dec.ckpt, images=parity_refs)
     out["fp32"] = root / "fp32"
     build_folder("fp32", out["fp32"], decoder=dec.model("fp32"), embedding=dec.folder("fp32") / "embedding.onnx",
-                        vision=vis.model("fp32"), tolerance=TOL_FP32, **common)
+                 vision=vis.model("fp32"), checks=Checks(16, TOL_FP32), **common)
     out["fp16"] = root / "fp16"
     build_folder("fp16", out["fp16"], decoder=dec.model("fp16"), embedding=dec.folder("fp16") / "embedding.onnx",
-                        vision=vis.model("fp16"), tolerance=TOL_FP16, fp32_folder=out["fp32"], **common)
+                 vision=vis.model("fp16"), checks=Checks(16, TOL_FP16, fp32_folder=out["fp32"]), **common)
     out["int8-mixed"] = root / "int8-mixed"
     build_folder("int8-mixed", out["int8-mixed"], decoder=profiles["decoder"],
-                        embedding=dec.folder("fp32") / "embedding.onnx", vision=profiles["vision"],
-                        tolerance=cfg["deploy"]["int8_tolerance"],
-                        fp32_folder=out["fp32"], target=cfg["text"]["profile"], **common)
+                 embedding=dec.folder("fp32") / "embedding.onnx", vision=profiles["vision"],
+                 checks=Checks(16, cfg["deploy"]["int8_tolerance"], fp32_folder=out["fp32"],
+                               target=cfg["text"]["profile"]), **common)
     return out
 
 
@@ -275,6 +276,7 @@ def test_a_folder_of_int4_embedding_and_vision_runs_in_onnxruntime_genai(folders
     from conftest import default_config
 
     from vlsens.deploy.build import build_folder
+    from vlsens.deploy.genai.evaluate import Checks
     from vlsens.precision.weight_only import embedding_folder, vision_folder
     from vlsens.quantize.nbits import NBitsSettings
 
@@ -285,8 +287,8 @@ def test_a_folder_of_int4_embedding_and_vision_runs_in_onnxruntime_genai(folders
     vision_folder(dec.ckpt, vis.folder("fp32"), vis.reference, tmp_path / "vis", NBitsSettings(algorithm="rtn"),
                   cfg["deploy"]["nbits"]["tolerance"], TOL_FP32)
     rec = build_folder("int4-rtn", tmp_path / "folder", dec.ckpt, dec.model("fp32"), tmp_path / "emb" / "embedding.onnx",
-                       tmp_path / "vis" / "model.onnx", parity_refs, 16,
-                       cfg["deploy"]["nbits"]["vision_tolerance"], fp32_folder=folders["fp32"])
+                       tmp_path / "vis" / "model.onnx", parity_refs,
+                       Checks(16, cfg["deploy"]["nbits"]["vision_tolerance"], fp32_folder=folders["fp32"]))
     parity = json.loads((tmp_path / "folder" / "parity.json").read_text())
     assert parity["passed"] and min(r["cosine"] for r in parity["images"]) < 1 - 1e-6  # INT4 vision, as shipped
     assert 0 < rec["mean_kl"] < 0.05 and rec["top1_agreement"] > 0.7
@@ -297,6 +299,7 @@ def test_a_folder_that_misses_its_check_is_not_written(folders, graph_builder, p
     from vlsens.core.errors import VlsensError
     from vlsens.deploy import build
     from vlsens.deploy.build import build_folder
+    from vlsens.deploy.genai.evaluate import Checks
 
     real = build.transformers_generate  # the job generates transformers' tokens before loading the folder
     monkeypatch.setattr(build, "transformers_generate",
@@ -305,7 +308,7 @@ def test_a_folder_that_misses_its_check_is_not_written(folders, graph_builder, p
     out = tmp_path / "fp32"
     with pytest.raises(VlsensError, match="differ from transformers"):
         build_folder("fp32", out, dec.ckpt, dec.model("fp32"), dec.folder("fp32") / "embedding.onnx",
-                            vis.model("fp32"), parity_refs, 4, TOL_FP32)
+                     vis.model("fp32"), parity_refs, Checks(4, TOL_FP32))
     assert not out.exists() and not list(tmp_path.glob(".fp32*"))
 
 
@@ -344,6 +347,7 @@ def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, gr
 
     from vlsens.core.errors import ArtifactError
     from vlsens.deploy.build import build_folder
+    from vlsens.deploy.genai.evaluate import Checks
 
     base = tmp_path / "fp32"
     shutil.copytree(folders["fp32"], base)
@@ -353,7 +357,7 @@ def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, gr
     out = tmp_path / "fp16"
     with pytest.raises(ArtifactError, match=r"decoder\.onnx\.data"):
         build_folder("fp16", out, dec.ckpt, dec.model("fp16"), dec.folder("fp16") / "embedding.onnx",
-                            vis.model("fp16"), parity_refs, 4, TOL_FP16, fp32_folder=base)
+                     vis.model("fp16"), parity_refs, Checks(4, TOL_FP16, fp32_folder=base))
     assert not out.exists()
 
 

@@ -117,14 +117,14 @@ def test_streamed_fp16_weights_equal_the_converters_own(fp32_224, tmp_path):
     import numpy as np
     from onnx import numpy_helper
 
-    from vlsens.core.onnxutil import untie_identity_initializers
-    from vlsens.variants.float16 import save_streamed, to_fp16
+    from vlsens.core.onnxutil import save_streamed, untie_identity_initializers
+    from vlsens.variants.float16 import fp16_weights, to_fp16
 
     lazy = onnx.load(str(fp32_224), load_external_data=False)
     untie_identity_initializers(lazy)
     was_float = {i.name for i in lazy.graph.initializer if i.data_type == TensorProto.FLOAT}
     converted, _ = to_fp16(lazy, [])
-    out = save_streamed(converted, fp32_224.parent, tmp_path / "model.onnx", was_float)
+    out = save_streamed(converted, fp32_224.parent, tmp_path / "model.onnx", *fp16_weights(was_float))
     eager = onnx.load(str(fp32_224))
     untie_identity_initializers(eager)
     expected, _ = to_fp16(eager, [])

@@ -115,7 +115,8 @@ def weight_outlier(tmp_path_factory, parity_refs):
     from vlsens.deploy.genai.anchors import builder_folder
     from vlsens.export.towers.decoder import weight_reference
     from vlsens.model.presets.build import build_tiny_checkpoint
-    from vlsens.precision.nbits import profile_folder
+    from vlsens.precision.nbits import SearchSettings, profile_folder
+    from vlsens.variants import Gate
 
     root = tmp_path_factory.mktemp("nbits-outlier")
     ckpt = build_tiny_checkpoint(root / "ckpt", seed=0, text_outlier={"layer": 1, "channels": 4, "scale": 0.001})
@@ -127,8 +128,9 @@ def weight_outlier(tmp_path_factory, parity_refs):
     heuristic = builder_folder(ckpt, "k_quant_mixed", settings, b.folder("fp32"), b.reference,
                                root / "k_quant_mixed", NBITS_TOLERANCE, EXACT, threads=2)
     mixed = profile_folder(eng, b.calib / "eval.npz", root / "nbits.csv", b.folder("fp32"), b.reference,
-                           root / "int4-mixed", 1e-4, NBITS_TOLERANCE, EXACT,
-                           lambda staged, cases: weight_reference(ckpt, staged["model.onnx"], cases), threads=2,
+                           root / "int4-mixed", SearchSettings(1e-4, threads=2),
+                           Gate(NBITS_TOLERANCE, 2, exact_tolerance=EXACT,
+                                reference_for=lambda staged, cases: weight_reference(ckpt, staged["model.onnx"], cases)),
                            heuristic=root / "k_quant_mixed" / "model.onnx")
     return b, root, mixed, heuristic, ckpt
 
@@ -215,7 +217,7 @@ def test_int4_gate_compares_with_the_graphs_own_weights_and_fails_a_bad_one(weig
     from vlsens.core.errors import ParityError
     from vlsens.core.onnxutil import copy_model
     from vlsens.export.towers.decoder import weight_reference
-    from vlsens.variants import build_variant
+    from vlsens.variants import Gate, variant_folder
 
     b, root, mixed, heuristic, ckpt = weight_outlier
     for rec in (mixed, heuristic):
@@ -233,9 +235,10 @@ def test_int4_gate_compares_with_the_graphs_own_weights_and_fails_a_bad_one(weig
         return {}
 
     with pytest.raises(ParityError, match="float activations"):
-        build_variant(root / "k_quant_mixed", b.reference, tmp_path / "bad", NBITS_TOLERANCE, "int4-bad", other_graph,
-                      2, reference_for=lambda staged, cases: weight_reference(ckpt, root / "k_quant_mixed" / "model.onnx",
-                                                                              cases), exact_tolerance=EXACT)
+        variant_folder(root / "k_quant_mixed", b.reference, tmp_path / "bad", "int4-bad", other_graph,
+                       Gate(NBITS_TOLERANCE, 2, exact_tolerance=EXACT,
+                            reference_for=lambda staged, cases: weight_reference(
+                                ckpt, root / "k_quant_mixed" / "model.onnx", cases)))
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
 
 

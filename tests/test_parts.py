@@ -157,7 +157,7 @@ def test_a_part_is_a_graph_for_the_engine_and_the_profile(planted, tmp_path):
     outlier planted in block 2 is its most sensitive op, and the profile keeps it float."""
     from conftest import PLANT, run_settings
 
-    from vlsens.precision.int8 import build_profile
+    from vlsens.precision.int8 import ProfileSettings, build_profile
     from vlsens.sensitivity.ranking import read_csv
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
@@ -174,6 +174,6 @@ def test_a_part_is_a_graph_for_the_engine_and_the_profile(planted, tmp_path):
     assert all("merger" in r["op"] for r in rows if r["block"] == "")
     assert (rows[0]["block"], rows[0]["role"]) == (PLANT["block"], "attn.qkv") and rows[0]["mse"] > 20 * rows[1]["mse"]
     prof = build_profile(tmp_path / "engine", tmp_path / "ort.csv", cal / "eval.npz", {"fp32": part},
-                         tmp_path / "profile", "cosine", 0.999)
+                         tmp_path / "profile", ProfileSettings("cosine", 0.999))
     assert prof["status"] == "met" and rows[0]["op"] in json.loads(
         (tmp_path / "profile" / "nodes_to_exclude.json").read_text())["nodes_to_exclude"]

@@ -38,10 +38,10 @@ def held_out(tmp_path_factory):
 
 
 def _profile(root, out, objective="accuracy"):
-    from vlsens.precision.int8 import build_profile
+    from vlsens.precision.int8 import ProfileSettings, build_profile
 
     return build_profile(root / "engine", root / "ort.csv", root / "calib" / "eval.npz",
-                         {"fp32": root / "fp32" / "model.onnx"}, out, "cosine", 0.999, objective=objective)
+                         {"fp32": root / "fp32" / "model.onnx"}, out, ProfileSettings("cosine", 0.999, objective=objective))
 
 
 @pytest.mark.slow
@@ -58,14 +58,26 @@ def test_estimate_is_the_built_model_on_a_held_out_checkpoint(held_out, tmp_path
     assert rec["settings"]["guard"] == ("reduce_range" if rec["quant_target"]["cpu"]["u8s8_saturates"] else "none")
     check_compact(tmp_path / "p" / "model.onnx")
     assert rec["model_bytes"] < rec["float_model_bytes"]
-    assert set(rec["latency_ms"]) == {"int8_mixed", "fp32"} and rec["speedup"]["vs_fp32"] > 0
+    assert set(rec["latency_ms"]) == {"int8_mixed", "fp32"}
+    speedup = rec["speedup"]["vs_fp32"]
+    assert speedup == pytest.approx(rec["latency_ms"]["fp32"] / rec["latency_ms"]["int8_mixed"])
+    # Two real timings of one small tower, within 0.5x-2.5x of each other (measured 0.91x here;
+    # 0.75x-1.27x over the guards and machines of docs/benchmarks/profile-held-out.md: on 6 blocks of
+    # width 96 the Q/DQ overhead and the integer kernels about cancel). Outside: a timing is broken.
+    assert 0.5 < speedup < 2.5, rec["latency_ms"]
     # the planted block is what the ranking and the profile single out
     top = read_csv(held_out / "ort.csv")[0]
     assert top["block"] == HELD_OUT_PLANT["block"] and top["role"].startswith("attn"), top
     prof = yaml.safe_load((tmp_path / "p" / "profile.yaml").read_text())
     assert prof["ops"][top["op"]]["precision"] == "fp32"
     assert "misses" in prof["ops"][top["op"]]["why"]
-    assert all("measured" in o["why"] for o in prof["ops"].values() if o["precision"] == "int8")
+    # every op of the ranking is in the profile; most are INT8 (76 of 85 measured here, 75-76 over the
+    # guards of docs/benchmarks/profile-held-out.md), never all (the planted op is not), and each
+    # INT8 op says what was measured for it
+    assert len(prof["ops"]) == len(read_csv(held_out / "ort.csv"))
+    int8 = [o for o in prof["ops"].values() if o["precision"] == "int8"]
+    assert len(int8) == rec["int8_ops"] and 0.8 * len(prof["ops"]) < len(int8) < len(prof["ops"]), len(int8)
+    assert all("measured" in o["why"] for o in int8)
 
 
 @pytest.mark.slow

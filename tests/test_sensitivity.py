@@ -12,7 +12,7 @@ from conftest import PLANT
 
 from vlsens.core.metrics import output_metrics
 from vlsens.data.calibration import load_split
-from vlsens.precision.int8 import build_profile
+from vlsens.precision.int8 import ProfileSettings, build_profile
 from vlsens.quantize.qdq import parse_op_name
 from vlsens.sensitivity.engine import Engine
 from vlsens.sensitivity.ranking import read_csv
@@ -62,7 +62,7 @@ def test_mlp_site_plant_marks_both_ops_of_the_tensor(tmp_path):
 def test_profile_meets_target_keeps_planted_op_float_and_is_remeasured(planted, tmp_path):
     out = tmp_path / "profile"
     rec = build_profile(planted / "engine", planted / "ort.csv", planted / "calib" / "eval.npz",
-                        {"fp32": planted / "fp32" / "model.onnx"}, out, "cosine", 0.999)
+                        {"fp32": planted / "fp32" / "model.onnx"}, out, ProfileSettings("cosine", 0.999))
     assert rec["status"] == "met" and rec["meets_target"] and rec["measured"]["cosine"] >= 0.999
     assert rec["int8_op_share"] >= 0.8
     prof = yaml.safe_load((out / "profile.yaml").read_text())
@@ -107,7 +107,7 @@ def _int8_ops_in_graph(model_path) -> tuple[set[str], int]:
 def test_built_model_matches_profile_yaml(planted, tmp_path, case, metric, target):
     out = tmp_path / case
     rec = build_profile(planted / "engine", planted / "ort.csv", planted / "calib" / "eval.npz",
-                        {"fp32": planted / "fp32" / "model.onnx"}, out, metric, target)
+                        {"fp32": planted / "fp32" / "model.onnx"}, out, ProfileSettings(metric, target))
     prof = yaml.safe_load((out / "profile.yaml").read_text())
     int8 = {n for n, o in prof["ops"].items() if o["precision"] == "int8"}
     in_graph, qdq = _int8_ops_in_graph(out / "model.onnx")
@@ -128,8 +128,8 @@ def test_fail_if_unreachable_writes_nothing(planted, tmp_path):
 
     with pytest.raises(VlsensError, match="unreachable.*fail_if_unreachable"):
         build_profile(planted / "engine", planted / "ort.csv", planted / "calib" / "eval.npz",
-                      {"fp32": planted / "fp32" / "model.onnx"}, tmp_path / "p", "sqnr_db", 1000.0,
-                      fail_if_unreachable=True)
+                      {"fp32": planted / "fp32" / "model.onnx"}, tmp_path / "p",
+                      ProfileSettings("sqnr_db", 1000.0, fail_if_unreachable=True))
     assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
 
 

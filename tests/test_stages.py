@@ -271,12 +271,12 @@ def test_profile_meets_its_target_and_is_remeasured(built, engine, tmp_path):
     import onnxruntime as ort
 
     from vlsens.core.metrics import Metrics
-    from vlsens.precision.int8 import build_profile
+    from vlsens.precision.int8 import ProfileSettings, build_profile
 
     s = built.tower.profile_settings()
     out = tmp_path / "profile"
     rec = build_profile(engine / "engine", engine / "ort.csv", built.calib / "eval.npz",
-                        {"fp32": built.model(analysed=True)}, out, s["metric"], s["target"])
+                        {"fp32": built.model(analysed=True)}, out, ProfileSettings(s["metric"], s["target"]))
     assert rec["status"] == "met" and rec["meets_target"] and rec["int8_ops"] > 0
     evals = Samples.load(built.calib / "eval.npz", built.model(analysed=True))
     q = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])

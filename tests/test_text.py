@@ -200,16 +200,20 @@ def test_planted_text_layer_ranks_first(text_sens):
     assert (rows[0]["block"], rows[0]["role"]) == (TEXT_PLANT["layer"], "mlp.down_proj"), rows[:3]
     assert (rows[1]["block"], rows[1]["role"]) == (TEXT_PLANT["layer"], "mlp.up_proj"), rows[:3]
     assert rows[0]["mse"] > 10 * rows[2]["mse"]
-    assert json.loads((text_sens / "ort.json").read_text())["all_int8"]["kl"] > 0
+    # every op in INT8 at once: above the text profile's KL target (1e-4, which is why the profile
+    # below keeps ops float; measured 1.6e-4, about the planted op's alone), and still a small
+    # perturbation of a 2-layer LM (top-1 0.74), well under 1e-3
+    all_int8 = json.loads((text_sens / "ort.json").read_text())["all_int8"]
+    assert 1e-4 < all_int8["kl"] < 1e-3, all_int8
 
 
 def test_text_profile_meets_kl_target_and_keeps_the_planted_layer_float(text_sens, text_cal):
     import onnxruntime as ort
 
-    from vlsens.precision.int8 import build_profile
+    from vlsens.precision.int8 import ProfileSettings, build_profile
 
     rec = build_profile(text_sens / "engine", text_sens / "ort.csv", text_cal / "eval.npz",
-                        {"fp32": text_sens / "fp32" / "embeds.onnx"}, text_sens / "profile", "kl", 1e-4)
+                        {"fp32": text_sens / "fp32" / "embeds.onnx"}, text_sens / "profile", ProfileSettings("kl", 1e-4))
     assert rec["status"] == "met" and rec["meets_target"] and rec["measured"]["kl"] <= 1e-4
     excluded = json.loads((text_sens / "profile" / "nodes_to_exclude.json").read_text())["nodes_to_exclude"]
     assert any(f"layers.{TEXT_PLANT['layer']}/mlp/down_proj" in n for n in excluded)

@@ -112,12 +112,13 @@ def test_profile_budgets_the_tied_table(tied, tmp_path):
     import pandas as pd
 
     from vlsens.core.metrics import Metrics
-    from vlsens.precision.nbits import build, text_ids
+    from vlsens.precision.nbits import SearchSettings, build, text_ids
 
     b, root = tied
     eval_npz = b.calib / "eval.npz"
-    plain = build(root / "engine", eval_npz, root / "nbits.csv", tmp_path / "plain", 1e-3, threads=2)
-    rec = build(root / "engine", eval_npz, root / "nbits.csv", tmp_path / "tied", 1e-3, threads=2, tied=True)
+    plain = build(root / "engine", eval_npz, root / "nbits.csv", tmp_path / "plain", SearchSettings(1e-3, threads=2))
+    rec = build(root / "engine", eval_npz, root / "nbits.csv", tmp_path / "tied",
+                SearchSettings(1e-3, threads=2, tied=True))
     assert plain["tied"] is None
     t = rec["tied"]
     csv = pd.read_csv(root / "nbits.csv").set_index("op")
@@ -142,17 +143,19 @@ def test_a_tied_folder_runs_in_onnxruntime_genai(tied, graph_builder, parity_ref
     """The int4 decoder with its tied embedding behind onnxruntime-genai: the folder loads, its
     embedding gate is recorded, and it generates close to the fp32 folder of the same checkpoint."""
     from vlsens.deploy.build import build_folder
+    from vlsens.deploy.genai.evaluate import Checks
 
     b, root = tied
     vis = graph_builder("vision/dynamic")  # the tied preset's vision tower is the preset's (same seed)
     tol = {"min_cosine": 0.98, "max_rel_error": 0.3}
     build_folder("fp32", tmp_path / "fp32", b.ckpt, b.model("fp32"), b.folder("fp32") / "embedding.onnx",
-                 vis.model("fp32"), parity_refs, 16, TOL_FP32)
+                 vis.model("fp32"), parity_refs, Checks(16, TOL_FP32))
     prof = tmp_path / "prof"
     rec = build(root, b, prof)
     out = build_folder("int4-mixed", tmp_path / "int4", b.ckpt, prof / "model.onnx", b.folder("fp32") / "embedding.onnx",
-                       vis.model("fp32"), parity_refs, 16, tol, fp32_folder=tmp_path / "fp32",
-                       tied={"reference": b.reference, "exact_tolerance": TOL_FP32})
+                       vis.model("fp32"), parity_refs,
+                       Checks(16, tol, fp32_folder=tmp_path / "fp32",
+                              tied={"reference": b.reference, "exact_tolerance": TOL_FP32}))
     parity = json.loads((tmp_path / "int4" / "parity.json").read_text())
     assert parity["embedding"]["passed"] and parity["embedding"]["metrics"]["max_rel_error"] == 0.0
     assert "embedding.onnx.data" not in parity["files"] and not (tmp_path / "int4" / "embedding.onnx.data").exists()
@@ -163,13 +166,14 @@ def test_a_tied_folder_runs_in_onnxruntime_genai(tied, graph_builder, parity_ref
 def build(root, b, dst):
     """The tied int4-mixed decoder as a published variant folder (the deploy job's input)."""
     from vlsens.export.towers.decoder import weight_reference
-    from vlsens.precision.nbits import profile_folder
+    from vlsens.precision.nbits import SearchSettings, profile_folder
+    from vlsens.variants import Gate
 
     shutil.rmtree(dst, ignore_errors=True)
+    gate = Gate({"min_cosine": 0.98, "max_rel_error": 0.3}, 2, exact_tolerance=TOL_FP32,
+                reference_for=lambda staged, cases: weight_reference(b.ckpt, staged["model.onnx"], cases))
     rec = profile_folder(root / "engine", b.calib / "eval.npz", root / "nbits.csv", b.folder("fp32"), b.reference,
-                         dst, 1e-3, {"min_cosine": 0.98, "max_rel_error": 0.3}, TOL_FP32,
-                         lambda staged, cases: weight_reference(b.ckpt, staged["model.onnx"], cases), threads=2,
-                         tied=True)
+                         dst, SearchSettings(1e-3, threads=2, tied=True), gate)
     return rec["extra"]["graphs"]["model.onnx"]["search"]
 
 

@@ -7,12 +7,14 @@ import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environ
 from vlsens.core.scripting import run
 from vlsens.data.inputs import checkpoint_dir, image_refs
 from vlsens.deploy.build import build_folder
+from vlsens.deploy.genai.evaluate import Checks
 
 run(snakemake, lambda sm: build_folder(  # noqa: F821
     sm.wildcards.precision, sm.output[0], checkpoint_dir(sm.input.checkpoint), sm.input.decoder,
     sm.input.get("embedding") or Path(sm.input.decoder_folder).with_name("embedding.onnx"),
-    sm.input.vision, image_refs(sm.input.images), sm.params.max_new_tokens, sm.params.tolerance,
-    fp32_folder=sm.input.get("fp32_folder"), target=sm.params.target,
-    # a tied table's folder has the cases its embedding is gated on (vlsens.deploy.sources)
-    tied={"reference": sm.input.embedding_reference, "exact_tolerance": sm.params.exact_tolerance}
-    if "embedding_reference" in sm.input.keys() else None))
+    sm.input.vision, image_refs(sm.input.images),
+    Checks(sm.params.max_new_tokens, sm.params.tolerance, fp32_folder=sm.input.get("fp32_folder"),
+           target=sm.params.target,
+           # a tied table's folder has the cases its embedding is gated on (vlsens.deploy.sources)
+           tied={"reference": sm.input.embedding_reference, "exact_tolerance": sm.params.exact_tolerance}
+           if "embedding_reference" in sm.input.keys() else None)))

@@ -1,7 +1,8 @@
-"""ONNX graph surgery helpers, one home for every stage that rewrites a graph (FP16 conversion,
-the sensitivity switch and suffix models, the profile): element types of every tensor, the names
-a node or subgraph reads, renaming reads, copying nodes. No I/O beyond path-based shape
-inference (:mod:`vlsens.core.onnxutil` holds the external-data I/O)."""
+"""ONNX graph surgery helpers, one home for every stage that reads or rewrites a graph (FP16
+conversion, the sensitivity switch and suffix models, the profile, the NPU cut): the graph's facts
+(each tensor's producer and consumers, a topological order, a tensor's bytes), element types of
+every tensor, the names a node or subgraph reads, renaming reads, copying nodes. No I/O beyond
+path-based shape inference (:mod:`vlsens.core.onnxutil` holds the external-data I/O)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,77 @@ INT64, BOOL = 7, 9
 INT64_OUT = frozenset({"Shape", "Size", "NonZero", "ArgMax", "ArgMin"})
 BOOL_OUT = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor",
                       "IsNaN", "IsInf"})
+
+
+def producers(nodes) -> dict:
+    """``{tensor: the node that writes it}`` over ``nodes`` (a graph's nodes); an omitted optional
+    output (``""``) is no tensor."""
+    return {o: n for n in nodes for o in n.output if o}
+
+
+def producer_indices(nodes) -> dict[str, int]:
+    """``{tensor: index in nodes of the node that writes it}`` (as :func:`producers`)."""
+    return {o: i for i, n in enumerate(nodes) for o in n.output if o}
+
+
+def consumers(nodes) -> dict[str, list]:
+    """``{tensor: the nodes that read it}`` over ``nodes``, in node order (a node once per input it
+    reads the tensor at); an omitted optional input (``""``) is no tensor."""
+    out: dict[str, list] = {}
+    for n in nodes:
+        for x in n.input:
+            if x:
+                out.setdefault(x, []).append(n)
+    return out
+
+
+def topological_order(nodes, producer: dict[str, int] | None = None) -> list[int]:
+    """Indices of ``nodes`` in a topological order, the given order wherever it already is one
+    (``producer``: their :func:`producer_indices`, when the caller has it). ``ValueError`` on a
+    cycle."""
+    import heapq
+
+    nodes = list(nodes)
+    producer = producer_indices(nodes) if producer is None else producer
+    deps = [{producer[x] for x in n.input if x in producer} for n in nodes]
+    users: dict[int, list[int]] = {}
+    for i, d in enumerate(deps):
+        for p in d:
+            users.setdefault(p, []).append(i)
+    left = [len(d) for d in deps]
+    ready = [i for i, k in enumerate(left) if k == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, ()):
+            left[u] -= 1
+            if left[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        raise ValueError("the graph has a cycle")
+    return order
+
+
+def tensor_bytes(t) -> int:
+    """Bytes of a tensor's data (graph only: its weights need not be loaded): the length its
+    external data reference states, else its inline bytes, else element count x element size
+    (INT4 / UINT4: two elements a byte)."""
+    import numpy as np
+    from onnx import TensorProto, helper
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    if uses_external_data(t):
+        length = ExternalDataInfo(t).length
+        if length is not None:
+            return int(length)
+    if t.HasField("raw_data"):
+        return len(t.raw_data)
+    n = int(np.prod(t.dims)) if len(t.dims) else 1
+    if t.data_type in (TensorProto.INT4, TensorProto.UINT4):
+        return (n + 1) // 2
+    return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
 
 
 def inferred_model(model_path: str | Path):

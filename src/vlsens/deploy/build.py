@@ -10,25 +10,23 @@ from pathlib import Path
 from vlsens.core import paths
 from vlsens.deploy import DONE, prepacked
 from vlsens.deploy.genai.assemble import assemble
-from vlsens.deploy.genai.evaluate import eval_cases, evaluate, transformers_generate, vision_parity
+from vlsens.deploy.genai.evaluate import Checks, eval_cases, evaluate, transformers_generate, vision_parity
 from vlsens.deploy.genai.runtime import Chat
 
 log = logging.getLogger(__name__)
 
 
 def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, decoder: str | Path,
-                 embedding: str | Path, vision: str | Path, images, max_new_tokens: int, tolerance: dict | None,
-                 fp32_folder: str | Path | None = None, target: dict | None = None, tied: dict | None = None) -> dict:
-    """Assemble, gate and evaluate one deploy folder; publish it only when every check passed.
-    ``tied`` (``{"reference": the decoder's reference.npz, "exact_tolerance": FP32's}``): the
-    embedding graph reads the decoder's lm_head weight, gated on the reference's embedding cases
-    against lm_head's own rows (:func:`vlsens.precision.weight_only.gate_tied`)."""
+                 embedding: str | Path, vision: str | Path, images, checks: Checks) -> dict:
+    """Assemble, gate and evaluate one deploy folder (``checks``: what it is checked against, the
+    tied embedding gate among them); publish it only when every check passed."""
     import tempfile
 
     from vlsens.core.artifacts import file_entries
     from vlsens.core.fsutil import atomic_dir, write_json
 
     out_dir = Path(out_dir)
+    fp32_folder, tied, max_new_tokens = checks.fp32_folder, checks.tied, checks.max_new_tokens
     fp32_eval = json.loads((Path(fp32_folder) / DONE).read_text()) if fp32_folder else None
     with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="vlsens-deploy-") as work:
         t0 = time.perf_counter()
@@ -57,7 +55,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         runtime = Chat(tmp, prepack=prepacked(precision))  # loaded once for both checks
         log.info("deploy %s: onnxruntime-genai loaded the folder in %.1f s; vision parity", precision,
                  time.perf_counter() - t0)
-        parity = vision_parity(tmp, checkpoint, cases, tolerance, runtime)
+        parity = vision_parity(tmp, checkpoint, cases, checks.tolerance, runtime)
         parity["files"] = file_entries(files.values(), single_file=True)
         if embedding_gate is not None:
             parity["embedding"] = {k: embedding_gate[k] for k in ("passed", "metrics", "tolerance", "reference")}
@@ -67,8 +65,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         write_json(tmp / paths.RECORD, parity)
         t0 = time.perf_counter()
         log.info("deploy %s: generating %d case(s) of %d tokens", precision, len(cases), max_new_tokens)
-        record = evaluate(tmp, precision, checkpoint, cases, max_new_tokens, fp32_folder, fp32_eval, target, runtime,
-                          expected)
+        record = evaluate(tmp, precision, checkpoint, cases, checks, fp32_eval, runtime, expected)
         log.info("deploy %s: evaluated in %.1f s", precision, time.perf_counter() - t0)
         del runtime
         for c in record["cases"]:  # the images lived in a temporary folder: keep their names

@@ -69,9 +69,23 @@ def check_safetensors_files(directory: Path, key: str = "model.checkpoint") -> N
 
 
 
-def safetensors_header(path: Path, key: str = "model.checkpoint") -> dict:
-    """The JSON header of a safetensors file; :class:`CheckpointError` naming the file when the
-    file is not one, or is shorter or longer than its header says (truncated or corrupt)."""
+def safetensors_tensors(directory: Path, key: str = "model.checkpoint") -> dict[str, tuple[Path, dict, int]]:
+    """``{tensor: (file, header entry, data start)}`` over the ``*.safetensors`` files of
+    ``directory`` (headers only, each checked by :func:`safetensors_header`); a tensor's bytes are
+    ``data start + entry["data_offsets"]`` of its file."""
+    out = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        header, start = safetensors_header(f, key)
+        for k, v in header.items():
+            if k != "__metadata__":
+                out[k] = (f, v, start)
+    return out
+
+
+def safetensors_header(path: Path, key: str = "model.checkpoint") -> tuple[dict, int]:
+    """The JSON header of a safetensors file and where its tensors' bytes start (after the 8-byte
+    length and the header); :class:`CheckpointError` naming the file when the file is not one, or
+    is shorter or longer than its header says (truncated or corrupt)."""
     import struct
 
     size = path.stat().st_size
@@ -90,4 +104,4 @@ def safetensors_header(path: Path, key: str = "model.checkpoint") -> dict:
         raise CheckpointError(
             f"{key}: '{path}' is {size} bytes but its safetensors header describes {8 + n + end}: the file is "
             f"{'truncated' if size < 8 + n + end else 'corrupt'}. Copy the file again.")
-    return header
+    return header, 8 + n

@@ -53,6 +53,7 @@ class Family:
     deploy: bool        # the ORT-GenAI folder (vlsens.deploy) supports it
     video_prompt: bool = True  # video+prompt parity cases can be built (Qwen3-VL's carry frame timestamps)
     genai_type: str = ""  # genai_config.json's model type (onnxruntime-genai's name for the family)
+    genai_processor: str = ""  # processor_config.json's processor name (onnxruntime-extensions)
 
     @property
     def factor(self) -> int:
@@ -70,7 +71,7 @@ FAMILIES = {
                        "Qwen2VLProcessor", 14, windows=False, deepstack=False, pos_table=False, deploy=False),
     "qwen2_5_vl": Family("qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
                          "Qwen2_5_VLProcessor", 14, windows=True, deepstack=False, pos_table=False, deploy=True,
-                         genai_type="qwen2_5_vl"),
+                         genai_type="qwen2_5_vl", genai_processor="qwen2_5_image_processor"),
     "qwen3_vl": Family("qwen3_vl", "Qwen3-VL", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
                        "Qwen3VLProcessor", 16, windows=False, deepstack=True, pos_table=True, deploy=False,
                        video_prompt=False),

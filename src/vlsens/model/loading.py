@@ -11,6 +11,9 @@ from vlsens.core.errors import CheckpointError
 from vlsens.model.checkpoint import check_checkpoint_dir
 from vlsens.model.family import family_of
 
+#: The checkpoint's two parts ``load_model`` can materialise alone.
+VISION_PART, TEXT_PART = "vision", "text"
+
 
 def load_model(path: str | Path, attn_implementation: str | None = None, device: str = "cpu",
                part: str | None = None):
@@ -79,9 +82,7 @@ def _load_part(p: Path, part: str, attn_implementation: str | None, device: str)
     ``lm_head``) materialised in float32 from safetensors, tensor by tensor; the rest stays on
     torch's meta device."""
     import torch
-    from safetensors import safe_open
     from transformers import AutoConfig
-    from transformers.initialization import no_init_weights
 
     model_class = family_of(p).transformers_class()
     config = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
@@ -92,6 +93,27 @@ def _load_part(p: Path, part: str, attn_implementation: str | None, device: str)
     with torch.device("meta"):
         model = model_class(config)
     tied = bool(getattr(config, "tie_word_embeddings", False) or getattr(config.text_config, "tie_word_embeddings", False))
+    modules = _part_modules(model, config, part)
+    state = {f"{name}.{k}": v for name, m in modules.items() for k, v in m.state_dict().items()}
+    if part == "text" and tied:
+        del state["lm_head.weight"]
+    _read_part(p, part, state, tied)
+    if part == "vision":
+        model.model.visual = modules["visual"].to(device).eval()
+    else:
+        model.model.language_model = modules["language_model"].to(device).eval()
+        model.lm_head = modules["lm_head"].to(device).eval()
+        if tied:
+            model.lm_head.weight = model.model.language_model.embed_tokens.weight
+    return model.eval()
+
+
+def _part_modules(model, config, part: str) -> dict:
+    """The float32 modules of ``part`` (``{"visual": ...}``, or ``{"language_model": ...,
+    "lm_head": ...}``), their parameters left uninitialised (:func:`_read_part` fills them)."""
+    import torch
+    from transformers.initialization import no_init_weights
+
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)
     try:
@@ -104,9 +126,16 @@ def _load_part(p: Path, part: str, attn_implementation: str | None, device: str)
                 modules = {"language_model": lm, "lm_head": head}
     finally:
         torch.set_default_dtype(old)
-    state = {f"{name}.{k}": v for name, m in modules.items() for k, v in m.state_dict().items()}
-    if part == "text" and tied:
-        del state["lm_head.weight"]
+    return modules
+
+
+def _read_part(p: Path, part: str, state: dict, tied: bool) -> None:
+    """Every tensor of ``state`` (``part``'s, by :func:`_part_key` names) copied from the
+    checkpoint's safetensors, as float32; a tensor the model does not have, a shape the config
+    does not give, or one left missing is a :class:`CheckpointError`."""
+    import torch
+    from safetensors import safe_open
+
     found = set()
     try:
         for f in sorted(p.glob("*.safetensors")):
@@ -138,14 +167,6 @@ def _load_part(p: Path, part: str, attn_implementation: str | None, device: str)
             + ", ".join(as_saved[:8]) + (" ..." if len(missing) > 8 else "")
             + ". transformers would fill missing tensors with random values and every result would be wrong; "
             "fix or re-download the checkpoint.")
-    if part == "vision":
-        model.model.visual = modules["visual"].to(device).eval()
-    else:
-        model.model.language_model = modules["language_model"].to(device).eval()
-        model.lm_head = modules["lm_head"].to(device).eval()
-        if tied:
-            model.lm_head.weight = model.model.language_model.embed_tokens.weight
-    return model.eval()
 
 
 

@@ -41,7 +41,7 @@ def build_parts(src_dir: str | Path, reference: str | Path, out_dir: str | Path,
 
     from vlsens.core import job, paths
     from vlsens.core.artifacts import file_entries, verify
-    from vlsens.core.fsutil import atomic_dir, file_sha256, write_json
+    from vlsens.core.fsutil import atomic_dir, write_json
     from vlsens.data.cases import Cases
     from vlsens.export import parity
 
@@ -53,32 +53,10 @@ def build_parts(src_dir: str | Path, reference: str | Path, out_dir: str | Path,
         files = [tmp / e["file"] for e in entries]
         per_input, providers = measure_chain(files, cases, paths.MAIN, threads, device, variant)
         extra: dict = {"source": str(src), "count": len(entries), "requested": count, "max_bytes": int(max_bytes)}
-        sim_dir = tmp / ".simplified"
-        sim_dir.mkdir()
-        sims = []
-        for e, f in zip(entries, files):
-            if e["single_file"]:
-                e["onnxsim"] = simplify_part(f, sim_dir / f.name)
-                sims.append(sim_dir / f.name)
-        if len(sims) == len(files):
-            sim_input, _ = measure_chain(sims, cases, paths.MAIN, threads, device, variant)
-            sm = parity.summary(sim_input)["metrics"]
-            sim_ok = (sm["min_cosine"] >= float(tolerance["min_cosine"])
-                      and sm["max_rel_error"] <= float(tolerance["max_rel_error"]))
-            extra["onnxsim"] = {"note": "every part through onnxsim.simplify (Python API, check_n=0), the simplified "
-                                "parts chained against the same reference", "passed": sim_ok, "metrics": sm}
-        else:
-            sim_ok = False
-            extra["onnxsim"] = {"note": "a part above 2 GiB cannot go through onnxsim's Python API", "passed": False}
-        for p in sims:
-            p.unlink()
-        sim_dir.rmdir()
-        for e, f in zip(entries, files):
-            e["bytes"] = sum(p.stat().st_size for p in (f, f.with_name(f.name + ".data")) if p.exists())
-            e["sha256"] = file_sha256(f)
-            data = f.with_name(f.name + ".data")
-            if data.exists():
-                e["data_sha256"] = file_sha256(data)
+        extra["onnxsim"], simplified = _onnxsim_check(entries, files, tmp / ".simplified", cases, tolerance,
+                                                      threads, device, variant)
+        sim_ok = extra["onnxsim"]["passed"]
+        _add_sizes(entries, files)
         boundary = {o["name"]: o["bytes"] for e in entries[:-1] for o in e["outputs"]}
         extra["boundary_bytes"] = boundary
         extra["seconds"] = round(time.perf_counter() - t0, 1)
@@ -91,11 +69,52 @@ def build_parts(src_dir: str | Path, reference: str | Path, out_dir: str | Path,
         if record["passed"] and not sim_ok:
             record["passed"] = False
             raise ParityError(f"{out_dir}: the parts pass the parity gate, but onnxsim's Python API "
-                              f"{'failed on a part above 2 GiB' if len(sims) < len(files) else 'changed them'}: "
+                              f"{'failed on a part above 2 GiB' if simplified < len(files) else 'changed them'}: "
                               f"{extra['onnxsim']}. No parts were written.", record)
         parity.gate(record)
         write_json(tmp / RECORD, record)
     return record
+
+
+def _onnxsim_check(entries: list[dict], files: list[Path], sim_dir: Path, cases, tolerance: dict, threads: int,
+                   device: str, variant: str) -> tuple[dict, int]:
+    """Every part through onnxsim's Python API (into ``sim_dir``, removed after; each entry gets its
+    ``onnxsim`` node counts) and the simplified parts chained against the same reference. Returns
+    the record's ``onnxsim`` and how many parts were simplified (those above 2 GiB cannot be)."""
+    from vlsens.core import paths
+    from vlsens.export import parity
+
+    sim_dir.mkdir()
+    sims = []
+    for e, f in zip(entries, files):
+        if e["single_file"]:
+            e["onnxsim"] = simplify_part(f, sim_dir / f.name)
+            sims.append(sim_dir / f.name)
+    if len(sims) == len(files):
+        sim_input, _ = measure_chain(sims, cases, paths.MAIN, threads, device, variant)
+        sm = parity.summary(sim_input)["metrics"]
+        sim_ok = (sm["min_cosine"] >= float(tolerance["min_cosine"])
+                  and sm["max_rel_error"] <= float(tolerance["max_rel_error"]))
+        record = {"note": "every part through onnxsim.simplify (Python API, check_n=0), the simplified "
+                  "parts chained against the same reference", "passed": sim_ok, "metrics": sm}
+    else:
+        record = {"note": "a part above 2 GiB cannot go through onnxsim's Python API", "passed": False}
+    for p in sims:
+        p.unlink()
+    sim_dir.rmdir()
+    return record, len(sims)
+
+
+def _add_sizes(entries: list[dict], files: list[Path]) -> None:
+    """Each part's ``bytes`` (with its data file), ``sha256`` and ``data_sha256`` (in place)."""
+    from vlsens.core.fsutil import file_sha256
+
+    for e, f in zip(entries, files):
+        e["bytes"] = sum(p.stat().st_size for p in (f, f.with_name(f.name + ".data")) if p.exists())
+        e["sha256"] = file_sha256(f)
+        data = f.with_name(f.name + ".data")
+        if data.exists():
+            e["data_sha256"] = file_sha256(data)
 
 
 def _peak_rss() -> int:

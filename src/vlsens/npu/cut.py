@@ -35,11 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from vlsens.core.errors import ConfigError
+from vlsens.core.onnxgraph import producer_indices, tensor_bytes, topological_order
+from vlsens.model.family import NODE_NAMES
 
 log = logging.getLogger(__name__)
 
 #: The exporter's module scope of a vision block in a node name.
-BLOCK = re.compile(r"(?:^|/)(?:visual/)?blocks\.(\d+)/")
+BLOCK = re.compile(NODE_NAMES.vision_block)
 #: One protobuf: the most a single-file ONNX model can hold.
 PROTOBUF_LIMIT = 2**31 - 1
 def part_file(j: int) -> str:
@@ -94,8 +96,8 @@ class Graph:
                                  "If/Loop/Scan nodes cannot be cut into parts")
         inits = {t.name: t for t in g.initializer}
         graph_inputs = [i.name for i in g.input if i.name not in inits]
-        producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
-        order = _topological(g, producer)
+        producer = producer_indices(g.node)
+        order = topological_order(g.node, producer)
         static = [False] * len(g.node)
         block = [-1] * len(g.node)
         for i in order:
@@ -110,7 +112,7 @@ class Graph:
         if not blocks:
             raise ValueError("no node of the graph is named after a vision block (/blocks.<k>/): "
                              "it cannot be cut at block boundaries")
-        return cls(model, order, static, block, producer, {k: _tensor_bytes(t) for k, t in inits.items()},
+        return cls(model, order, static, block, producer, {k: tensor_bytes(t) for k, t in inits.items()},
                    graph_inputs, [o.name for o in g.output], blocks)
 
     def static_closure(self, nodes) -> set[int]:
@@ -141,51 +143,12 @@ class Graph:
                         out[u] += self.init_bytes[x]
                 for a in g.node[i].attribute:
                     if a.type == 4:  # TENSOR (a Constant's value)
-                        out[u] += _tensor_bytes(a.t)
+                        out[u] += tensor_bytes(a.t)
         return out
 
     def _unit(self, i: int) -> int:
         b = self.block[i]
         return b if b in self.blocks else -1
-
-
-def _topological(g, producer: dict[str, int]) -> list[int]:
-    """Node indices in a topological order, the file's order wherever it already is one."""
-    import heapq
-
-    deps = [{producer[x] for x in n.input if x in producer} for n in g.node]
-    users: dict[int, list[int]] = {}
-    for i, d in enumerate(deps):
-        for p in d:
-            users.setdefault(p, []).append(i)
-    left = [len(d) for d in deps]
-    ready = [i for i, k in enumerate(left) if k == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users.get(i, ()):
-            left[u] -= 1
-            if left[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) != len(g.node):
-        raise ValueError("the graph has a cycle")
-    return order
-
-
-def _tensor_bytes(t) -> int:
-    from onnx import helper
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    if uses_external_data(t):
-        length = ExternalDataInfo(t).length
-        if length is not None:
-            return int(length)
-    if t.HasField("raw_data"):
-        return len(t.raw_data)
-    count = int(np.prod(t.dims)) if len(t.dims) else 1
-    return count * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
 
 
 def plan_cut(graph: Graph, count: int | str, max_bytes: int) -> Cut:
@@ -296,91 +259,142 @@ def _value_infos(model) -> dict:
     return out
 
 
-def write_parts(src: str | Path, out_dir: str | Path, count: int | str, max_bytes: int) -> list[dict]:
-    """Cut ``src`` (a verified graph with its data file) into ``out_dir/part<j>.onnx``; returns
-    one entry per part (file, inputs and outputs with dtype and shape, blocks, nodes, bytes)."""
-    import onnx
-    from onnx import helper
+@dataclass
+class Boundary:
+    """The tensors passed between parts: the file-name-safe names they cross under (``rename``),
+    the names the parts' own nodes use for them (``inner``: a bfloat16 tensor crosses as float32,
+    exact both ways, and is cast back inside, so a part's inputs and outputs stay what numpy, .npy
+    files and ONNX Runtime's Python API can hold), and every tensor's type by shape inference."""
 
-    from vlsens.core.onnxutil import _inline, save_with_external_data
+    infos: dict
+    rename: dict[str, str]
+    bf16: set[str]
+    inner: dict[str, str]
 
-    src, out_dir = Path(src), Path(out_dir)
-    graph = Graph.load(src)
-    cut = plan_cut(graph, count, max_bytes)
-    specs = part_specs(graph, cut)
-    model = graph.model
-    g = model.graph
-    infos = _value_infos(model)
-    inits = {t.name: t for t in g.initializer}
-    boundary = {x for s in specs for x in s.inputs + s.outputs} - set(graph.graph_inputs) - set(graph.graph_outputs)
-    rename = {x: safe_name(x) for x in boundary}
-    if len(set(rename.values())) != len(rename):
-        rename = {x: f"{safe_name(x)}_{k}" for k, x in enumerate(sorted(boundary))}
+    @classmethod
+    def of(cls, graph: Graph, specs: list[PartSpec]) -> "Boundary":
+        import onnx
 
-    def info(name: str):
-        v = infos.get(name)
+        infos = _value_infos(graph.model)
+        boundary = ({x for s in specs for x in s.inputs + s.outputs} - set(graph.graph_inputs)
+                    - set(graph.graph_outputs))
+        rename = {x: safe_name(x) for x in boundary}
+        if len(set(rename.values())) != len(rename):
+            rename = {x: f"{safe_name(x)}_{k}" for k, x in enumerate(sorted(boundary))}
+        bf16 = {x for x in boundary
+                if x in infos and infos[x].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
+        inner = {x: (rename[x] + "__bf16" if x in bf16 else rename[x]) for x in boundary}
+        return cls(infos, rename, bf16, inner)
+
+    def info(self, name: str):
+        """The value info a part declares for graph input / output / boundary tensor ``name``."""
+        import onnx
+
+        v = self.infos.get(name)
         if v is None or not v.type.tensor_type.elem_type:
             raise ValueError(f"no type is known for boundary tensor {name!r} (shape inference gave none)")
         new = onnx.ValueInfoProto()
         new.CopyFrom(v)
-        new.name = rename.get(name, name)
-        if name in bf16:
+        new.name = self.rename.get(name, name)
+        if name in self.bf16:
             new.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
         return new
 
-    # A bfloat16 tensor between parts crosses as float32 (exact both ways): a part's inputs and
-    # outputs stay what numpy, .npy files and ONNX Runtime's Python API can hold.
-    bf16 = {x for x in boundary if x in infos and infos[x].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
-    inner = {x: (rename[x] + "__bf16" if x in bf16 else rename[x]) for x in boundary}
 
+def write_parts(src: str | Path, out_dir: str | Path, count: int | str, max_bytes: int) -> list[dict]:
+    """Cut ``src`` (a verified graph with its data file) into ``out_dir/part<j>.onnx``; returns
+    one entry per part (file, inputs and outputs with dtype and shape, blocks, nodes, bytes)."""
+    src, out_dir = Path(src), Path(out_dir)
+    graph = Graph.load(src)
+    cut = plan_cut(graph, count, max_bytes)
+    specs = part_specs(graph, cut)
+    bounds = Boundary.of(graph, specs)
+    inits = {t.name: t for t in graph.model.graph.initializer}
     entries = []
     for j, spec in enumerate(specs):
-        nodes = []
-        for x in spec.inputs:
-            if x in bf16:
-                nodes.append(helper.make_node("Cast", [rename[x]], [inner[x]], to=onnx.TensorProto.BFLOAT16,
-                                              name=f"{rename[x]}__to_bf16"))
-        for i in spec.nodes:
-            n = onnx.NodeProto()
-            n.CopyFrom(g.node[i])
-            n.input[:] = [inner.get(x, x) for x in n.input]
-            n.output[:] = [inner.get(x, x) for x in n.output]
-            nodes.append(n)
-        for x in spec.outputs:
-            if x in bf16:
-                nodes.append(helper.make_node("Cast", [inner[x]], [rename[x]], to=onnx.TensorProto.FLOAT,
-                                              name=f"{rename[x]}__to_fp32"))
-        used = {x for i in spec.nodes for x in g.node[i].input}
-        tensors = []
-        for name in [t.name for t in g.initializer if t.name in used]:
-            t = onnx.TensorProto()
-            t.CopyFrom(inits[name])
-            if t.external_data:
-                _inline(t, src.parent)
-            tensors.append(t)
-        part_graph = helper.make_graph(nodes, f"{g.name or 'graph'}_part{j}", [info(x) for x in spec.inputs],
-                                       [info(x) for x in spec.outputs], initializer=tensors)
-        part = helper.make_model(part_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
-                                 producer_name="vlsens.npu.parts", doc_string=f"part {j} of {len(specs)} of {src}")
         path = out_dir / part_file(j)
-        single = part.ByteSize() < PROTOBUF_LIMIT
-        if single:
-            onnx.save_model(part, str(path))
-        else:
-            save_with_external_data(part, path)
-        del part, tensors, nodes
+        single = _save_part(_part_model(graph, spec, bounds, inits, src, j, len(specs)), path)
         entries.append({
             "file": path.name,
             "single_file": single,
             "blocks": [spec.blocks[0], spec.blocks[-1]] if spec.blocks else [],
             "before_blocks": -1 in cut.groups[j],
             "nodes": len(spec.nodes),
-            "inputs": [_io(info(x)) for x in spec.inputs],
-            "outputs": [_io(info(x)) for x in spec.outputs],
+            "inputs": [_io(bounds.info(x)) for x in spec.inputs],
+            "outputs": [_io(bounds.info(x)) for x in spec.outputs],
         })
         log.info("part %d of %d: blocks %s, %d nodes, %s", j, len(specs), entries[-1]["blocks"], len(spec.nodes),
                  "one file" if single else "with external data")
     return entries
+
+
+def _part_nodes(g, spec: PartSpec, bounds: Boundary) -> list:
+    """Part ``spec``'s nodes, copied, reading and writing the boundary tensors by their inner
+    names, with the Casts of bfloat16 boundary tensors (in first, out last)."""
+    import onnx
+    from onnx import helper
+
+    rename, inner, bf16 = bounds.rename, bounds.inner, bounds.bf16
+    nodes = []
+    for x in spec.inputs:
+        if x in bf16:
+            nodes.append(helper.make_node("Cast", [rename[x]], [inner[x]], to=onnx.TensorProto.BFLOAT16,
+                                          name=f"{rename[x]}__to_bf16"))
+    for i in spec.nodes:
+        n = onnx.NodeProto()
+        n.CopyFrom(g.node[i])
+        n.input[:] = [inner.get(x, x) for x in n.input]
+        n.output[:] = [inner.get(x, x) for x in n.output]
+        nodes.append(n)
+    for x in spec.outputs:
+        if x in bf16:
+            nodes.append(helper.make_node("Cast", [inner[x]], [rename[x]], to=onnx.TensorProto.FLOAT,
+                                          name=f"{rename[x]}__to_fp32"))
+    return nodes
+
+
+def _part_initializers(g, spec: PartSpec, inits: dict, weights_dir: Path) -> list:
+    """Copies of the initializers part ``spec``'s nodes read, in the graph's order, their bytes
+    inline."""
+    import onnx
+
+    from vlsens.core.onnxutil import _inline
+
+    used = {x for i in spec.nodes for x in g.node[i].input}
+    tensors = []
+    for name in [t.name for t in g.initializer if t.name in used]:
+        t = onnx.TensorProto()
+        t.CopyFrom(inits[name])
+        if t.external_data:
+            _inline(t, weights_dir)
+        tensors.append(t)
+    return tensors
+
+
+def _part_model(graph: Graph, spec: PartSpec, bounds: Boundary, inits: dict, src: Path, j: int, count: int):
+    """Part ``j`` of ``count`` as a model: its nodes and weights, the boundary tensors as its I/O."""
+    from onnx import helper
+
+    model, g = graph.model, graph.model.graph
+    part_graph = helper.make_graph(_part_nodes(g, spec, bounds), f"{g.name or 'graph'}_part{j}",
+                                   [bounds.info(x) for x in spec.inputs], [bounds.info(x) for x in spec.outputs],
+                                   initializer=_part_initializers(g, spec, inits, src.parent))
+    return helper.make_model(part_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
+                             producer_name="vlsens.npu.parts", doc_string=f"part {j} of {count} of {src}")
+
+
+def _save_part(part, path: Path) -> bool:
+    """Write ``part`` as one file when one protobuf holds it (True), else with a data file."""
+    import onnx
+
+    from vlsens.core.onnxutil import save_with_external_data
+
+    single = part.ByteSize() < PROTOBUF_LIMIT
+    if single:
+        onnx.save_model(part, str(path))
+    else:
+        save_with_external_data(part, path)
+    return single
 
 
 def _io(v) -> dict:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from pathlib import Path
 
 import numpy as np
 
 from vlsens.core.errors import CheckpointError
+from vlsens.model.checkpoint import safetensors_tensors
+from vlsens.model.family import NODE_NAMES
 
 #: ``embeddings.dtypes`` -> numpy dtype names (bfloat16 from ml_dtypes).
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -32,24 +33,11 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
-def _headers(checkpoint: Path) -> dict[str, tuple[Path, dict, int]]:
-    """``{tensor: (file, header entry, data start)}`` over the checkpoint's safetensors files."""
-    out = {}
-    for f in sorted(checkpoint.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-        for k, v in header.items():
-            if k != "__metadata__":
-                out[k] = (f, v, 8 + n)
-    return out
-
-
 def find_table(checkpoint: str | Path) -> tuple[str, Path, dict, int]:
     """The token embedding tensor: ``(name, file, header entry, data start)``."""
     checkpoint = Path(checkpoint)
-    heads = _headers(checkpoint)
-    names = [k for k in heads if KEY.search(k) and "visual" not in k]
+    heads = safetensors_tensors(checkpoint)
+    names = [k for k in heads if KEY.search(k) and NODE_NAMES.vision_weights not in k]
     if len(names) != 1:
         raise CheckpointError(f"{checkpoint}: expected one token embedding tensor (*embed_tokens.weight) in its "
                               f"safetensors, found {names or 'none'}")

@@ -303,139 +303,231 @@ def latency_candidates(shipped: list[str], weights: dict[str, int],
     return out
 
 
-def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str | Path,
-                  base_models: dict[str, str | Path], out_dir: str | Path, metric: str, value: float,
-                  max_evals: int = 200, variant: str = "fp32", threads: int = 0,
-                  fail_if_unreachable: bool = False, objective: str = "accuracy", latency_runs: int = 10) -> dict:
-    if objective not in OBJECTIVES:
-        raise VlsensError(f"profile.objective: '{objective}' (valid: {', '.join(OBJECTIVES)})")
-    eng = Engine(engine_dir)
-    base_models = {k: verify(p) for k, p in base_models.items()}
-    rows = {r["op"]: r for r in read_csv(ranking_csv)}
-    ranking = [r["op"] for r in sorted(rows.values(), key=lambda r: -int(r["rank"]))]  # least sensitive first
-    by_sensitivity = ranking[::-1]
-    evals = eng.samples(eval_npz)
-    weights = {n: int(r["weight_params"]) for n, r in rows.items()}
-    chosen, trace, logits, search_s = _search(eng, evals, ranking, metric, value, max_evals, threads, weights)
-    estimate = estimate_of(trace)
-    traces = {"search": trace}
+@dataclass(frozen=True)
+class ProfileSettings:
+    """The profile's knobs (the config's ``profile`` section): the target (``metric`` meets
+    ``value``), the search's budget ``max_evals``, the ``objective`` (:data:`OBJECTIVES`), the runs
+    per timing ``latency_runs``, whether an unreachable target is an error
+    (``fail_if_unreachable``), and the sessions' ``threads``."""
 
-    out_dir = Path(out_dir)
-    with staging_dir(out_dir / "model.onnx") as tmp:
-        builder = Builder(eng, evals, tmp / "builds", weights, metric, value, threads, latency_runs)
-        first = builder.build(chosen, "the search's choice", timed=objective == "latency")
-        gap = None if estimate is None or not chosen else float(first.measured[metric]) - float(estimate[metric])
-        if chosen and not first.meets:
-            # (a) the search again, for a target shifted by the gap the built model showed
-            miss = shortfall(first.measured, metric, value) + max(0.0, -shortfall(estimate, metric, value))
-            shifted = value + miss if HIGHER_IS_BETTER[metric] else value - miss
-            log.warning("the built model misses the target (%s %.6g, estimate %.6g); searching again for %s %.6g",
-                        metric, first.measured[metric], estimate[metric], metric, shifted)
-            if (shifted < 1.0) if metric in PERFECT_ONE else (HIGHER_IS_BETTER[metric] or shifted > 0):
-                again, trace2, _, s2 = _search(eng, evals, ranking, metric, shifted, max_evals, threads, weights)
-                traces["corrected search"] = trace2
-                search_s += s2
-                if again and set(again) != set(chosen):
-                    builder.build(again, f"the search again, for {metric} {shifted:.6g}", timed=objective == "latency")
-            # (b) bisection over built models along the ranking
-            if not any(b.meets and b.ops for b in builder.builds):
-                repair(builder, chosen, by_sensitivity)
-        met = [b for b in builder.builds if b.meets and b.ops]
-        if met:
-            shipped = max(met, key=lambda b: (b.weight_share, len(b.ops)))
-            status = "met"
-        else:
-            shipped = builder.builds[-1] if not chosen else builder.build([], "float (no INT8 set meets the target)")
-            status = "unreachable"
-        accuracy_choice = shipped
-        candidates = []
-        if objective == "latency" and status == "met":
-            builder.time(shipped)
-            for f, subset in latency_candidates(shipped.ops, weights):
-                candidates.append(builder.build(subset, f"latency candidate: largest ops, {f:.0%} of the INT8 weights",
-                                                timed=True, fraction=f))
-            fastest = min([shipped] + [c for c in candidates if c.meets], key=lambda b: b.latency_ms)
-            shipped = fastest
+    metric: str
+    value: float
+    max_evals: int = 200
+    objective: str = "accuracy"
+    latency_runs: int = 10
+    fail_if_unreachable: bool = False
+    threads: int = 0
+
+
+class _Run:
+    """What the steps of one :func:`build_profile` share: its settings, the engine, the ranking, the
+    evaluation set, and the searches' traces and seconds."""
+
+    def __init__(self, engine_dir, ranking_csv, eval_npz, base_models: dict, out_dir: Path,
+                 settings: ProfileSettings, variant: str):
+        self.settings, self.variant, self.out_dir = settings, variant, out_dir
+        self.eng = Engine(engine_dir)
+        self.base_models = {k: verify(p) for k, p in base_models.items()}
+        self.rows = {r["op"]: r for r in read_csv(ranking_csv)}
+        # least sensitive first
+        self.ranking = [r["op"] for r in sorted(self.rows.values(), key=lambda r: -int(r["rank"]))]
+        self.by_sensitivity = self.ranking[::-1]
+        self.evals = self.eng.samples(eval_npz)
+        self.weights = {n: int(r["weight_params"]) for n, r in self.rows.items()}
+        self.traces: dict[str, list] = {}
+        self.search_s = 0.0
+        self.logits = False
+
+    def search(self, value: float, key: str) -> list[str]:
+        """The search for ``metric`` meeting ``value`` (:func:`_search`); its trace kept under ``key``."""
+        s = self.settings
+        chosen, trace, logits, seconds = _search(self.eng, self.evals, self.ranking, s.metric, value, s.max_evals,
+                                                 s.threads, self.weights)
+        if not self.traces:
+            self.logits = logits
+        self.traces[key] = trace
+        self.search_s += seconds
+        return chosen
+
+
+def _build_choice(run: _Run, builder: Builder, chosen: list[str]) -> float | None:
+    """Steps 2 and 3: the search's choice built; when it misses, (a) the search again for the
+    target shifted by the measured gap, built, (b) bisection over built models when that misses
+    too. Returns the gap (built - estimate; None without an INT8 choice)."""
+    s = run.settings
+    metric, value = s.metric, s.value
+    estimate = estimate_of(run.traces["search"])
+    first = builder.build(chosen, "the search's choice", timed=s.objective == "latency")
+    gap = None if estimate is None or not chosen else float(first.measured[metric]) - float(estimate[metric])
+    if chosen and not first.meets:
+        # (a) the search again, for a target shifted by the gap the built model showed
+        miss = shortfall(first.measured, metric, value) + max(0.0, -shortfall(estimate, metric, value))
+        shifted = value + miss if HIGHER_IS_BETTER[metric] else value - miss
+        log.warning("the built model misses the target (%s %.6g, estimate %.6g); searching again for %s %.6g",
+                    metric, first.measured[metric], estimate[metric], metric, shifted)
+        if (shifted < 1.0) if metric in PERFECT_ONE else (HIGHER_IS_BETTER[metric] or shifted > 0):
+            again = run.search(shifted, "corrected search")
+            if again and set(again) != set(chosen):
+                builder.build(again, f"the search again, for {metric} {shifted:.6g}", timed=s.objective == "latency")
+        # (b) bisection over built models along the ranking
+        if not any(b.meets and b.ops for b in builder.builds):
+            repair(builder, chosen, run.by_sensitivity)
+    return gap
+
+
+def _ship(run: _Run, builder: Builder, chosen: list[str]) -> tuple[str, Build, Build]:
+    """Steps 3 and 4: (status, the shipped build, the build the accuracy objective ships): the met
+    build with the largest INT8 share of the weights (else the float model), then with objective
+    ``latency`` the fastest met candidate among its subsets (:func:`latency_candidates`)."""
+    met = [b for b in builder.builds if b.meets and b.ops]
+    if met:
+        shipped = max(met, key=lambda b: (b.weight_share, len(b.ops)))
+        status = "met"
+    else:
+        shipped = builder.builds[-1] if not chosen else builder.build([], "float (no INT8 set meets the target)")
+        status = "unreachable"
+    accuracy_choice = shipped
+    candidates = []
+    if run.settings.objective == "latency" and status == "met":
+        builder.time(shipped)
+        for f, subset in latency_candidates(shipped.ops, run.weights):
+            candidates.append(builder.build(subset, f"latency candidate: largest ops, {f:.0%} of the INT8 weights",
+                                            timed=True, fraction=f))
+        fastest = min([shipped] + [c for c in candidates if c.meets], key=lambda b: b.latency_ms)
+        shipped = fastest
+    return status, shipped, accuracy_choice
+
+
+def _eval_record(run: _Run, builder: Builder, chosen: list[str], status: str, shipped: Build, gap: float | None,
+                 lat: dict) -> dict:
+    """``eval.json`` of the shipped build (without its ``files``); warns when a met profile is
+    slower than FP32."""
+    s, settings = run.settings, run.eng.meta["settings"]
+    metric, value = s.metric, s.value
+    estimate = estimate_of(run.traces["search"])
+    speedup = {f"vs_{k}": lat[k] / shipped.latency_ms for k in run.base_models if shipped.latency_ms}
+    measured = shipped.measured
+    providers, on_target = measurement_providers(target_of(settings))
+    model = shipped.model
+    size = model.stat().st_size + data_path(model).stat().st_size
+    float_bytes = run.eng.float_model.stat().st_size + data_path(run.eng.float_model).stat().st_size
+    if status == "met" and "fp32" in lat and shipped.latency_ms > lat["fp32"]:
+        log.warning("profile %s (%s): the INT8-mixed model is slower than FP32 on %s (%.3g ms vs %.3g ms); "
+                    "%s", run.variant, run.out_dir, providers[0], shipped.latency_ms, lat["fp32"],
+                    "objective: latency found no faster candidate" if s.objective == "latency" else
+                    "objective: latency would look for a faster subset")
+    return {
+        "variant": run.variant,
+        "status": status,
+        "objective": s.objective,
+        "target": {"metric": metric, "value": value, "direction": ">=" if HIGHER_IS_BETTER[metric] else "<="},
+        "quant_target": {**{k: v for k, v in target_of(settings).__dict__.items()},
+                         "note": arithmetic_note(settings), "measured_on": providers,
+                         "on_target": on_target, "cpu": cpu_features()},
+        "measured": measured,
+        "meets_target": meets(measured, metric, value),
+        "measured_against": "the float base model, ONNX Runtime, evaluation set"
+                            + (" (real tokens only)" if run.logits else ""),
+        "session": shipped.session,
+        "estimate": ({k: estimate[k] for k in measured if k in estimate} if estimate is not None else None),
+        "estimate_gap": gap,
+        "search_choice": {"int8_ops": len(chosen), "int8_weight_share": builder.share(chosen)},
+        "int8_ops": len(shipped.ops),
+        "quantizable_ops": len(run.rows),
+        "int8_op_share": len(shipped.ops) / len(run.rows),
+        "int8_weight_share": shipped.weight_share,
+        "model_bytes": size,
+        "float_model_bytes": float_bytes,
+        "latency_ms": lat,
+        "speedup": speedup,
+        "latency_note": (f"median of {s.latency_runs} runs after a warm-up, batch of the graph, one process, "
+                         f"{providers[0]}" + ("" if on_target else " (not the target's own provider)")),
+        "search": {"evaluations": sum(len(t) for t in run.traces.values()), "seconds": run.search_s,
+                   "trace": run.traces["search"],
+                   **({"corrected_trace": run.traces["corrected search"]} if "corrected search" in run.traces
+                      else {})},
+        "builds": [b.record(metric) for b in builder.builds],
+        "rebuilds": sum(1 for b in builder.builds[1:] if not b.reason.startswith(("latency", "float"))),
+        "eval_images": run.evals.count,
+        "settings": settings,
+    }
+
+
+def _unreachable(run: _Run, eval_record: dict) -> None:
+    """An unreachable target: an error with ``fail_if_unreachable`` (nothing written), else a warning."""
+    s = run.settings
+    msg = (f"profile target {s.metric} {eval_record['target']['direction']} {s.value} is unreachable with any "
+           f"INT8 op ({run.variant}): the profile keeps every op in float and its model.onnx is the float model")
+    if s.fail_if_unreachable:
+        raise VlsensError(f"{msg}. fail_if_unreachable is set, so nothing was written; loosen the target "
+                          "or unset fail_if_unreachable to accept an all-float profile.")
+    log.warning("%s (set fail_if_unreachable: true to make this an error)", msg)
+
+
+def _profile_yaml(run: _Run, eval_record: dict, builder: Builder, chosen: list[str], shipped: Build,
+                  accuracy_choice: Build) -> dict:
+    """``profile.yaml``: the target, the status and every op's precision and why."""
+    s = run.settings
+    profile = {
+        "target": eval_record["target"],
+        "quant_target": eval_record["quant_target"]["name"],
+        "objective": s.objective,
+        "status": eval_record["status"],
+        "measured": shipped.measured,
+        "ops": {},
+    }
+    whys = explain(run.rows, run.ranking, chosen, run.traces, builder.builds, shipped, accuracy_choice, s.metric,
+                   s.value)
+    chosen_set = set(shipped.ops)
+    for n in run.by_sensitivity:
+        r = run.rows[n]
+        profile["ops"][n] = {"precision": "int8" if n in chosen_set else ("fp16" if run.variant.startswith("fp16") else "fp32"),
+                             "op_type": r["op_type"], "block": r["block"], "role": r["role"], "why": whys[n]}
+    return profile
+
+
+def _publish(run: _Run, tmp: Path, shipped: Build, profile: dict, eval_record: dict) -> None:
+    """Step 5: the shipped model moved into ``tmp``, the profile's files written there and published
+    into the output folder (``model.onnx`` last)."""
+    rows, out_dir = run.rows, run.out_dir
+    excluded = [n for n in run.by_sensitivity if n not in set(shipped.ops)]
+    f = {k: tmp / v for k, v in PROFILE_FILES.items()}
+    staged_model = tmp / "model.onnx"
+    model = shipped.model
+    for src in (data_path(model), model):  # the data file keeps its name: the model still finds it
+        os.replace(src, tmp / src.name)
+    write_yaml(f["profile"], profile)
+    write_json(f["exclude"], {"nodes_to_exclude": excluded})
+    write_json(f["inc"], inc_op_name_dict(excluded, {n: rows[n]["op_type"] for n in rows}))
+    eval_record["files"] = file_entries([staged_model])
+    write_json(f["eval"], eval_record)
+    publish({out_dir / v: f[k] for k, v in PROFILE_FILES.items()}, last=out_dir / PROFILE_FILES["model"])
+
+
+def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str | Path,
+                  base_models: dict[str, str | Path], out_dir: str | Path, settings: ProfileSettings,
+                  variant: str = "fp32") -> dict:
+    """The profile of the module's steps 1-5 into ``out_dir`` (staged; ``model.onnx`` last);
+    ``base_models``: the float models timed beside it (``{"fp32": ..., "fp16": ...}``). Returns
+    ``eval.json``'s record."""
+    if settings.objective not in OBJECTIVES:
+        raise VlsensError(f"profile.objective: '{settings.objective}' (valid: {', '.join(OBJECTIVES)})")
+    run = _Run(engine_dir, ranking_csv, eval_npz, base_models, Path(out_dir), settings, variant)
+    chosen = run.search(settings.value, "search")
+    with staging_dir(run.out_dir / "model.onnx") as tmp:
+        builder = Builder(run.eng, run.evals, tmp / "builds", run.weights, settings.metric, settings.value,
+                          settings.threads, settings.latency_runs)
+        gap = _build_choice(run, builder, chosen)
+        status, shipped, accuracy_choice = _ship(run, builder, chosen)
         builder.time(shipped)
         lat = {"int8_mixed": shipped.latency_ms,
-               **{k: builder.time_float(p) for k, p in base_models.items()}}
-        speedup = {f"vs_{k}": lat[k] / shipped.latency_ms for k in base_models if shipped.latency_ms}
+               **{k: builder.time_float(p) for k, p in run.base_models.items()}}
         builder.discard_except(shipped)
-        model = shipped.model
-        chosen_set = set(shipped.ops)
-        measured = shipped.measured
-        excluded = [n for n in by_sensitivity if n not in chosen_set]
-        providers, on_target = measurement_providers(target_of(eng.meta["settings"]))
-        size = model.stat().st_size + data_path(model).stat().st_size
-        float_bytes = eng.float_model.stat().st_size + data_path(eng.float_model).stat().st_size
-        if status == "met" and "fp32" in lat and shipped.latency_ms > lat["fp32"]:
-            log.warning("profile %s (%s): the INT8-mixed model is slower than FP32 on %s (%.3g ms vs %.3g ms); "
-                        "%s", variant, out_dir, providers[0], shipped.latency_ms, lat["fp32"],
-                        "objective: latency found no faster candidate" if objective == "latency" else
-                        "objective: latency would look for a faster subset")
-        eval_record = {
-            "variant": variant,
-            "status": status,
-            "objective": objective,
-            "target": {"metric": metric, "value": value, "direction": ">=" if HIGHER_IS_BETTER[metric] else "<="},
-            "quant_target": {**{k: v for k, v in target_of(eng.meta["settings"]).__dict__.items()},
-                             "note": arithmetic_note(eng.meta["settings"]), "measured_on": providers,
-                             "on_target": on_target, "cpu": cpu_features()},
-            "measured": measured,
-            "meets_target": meets(measured, metric, value),
-            "measured_against": "the float base model, ONNX Runtime, evaluation set"
-                                + (" (real tokens only)" if logits else ""),
-            "session": shipped.session,
-            "estimate": ({k: estimate[k] for k in measured if k in estimate} if estimate is not None else None),
-            "estimate_gap": gap,
-            "search_choice": {"int8_ops": len(chosen), "int8_weight_share": builder.share(chosen)},
-            "int8_ops": len(shipped.ops),
-            "quantizable_ops": len(rows),
-            "int8_op_share": len(shipped.ops) / len(rows),
-            "int8_weight_share": shipped.weight_share,
-            "model_bytes": size,
-            "float_model_bytes": float_bytes,
-            "latency_ms": lat,
-            "speedup": speedup,
-            "latency_note": (f"median of {latency_runs} runs after a warm-up, batch of the graph, one process, "
-                             f"{providers[0]}" + ("" if on_target else " (not the target's own provider)")),
-            "search": {"evaluations": sum(len(t) for t in traces.values()), "seconds": search_s, "trace": trace,
-                       **({"corrected_trace": traces["corrected search"]} if "corrected search" in traces else {})},
-            "builds": [b.record(metric) for b in builder.builds],
-            "rebuilds": sum(1 for b in builder.builds[1:] if not b.reason.startswith(("latency", "float"))),
-            "eval_images": evals.count,
-            "settings": eng.meta["settings"],
-        }
+        eval_record = _eval_record(run, builder, chosen, status, shipped, gap, lat)
         if status == "unreachable":
-            msg = (f"profile target {metric} {eval_record['target']['direction']} {value} is unreachable with any "
-                   f"INT8 op ({variant}): the profile keeps every op in float and its model.onnx is the float model")
-            if fail_if_unreachable:
-                raise VlsensError(f"{msg}. fail_if_unreachable is set, so nothing was written; loosen the target "
-                                  "or unset fail_if_unreachable to accept an all-float profile.")
-            log.warning("%s (set fail_if_unreachable: true to make this an error)", msg)
-        profile = {
-            "target": eval_record["target"],
-            "quant_target": eval_record["quant_target"]["name"],
-            "objective": objective,
-            "status": status,
-            "measured": measured,
-            "ops": {},
-        }
-        whys = explain(rows, ranking, chosen, traces, builder.builds, shipped, accuracy_choice, metric, value)
-        for n in by_sensitivity:
-            r = rows[n]
-            profile["ops"][n] = {"precision": "int8" if n in chosen_set else ("fp16" if variant.startswith("fp16") else "fp32"),
-                                 "op_type": r["op_type"], "block": r["block"], "role": r["role"], "why": whys[n]}
-        f = {k: tmp / v for k, v in PROFILE_FILES.items()}
-        staged_model = tmp / "model.onnx"
-        for src in (data_path(model), model):  # the data file keeps its name: the model still finds it
-            os.replace(src, tmp / src.name)
-        write_yaml(f["profile"], profile)
-        write_json(f["exclude"], {"nodes_to_exclude": excluded})
-        write_json(f["inc"], inc_op_name_dict(excluded, {n: rows[n]["op_type"] for n in rows}))
-        eval_record["files"] = file_entries([staged_model])
-        write_json(f["eval"], eval_record)
-        publish({out_dir / v: f[k] for k, v in PROFILE_FILES.items()}, last=out_dir / PROFILE_FILES["model"])
+            _unreachable(run, eval_record)
+        profile = _profile_yaml(run, eval_record, builder, chosen, shipped, accuracy_choice)
+        _publish(run, tmp, shipped, profile, eval_record)
     return eval_record
 
 

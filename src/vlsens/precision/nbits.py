@@ -35,12 +35,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vlsens.quantize.nbits import FLOAT, quantize, quantized_nodes, weight_matmuls
 from vlsens.sensitivity import nbits as nb
+
+if TYPE_CHECKING:
+    from vlsens.variants import Gate
 
 log = logging.getLogger(__name__)
 
@@ -237,51 +242,75 @@ def _search(eng, ref, rows, target, max_evals):
     return chosen, trace, eng.evaluate(chosen, ref)
 
 
-def build(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path, out_dir: str | Path,
-          target: float, max_evals: int = 200, threads: int = 0, tied: bool = False) -> dict:
-    """Search, build and measure the profile into ``out_dir`` (staged; ``eval.json`` last).
-    ``tied``: lm_head measured with its table (the module's "Tied table")."""
-    import pandas as pd
+@dataclass(frozen=True)
+class SearchSettings:
+    """The profile search's knobs: the error ``target`` (KL with logits, else 1 - cosine), at most
+    ``max_evals`` measured assignments, sessions on ``threads``; ``tied``: lm_head measured with its
+    table (the module's "Tied table")."""
 
-    from vlsens.core.errors import VlsensError
-    from vlsens.core.fsutil import atomic_dir, write_json
+    target: float
+    max_evals: int = 200
+    threads: int = 0
+    tied: bool = False
+
+
+def _tie_lm_head(eng_dir, eng, rows: list[dict], ref) -> tuple[dict, dict]:
+    """The session ``eng`` fed lm_head's tied table and lm_head's row of ``rows`` measured again that
+    way (both in place). Returns the record's ``tied`` and the feeds by lm_head's bits."""
+    lm, by_bits, facts = engine_tied_feeds(eng_dir, eng.samples.feeds)
+    eng.tie(lm, by_bits)
+    row = next(r for r in rows if r["op"] == lm)
+    tie = {"op": lm, **facts, "csv": {f"error_int{b}": row[f"error_int{b}"] for b in nb.BITS}}
+    for b in nb.BITS:
+        row[f"error_int{b}"] = nb.error(eng.evaluate({lm: b}, ref), eng.logits)
+    tie["with_table"] = {f"error_int{b}": row[f"error_int{b}"] for b in nb.BITS}
+    log.info("lm_head with its tied table: error INT4 %.4g (alone %.4g), INT8 %.4g (alone %.4g)",
+             row["error_int4"], tie["csv"]["error_int4"], row["error_int8"], tie["csv"]["error_int8"])
+    return tie, by_bits
+
+
+def _measure_built(model: Path, eng_dir, eval_npz, ref, feeds, threads: int) -> dict:
+    """The built model's metrics on the evaluation set in a plain session, against the engine's
+    reference; ``feeds``: the tied feeds at lm_head's bits (None: the evaluation set's own)."""
     from vlsens.core.metrics import Metrics
     from vlsens.core.onnxutil import make_session
     from vlsens.data.samples import Samples
 
+    sess = make_session(model, threads=threads)
+    acc = Metrics(eng_dir.meta["logits"])
+    samples = Samples.load(eval_npz, eng_dir.folder / nb.FILES["float"])
+    feeds = samples.feeds if feeds is None else feeds
+    out_name = sess.get_outputs()[0].name
+    for i, feed in enumerate(feeds):
+        acc.add(sess.run([out_name], feed)[0], ref[i], samples.valid[i])
+    return acc.result()
+
+
+def build(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path, out_dir: str | Path,
+          search: SearchSettings) -> dict:
+    """Search, build and measure the profile into ``out_dir`` (staged; ``eval.json`` last)."""
+    import pandas as pd
+
+    from vlsens.core.errors import VlsensError
+    from vlsens.core.fsutil import atomic_dir, write_json
+
     t0 = time.perf_counter()
+    target = search.target
     eng_dir = nb.Prepared(engine_dir)
     ref = eng_dir.reference()
     rows = pd.read_csv(sensitivity_csv).to_dict("records")
     if sorted(r["op"] for r in rows) != sorted(eng_dir.ops):
         raise VlsensError(f"{sensitivity_csv} does not list the engine's ops ({engine_dir})")
-    eng = eng_dir.session(eval_npz, threads)
-    tie = None
-    if tied:
-        lm, by_bits, facts = engine_tied_feeds(eng_dir, eng.samples.feeds)
-        eng.tie(lm, by_bits)
-        row = next(r for r in rows if r["op"] == lm)
-        tie = {"op": lm, **facts, "csv": {f"error_int{b}": row[f"error_int{b}"] for b in nb.BITS}}
-        for b in nb.BITS:
-            row[f"error_int{b}"] = nb.error(eng.evaluate({lm: b}, ref), eng.logits)
-        tie["with_table"] = {f"error_int{b}": row[f"error_int{b}"] for b in nb.BITS}
-        log.info("lm_head with its tied table: error INT4 %.4g (alone %.4g), INT8 %.4g (alone %.4g)",
-                 row["error_int4"], tie["csv"]["error_int4"], row["error_int8"], tie["csv"]["error_int8"])
-    chosen, trace, estimate = _search(eng, ref, rows, target, max_evals)
+    eng = eng_dir.session(eval_npz, search.threads)
+    tie, by_bits = _tie_lm_head(eng_dir, eng, rows, ref) if search.tied else (None, None)
+    chosen, trace, estimate = _search(eng, ref, rows, target, search.max_evals)
     del eng
     t_search = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
         model = quantize(eng_dir.folder / nb.FILES["float"], tmp / MODEL, {n: b for n, b in chosen.items() if b},
                          eng_dir.settings)
-        sess = make_session(model, threads=threads)
-        acc = Metrics(eng_dir.meta["logits"])
-        samples = Samples.load(eval_npz, eng_dir.folder / nb.FILES["float"])
-        feeds = samples.feeds if tie is None else by_bits[chosen[tie["op"]]]
-        out_name = sess.get_outputs()[0].name
-        for i, feed in enumerate(feeds):
-            acc.add(sess.run([out_name], feed)[0], ref[i], samples.valid[i])
-        built = acc.result()
-        del sess
+        built = _measure_built(model, eng_dir, eval_npz, ref, None if tie is None else by_bits[chosen[tie["op"]]],
+                               search.threads)
         e_est, e_built = nb.error(estimate, eng_dir.meta["logits"]), nb.error(built, eng_dir.meta["logits"])
         if e_built != e_est:
             raise VlsensError(f"the built model's error {e_built:.6g} differs from the search's {e_est:.6g}: "
@@ -365,24 +394,24 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
 
 
 def profile_folder(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv: str | Path, fp32_dir: str | Path,
-                   reference: str | Path, out_dir: str | Path, target: float, tolerance: dict, exact_tolerance: dict,
-                   reference_for, max_evals: int = 200, threads: int = 0, heuristic: str | Path | None = None,
-                   tied: bool = False) -> dict:
-    """The int4-mixed decoder folder: search (:func:`search`), build, measure the built model
-    against the search, gate against transformers on its own weights (``reference_for``, the
-    tower's: :func:`vlsens.variants.gate_own_weights`), publish. ``heuristic``: a builder decoder to
+                   reference: str | Path, out_dir: str | Path, search: SearchSettings, gate: Gate,
+                   heuristic: str | Path | None = None) -> dict:
+    """The int4-mixed decoder folder: search (:func:`search`, with ``search``'s settings), build,
+    measure the built model against the search, gate against transformers on its own weights
+    (``gate``, with the tower's ``reference_for``:
+    :func:`vlsens.variants.gate_own_weights`), publish. ``heuristic``: a builder decoder to
     compare with at its own weight bytes (:func:`compare_at_bytes`, in the record)."""
     import shutil
     import tempfile
 
     from vlsens.core.onnxutil import copy_model
-    from vlsens.variants import build_variant
+    from vlsens.variants import variant_folder
 
     with tempfile.TemporaryDirectory(prefix="vlsens-nbits-") as work:
-        found = build(engine_dir, eval_npz, sensitivity_csv, Path(work) / "profile", target, max_evals, threads, tied)
+        found = build(engine_dir, eval_npz, sensitivity_csv, Path(work) / "profile", search)
         if heuristic is not None:
-            found["at_heuristic_bytes"] = compare_at_bytes(engine_dir, eval_npz, sensitivity_csv, heuristic, threads,
-                                                           max_evals, tied)
+            found["at_heuristic_bytes"] = compare_at_bytes(engine_dir, eval_npz, sensitivity_csv, heuristic,
+                                                           search.threads, search.max_evals, search.tied)
         built = Path(work) / "profile" / MODEL
 
         def transform(src: Path, feeds, staged: Path) -> dict:
@@ -393,7 +422,6 @@ def profile_folder(engine_dir: str | Path, eval_npz: str | Path, sensitivity_csv
             return {**weight_facts(staged), "search": {k: v for k, v in found.items() if k != "settings"},
                     "settings": found["settings"]}
 
-        record = build_variant(fp32_dir, reference, out_dir, tolerance, "int4-mixed", transform, threads,
-                               reference_for=reference_for, exact_tolerance=exact_tolerance)
+        record = variant_folder(fp32_dir, reference, out_dir, "int4-mixed", transform, gate)
         shutil.rmtree(Path(work) / "profile", ignore_errors=True)
     return record

@@ -40,10 +40,11 @@ import numpy as np
 
 from vlsens.core.errors import VlsensError
 from vlsens.data.cases import Case, Cases
+from vlsens.export.towers.decoder import Decoder
 
 log = logging.getLogger(__name__)
 
-EMBEDDING = "embedding.onnx"
+EMBEDDING = Decoder.EMBEDDING
 QUANTIZER = "onnxruntime.quantization MatMulNBitsQuantizer"
 
 
@@ -70,6 +71,7 @@ def quantize_embedding(src: str | Path, dst: str | Path, block_size: int, symmet
         MatMulNBitsQuantizer,
     )
 
+    from vlsens.core.onnxgraph import tensor_bytes
     from vlsens.core.onnxutil import save_with_external_data
 
     model = onnx.load(str(src))
@@ -91,21 +93,12 @@ def quantize_embedding(src: str | Path, dst: str | Path, block_size: int, symmet
     if kinds != ["GatherBlockQuantized"]:
         raise VlsensError(f"MatMulNBitsQuantizer left the table Gather {gather.name} as {kinds}")
     save_with_external_data(out, dst)
-    qbytes = sum(_bytes(t) for t in out.graph.initializer if t.name.startswith(table.name))
+    qbytes = sum(tensor_bytes(t) for t in out.graph.initializer if t.name.startswith(table.name))
     opset = next(o.version for o in out.opset_import if o.domain in ("", "ai.onnx"))
     return {"table": table.name, "shape": shape, "bits": 4, "block_size": block_size, "symmetric": symmetric,
             "opset": opset, "opset_note": "the quantizer raises the opset to 21 for the INT4 tensor type",
             "bytes": {"float32": 4 * shape[0] * shape[1], "quantized": qbytes},
             "quantizer": f"{QUANTIZER} (DefaultWeightOnlyQuantConfig, Gather -> GatherBlockQuantized)"}
-
-
-def _bytes(t) -> int:
-    from onnx import TensorProto, helper
-
-    n = int(np.prod(t.dims)) if len(t.dims) else 1
-    if t.data_type in (TensorProto.INT4, TensorProto.UINT4):
-        return (n + 1) // 2
-    return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
 
 
 def dequantize_table(model_path: str | Path) -> np.ndarray:
@@ -225,90 +218,123 @@ def tied_embedding(decoder: str | Path, embedding: str | Path, dst: str | Path) 
     ``decoder``'s data file: for checkpoints that tie the two (``tie_word_embeddings``), the
     table is lm_head's weight, so the folder carries it once.
 
-    * lm_head ``MatMulNBits`` (``B`` (N, blocks, block_size * bits / 8), ``scales``, optional
-      ``zero_points``): ``GatherBlockQuantized`` (com.microsoft; ``bits``, ``block_size``,
-      gather axis 0, quantize axis 1; the same zero point default) on the same bytes read as
-      (N, blocks * block_size * bits / 8) uint8, (N, blocks) scales and packed zero points, then a
-      Slice when K is not a whole number of blocks (the layout the model builder's
-      ``shared_embeddings`` uses inside one graph);
+    * lm_head ``MatMulNBits``: :func:`_tied_quantized`;
     * lm_head float ``MatMul`` (weight (K, N)): ``Gather`` along axis 1 and a Transpose.
 
     Every row it gathers is the row lm_head multiplies by: gate it with :func:`tied_reference`."""
     import onnx
-    from onnx import TensorProto, helper
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
     from vlsens.quantize.nbits import lm_head
 
     decoder, dst = Path(decoder), Path(dst)
     if decoder.parent.resolve() != dst.parent.resolve():
         raise VlsensError(f"{dst}: the tied embedding graph must sit beside {decoder} (it reads its data file)")
-    dm = onnx.load(str(decoder), load_external_data=False)
-    node, dinits = lm_head(dm)
+    node, dinits = lm_head(onnx.load(str(decoder), load_external_data=False))
     em = onnx.load(str(embedding), load_external_data=False)
     gather, table = table_gather(em)
     vocab, hidden = (int(d) for d in table.dims)
-    for t in em.graph.initializer:  # the graph's small constants, inline in the tied graph
-        if t.name != table.name and uses_external_data(t):
-            load_external_data_for_tensor(t, str(Path(embedding).parent))
-            del t.external_data[:]
-            t.data_location = TensorProto.DEFAULT
-    out = gather.output[0]
-    if node.op_type == "MatMulNBits":
-        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-        k, n, bits, bs = int(a["K"]), int(a["N"]), int(a["bits"]), int(a["block_size"])
-        if len(node.input) > 4 and node.input[4]:
-            raise VlsensError(f"{node.name}: g_idx: not a layout GatherBlockQuantized reads")
-        blocks = -(-k // bs)
-        ins = [_alias(dinits[node.input[1]], TIED_INPUTS[0], (n, blocks * bs * bits // 8), TensorProto.UINT8),
-               _alias(dinits[node.input[2]], TIED_INPUTS[1], (n, blocks), dinits[node.input[2]].data_type)]
-        if len(node.input) > 3 and node.input[3]:
-            zp = dinits[node.input[3]]
-            if zp.data_type != TensorProto.UINT8:
-                raise VlsensError(f"{node.name}: zero points of type {zp.data_type}: not a layout vlsens reads")
-            ins.append(_alias(zp, TIED_INPUTS[2], (n, -(-blocks * bits // 8)), TensorProto.UINT8))
-        gathered = out if blocks * bs == k else f"{out}_padded"
-        nodes = [helper.make_node("GatherBlockQuantized", [ins[0].name, gather.input[1], *[t.name for t in ins[1:]]],
-                                  [gathered], name=f"{gather.name}BlockQuantized", domain="com.microsoft",
-                                  bits=bits, block_size=bs, gather_axis=0, quantize_axis=1)]
-        if gathered != out:
-            consts = [helper.make_tensor(f"{out}_{x}", TensorProto.INT64, [1], [v])
-                      for x, v in (("start", 0), ("end", k), ("axis", -1))]
-            ins += consts
-            nodes.append(helper.make_node("Slice", [gathered, *[c.name for c in consts]], [out],
-                                          name=f"{gather.name}/Slice"))
-        facts = {"lm_head": node.name, "bits": bits, "block_size": bs, "op": "GatherBlockQuantized"}
-    else:
-        w = dinits[node.input[1]]
-        k, n = (int(d) for d in w.dims)
-        ins = [_alias(w, TIED_INPUTS[0], (k, n), w.data_type)]
-        nodes = [helper.make_node("Gather", [ins[0].name, gather.input[1]], [f"{out}_kfirst"], axis=1,
-                                  name=f"{gather.name}Columns"),
-                 helper.make_node("Transpose", [f"{out}_kfirst"], [out], perm=[1, 2, 0], name=f"{gather.name}/Transpose")]
-        facts = {"lm_head": node.name, "bits": 0, "op": "Gather (axis 1) + Transpose"}
+    _inline_constants(em, table.name, Path(embedding).parent)
+    ins, nodes, facts, (k, n) = (_tied_quantized if node.op_type == "MatMulNBits" else _tied_float)(node, dinits,
+                                                                                                   gather)
     if (n, k) != (vocab, hidden):
         raise VlsensError(f"{decoder}: lm_head {node.name} is {k}x{n}; the embedding table is {vocab}x{hidden}: "
                           "not a tied table")
+    _splice(em, gather, table.name, nodes, ins)
+    data = decoder.with_name(decoder.name + ".data")
+    _check_reads(ins, data)
+    onnx.save_model(em, str(dst))
+    shared = sum(int({e.key: e.value for e in t.external_data}.get("length", 0)) for t in ins)
+    return {**facts, "reads": data.name, "shared_bytes": shared, "own_bytes": 0, "shape": [vocab, hidden],
+            "float32_bytes": 4 * vocab * hidden}
+
+
+def _inline_constants(em, table: str, folder: Path) -> None:
+    """The embedding graph's initializers other than ``table`` (its small constants), loaded
+    inline from ``folder`` (in place): the tied graph has no data file of its own."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    for t in em.graph.initializer:
+        if t.name != table and uses_external_data(t):
+            load_external_data_for_tensor(t, str(folder))
+            del t.external_data[:]
+            t.data_location = TensorProto.DEFAULT
+
+
+def _tied_quantized(node, dinits: dict, gather) -> tuple[list, list, dict, tuple[int, int]]:
+    """``(initializers, nodes, facts, (K, N))`` replacing ``gather`` for a ``MatMulNBits`` lm_head
+    (``B`` (N, blocks, block_size * bits / 8), ``scales``, optional ``zero_points``):
+    ``GatherBlockQuantized`` (com.microsoft; ``bits``, ``block_size``, gather axis 0, quantize axis
+    1; the same zero point default) on the same bytes read as (N, blocks * block_size * bits / 8)
+    uint8, (N, blocks) scales and packed zero points, then a Slice when K is not a whole number of
+    blocks (the layout the model builder's ``shared_embeddings`` uses inside one graph)."""
+    from onnx import TensorProto, helper
+
+    out = gather.output[0]
+    a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    k, n, bits, bs = int(a["K"]), int(a["N"]), int(a["bits"]), int(a["block_size"])
+    if len(node.input) > 4 and node.input[4]:
+        raise VlsensError(f"{node.name}: g_idx: not a layout GatherBlockQuantized reads")
+    blocks = -(-k // bs)
+    ins = [_alias(dinits[node.input[1]], TIED_INPUTS[0], (n, blocks * bs * bits // 8), TensorProto.UINT8),
+           _alias(dinits[node.input[2]], TIED_INPUTS[1], (n, blocks), dinits[node.input[2]].data_type)]
+    if len(node.input) > 3 and node.input[3]:
+        zp = dinits[node.input[3]]
+        if zp.data_type != TensorProto.UINT8:
+            raise VlsensError(f"{node.name}: zero points of type {zp.data_type}: not a layout vlsens reads")
+        ins.append(_alias(zp, TIED_INPUTS[2], (n, -(-blocks * bits // 8)), TensorProto.UINT8))
+    gathered = out if blocks * bs == k else f"{out}_padded"
+    nodes = [helper.make_node("GatherBlockQuantized", [ins[0].name, gather.input[1], *[t.name for t in ins[1:]]],
+                              [gathered], name=f"{gather.name}BlockQuantized", domain="com.microsoft",
+                              bits=bits, block_size=bs, gather_axis=0, quantize_axis=1)]
+    if gathered != out:
+        consts = [helper.make_tensor(f"{out}_{x}", TensorProto.INT64, [1], [v])
+                  for x, v in (("start", 0), ("end", k), ("axis", -1))]
+        ins += consts
+        nodes.append(helper.make_node("Slice", [gathered, *[c.name for c in consts]], [out],
+                                      name=f"{gather.name}/Slice"))
+    facts = {"lm_head": node.name, "bits": bits, "block_size": bs, "op": "GatherBlockQuantized"}
+    return ins, nodes, facts, (k, n)
+
+
+def _tied_float(node, dinits: dict, gather) -> tuple[list, list, dict, tuple[int, int]]:
+    """As :func:`_tied_quantized` for a float ``MatMul`` lm_head (weight (K, N)): ``Gather`` along
+    axis 1 and a Transpose."""
+    from onnx import helper
+
+    out = gather.output[0]
+    w = dinits[node.input[1]]
+    k, n = (int(d) for d in w.dims)
+    ins = [_alias(w, TIED_INPUTS[0], (k, n), w.data_type)]
+    nodes = [helper.make_node("Gather", [ins[0].name, gather.input[1]], [f"{out}_kfirst"], axis=1,
+                              name=f"{gather.name}Columns"),
+             helper.make_node("Transpose", [f"{out}_kfirst"], [out], perm=[1, 2, 0], name=f"{gather.name}/Transpose")]
+    return ins, nodes, {"lm_head": node.name, "bits": 0, "op": "Gather (axis 1) + Transpose"}, (k, n)
+
+
+def _splice(em, gather, table: str, nodes: list, ins: list) -> None:
+    """``em`` with ``nodes`` in ``gather``'s place and ``ins`` for the table ``table`` (in place)."""
+    from onnx import helper
+
     body = []
     for x in em.graph.node:
         body.extend(nodes if x is gather else [x])
-    kept = [t for t in em.graph.initializer if t.name != table.name]
+    kept = [t for t in em.graph.initializer if t.name != table]
     del em.graph.node[:]
     em.graph.node.extend(body)
     del em.graph.initializer[:]
     em.graph.initializer.extend(kept + ins)
     if not any(o.domain == "com.microsoft" for o in em.opset_import):
         em.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    data = decoder.with_name(decoder.name + ".data")
+
+
+def _check_reads(ins: list, data: Path) -> None:
+    """Every external reference of ``ins`` lies in the decoder's data file ``data``."""
     size = data.stat().st_size
     for t in ins:
         ext = {e.key: e.value for e in t.external_data}
         if ext.get("location") and (ext["location"] != data.name or int(ext["offset"]) + int(ext["length"]) > size):
             raise VlsensError(f"{t.name}: reads {ext} beyond {data.name} ({size} bytes)")
-    onnx.save_model(em, str(dst))
-    shared = sum(int({e.key: e.value for e in t.external_data}.get("length", 0)) for t in ins)
-    return {**facts, "reads": data.name, "shared_bytes": shared, "own_bytes": 0, "shape": [vocab, hidden],
-            "float32_bytes": 4 * vocab * hidden}
 
 
 def tied_reference(decoder: str | Path, cases: Cases, image_token_id: int) -> Cases:
@@ -414,9 +440,9 @@ def vision_weight_reference(checkpoint, graph: str | Path, cases: Cases, weights
 
     from vlsens.core.onnxgraph import dequantize_matmulnbits
     from vlsens.export.towers.vision_fixed import image_features
-    from vlsens.model.loading import load_model
+    from vlsens.model.loading import VISION_PART, load_model
 
-    model = load_model(checkpoint, attn_implementation="eager", part="vision")
+    model = load_model(checkpoint, attn_implementation="eager", part=VISION_PART)
     replaced = 0
     for name, w in dequantize_matmulnbits(graph):
         linear = linear_module(model, weights[name])
@@ -470,7 +496,7 @@ def vision_folder(checkpoint, src_dir: str | Path, reference: str | Path, out_di
                   tolerance: dict, exact_tolerance: dict, threads: int = 0) -> dict:
     """The dynamic vision graph with INT4 Linears as a variant folder (``int4``), gated against
     transformers on its own weights (:func:`vlsens.variants.gate_own_weights`)."""
-    from vlsens.variants import build_variant
+    from vlsens.variants import Gate, variant_folder
 
     found: dict[str, str] = {}
 
@@ -479,7 +505,6 @@ def vision_folder(checkpoint, src_dir: str | Path, reference: str | Path, out_di
         found.update(weights)
         return facts
 
-    return build_variant(src_dir, reference, out_dir, tolerance, "int4", transform, threads,
-                         reference_for=lambda staged, cases: vision_weight_reference(
-                             checkpoint, staged["model.onnx"], cases, found),
-                         exact_tolerance=exact_tolerance)
+    own = lambda staged, cases: vision_weight_reference(checkpoint, staged["model.onnx"], cases, found)  # noqa: E731
+    return variant_folder(src_dir, reference, out_dir, "int4", transform,
+                          Gate(tolerance, threads, reference_for=own, exact_tolerance=exact_tolerance))

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from vlsens.model.family import NODE_NAMES
+
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ("rtn", "k_quant")
@@ -189,6 +191,8 @@ def quantized_nodes(model) -> dict[str, dict]:
     :func:`quantize` wrote (graph only); bytes: its weight, scale and zero-point tensors."""
     import onnx
 
+    from vlsens.core.onnxgraph import tensor_bytes
+
     m = onnx.load(str(model), load_external_data=False) if not hasattr(model, "graph") else model
     inits = {i.name: i for i in m.graph.initializer}
     out = {}
@@ -197,17 +201,9 @@ def quantized_nodes(model) -> dict[str, dict]:
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         name = n.name.rsplit("_Q", 1)[0]
-        nbytes = sum(_tensor_bytes(inits[x]) for x in n.input[1:] if x in inits)
+        nbytes = sum(tensor_bytes(inits[x]) for x in n.input[1:] if x in inits)
         out[name] = {"bits": int(attrs["bits"]), "node": n.name, "bytes": nbytes}
     return out
-
-
-def _tensor_bytes(t) -> int:
-    import numpy as np
-    from onnx import helper
-
-    n = int(np.prod(t.dims)) if len(t.dims) else 1
-    return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
 
 
 def float_bytes(ops: Sequence[dict]) -> dict[str, int]:
@@ -237,14 +233,16 @@ def float_activations_copy(model: str | Path, dst: str | Path) -> Path:
 
 def lm_head(model):
     """``(node, initializers)``: the weight MatMul (or ``MatMulNBits``) that produces the decoder
-    graph's ``logits`` output."""
+    graph's logits output (:attr:`~vlsens.model.family.NodeNames.logits`): the language model's
+    head (:attr:`~vlsens.model.family.NodeNames.lm_head`)."""
     from vlsens.core.errors import VlsensError
+    from vlsens.core.onnxgraph import producers
 
+    logits = NODE_NAMES.logits
     outs = [o.name for o in model.graph.output]
-    if "logits" not in outs:
-        raise VlsensError(f"the decoder graph has no 'logits' output (outputs: {outs[:4]})")
-    producer = {o: n for n in model.graph.node for o in n.output}
-    node = producer["logits"]
+    if logits not in outs:
+        raise VlsensError(f"the decoder graph has no {logits!r} output (outputs: {outs[:4]})")
+    node = producers(model.graph.node)[logits]
     inits = {i.name: i for i in model.graph.initializer}
     if node.op_type not in ("MatMul", "MatMulNBits") or node.input[1] not in inits:
         raise VlsensError(f"the decoder's logits come from {node.op_type} {node.name}, not a weight MatMul")
@@ -252,8 +250,9 @@ def lm_head(model):
 
 
 def lm_head_table(decoder: str | Path):
-    """The (vocab, hidden) FP32 table a tied embedding gathers: lm_head's weight as the decoder
-    multiplies by it (dequantized per ``MatMulNBits``' spec, :func:`vlsens.core.onnxgraph.dequantize_matmulnbits`)."""
+    """The (vocab, hidden) FP32 table a tied embedding gathers: the weight of the decoder's head
+    (:func:`lm_head`) as the decoder multiplies by it (dequantized per ``MatMulNBits``' spec,
+    :func:`vlsens.core.onnxgraph.dequantize_matmulnbits`)."""
     import numpy as np
     import onnx
 

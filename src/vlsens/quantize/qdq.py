@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vlsens.model.family import NODE_NAMES
+
 log = logging.getLogger(__name__)
 
 DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv")
@@ -93,7 +95,7 @@ class Op:
                 "weight_params": self.weight_params}
 
 
-_BLOCK_RE = re.compile(r"(?:^|/|\.)(?:blocks|layers)\.(\d+)(?:/|\.|$)")
+_BLOCK_RE = re.compile(rf"(?:^|/|\.){NODE_NAMES.block}(?:/|\.|$)")
 
 
 def parse_op_name(name: str, op_type: str = "") -> tuple[int | None, str]:
@@ -106,10 +108,10 @@ def parse_op_name(name: str, op_type: str = "") -> tuple[int | None, str]:
     m = _BLOCK_RE.search(name)
     block = int(m.group(1)) if m else None
     parts = [p for p in name.strip("/").split("/") if p]
-    if parts and parts[0] in ("visual", "model", "language_model"):
+    if parts and parts[0] in NODE_NAMES.prefixes:
         parts = parts[1:]
     if m:
-        idx = next(i for i, p in enumerate(parts) if re.fullmatch(r"(blocks|layers)\.\d+", p))
+        idx = next(i for i, p in enumerate(parts) if re.fullmatch(NODE_NAMES.block, p))
         parts = parts[idx + 1:]
     if len(parts) > 1 and parts[-1] == op_type:  # ".../down_proj/Gemm" -> "down_proj"
         parts = parts[:-1]
@@ -151,13 +153,11 @@ def quantizable_ops(model, op_types: Iterable[str] = DEFAULT_OP_TYPES, weights_o
     leaves out those without a weight (activation x activation MatMuls: attention scores). An
     attention MatMul's role names what it computes (``attn.qk``, ``attn.av``:
     :func:`attention_role`), not its exported name (``attn.MatMul_3``)."""
+    from vlsens.core.onnxgraph import consumers, producers
+
     inits = {i.name: int(np.prod(i.dims)) if len(i.dims) else 1 for i in model.graph.initializer}
     wanted = set(op_types)
-    producer = {o: n for n in model.graph.node for o in n.output if o}
-    consumers: dict = {}
-    for n in model.graph.node:
-        for x in n.input:
-            consumers.setdefault(x, []).append(n)
+    producer, readers = producers(model.graph.node), consumers(model.graph.node)
     ops = []
     for node in model.graph.node:
         if node.op_type in wanted:
@@ -167,7 +167,7 @@ def quantizable_ops(model, op_types: Iterable[str] = DEFAULT_OP_TYPES, weights_o
                 continue
             block, role = parse_op_name(node.name, node.op_type)
             if node.op_type == "MatMul" and not w and not any(x in inits for x in node.input):
-                kind = attention_role(node, producer, consumers)
+                kind = attention_role(node, producer, readers)
                 if kind:
                     scope = role.rsplit(".", 1)[0] if "." in role else ""
                     scope = scope if scope.endswith("attn") else (role if role.endswith("attn") else "attn")
@@ -251,8 +251,10 @@ def quantized_ops(model_path: str | Path, ops: Sequence[str]) -> set[str]:
     from a DequantizeLinear node (activation x activation MatMuls: both inputs do)."""
     import onnx
 
+    from vlsens.core.onnxgraph import producers
+
     model = onnx.load(str(model_path), load_external_data=False)
-    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    producer = {t: n.op_type for t, n in producers(model.graph.node).items()}
     wanted = set(ops)
     out = set()
     for node in model.graph.node:

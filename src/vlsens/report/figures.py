@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from vlsens.core.fsutil import atomic_file
+from vlsens.model.family import NODE_NAMES
 
 #: Column order of the heatmap (roles as the ranking names them, grouped by :func:`role_column`).
-ROLE_ORDER = ["patch_embed", "qkv", "q_proj", "k_proj", "v_proj", "attn Q·Kᵀ", "attn A·V", "attn MatMul", "proj", "o_proj",
-              "gate_proj", "up_proj", "down_proj", "merger.0", "merger.2", "lm_head"]
+ROLE_ORDER = list(NODE_NAMES.role_order)
 OUTSIDE = "outside blocks"
 KEPT_COLOUR, INT8_COLOUR, PLANTED_COLOUR, MASK_COLOUR = "#d95f02", "#1b9e77", "#e7298a", "#999999"
 FP16_MAX = 65504.0
@@ -68,7 +68,7 @@ def _save(fig, out: str | Path) -> Path:
 def _short(op: str) -> str:
     """An op name without the tower prefix and the op type suffix (labels)."""
     parts = [p for p in op.split("/") if p]
-    if parts and parts[0] in ("visual", "language_model", "model"):
+    if parts and parts[0] in NODE_NAMES.prefixes:
         parts = parts[1:]
     if len(parts) > 1 and parts[-1] in ("MatMul", "Gemm", "Conv"):  # the op type alone says nothing
         parts = parts[:-1]
@@ -167,15 +167,11 @@ _AXIS = {
 }
 
 
-def pareto(record: dict, out: str | Path, title: str) -> dict:
-    """The profile search's evaluations: INT8 share of the ops (left) and of the weights (middle)
-    against the metric (drawn so that better is up), the target line, the search's chosen point,
-    every model built on the way and the shipped one (measured in the target's arithmetic); and
-    the latency panel (right): every timed build against the metric, FP32 and FP16 as vertical
-    lines, so whether the shipped model is worth deploying is read off one axis. Returns the
-    plotted points."""
+def _pareto_points(record: dict) -> dict:
+    """What :func:`pareto` plots, with the metric drawn (:data:`_AXIS`): the search's evaluations
+    (``points``), its chosen point, the shipped model (``built``), every build, the target."""
     metric, target = record["target"]["metric"], float(record["target"]["value"])
-    f, label, log, lower_better = _AXIS[metric]
+    f, _, log, _ = _AXIS[metric]
     n = int(record["quantizable_ops"])
     trace = record["search"]["trace"]
     pts = [{"ops": t["int8_ops"] / n if n else 0.0, "weights": t.get("int8_weight_share"),
@@ -191,78 +187,106 @@ def pareto(record: dict, out: str | Path, title: str) -> dict:
     builds = [{"ops": b["int8_ops"] / n if n else 0.0, "weights": b["int8_weight_share"],
                "y": max(f(float(b[metric])), floor), "meets": bool(b["meets"]), "latency": b.get("latency_ms")}
               for b in record.get("builds", [])]
-    panels = [("ops", "INT8 share of the quantizable ops")]
-    if all(p["weights"] is not None for p in pts):
-        panels.append(("weights", "INT8 share of the weights"))
-    timed = [b for b in builds if b["latency"] is not None]
+    return {"points": pts, "chosen": chosen, "built": built, "builds": builds, "target": f(target)}
+
+
+def _pareto_y_axis(ax, metric: str) -> None:
+    _, label, log, lower_better = _AXIS[metric]
+    if log:
+        ax.set_yscale("log")
+    if lower_better:
+        ax.invert_yaxis()  # better is up
+    ax.set_ylabel(f"{label}{' (log)' if log else ''}, better ↑")
+    ax.grid(alpha=0.3)
+
+
+def _pareto_share_panel(ax, key: str, xlabel: str, plotted: dict, record: dict) -> None:
+    """One share panel of :func:`pareto`: the search's evaluations and their frontier, the target,
+    the chosen point, the other builds and the shipped one against the INT8 share ``key``."""
+    metric, target = record["target"]["metric"], float(record["target"]["value"])
+    lower_better = _AXIS[metric][3]
+    pts, chosen, built, builds = plotted["points"], plotted["chosen"], plotted["built"], plotted["builds"]
+    xs = np.array([p[key] for p in pts])
+    ys = np.array([p["y"] for p in pts])
+    ok = np.array([p["meets"] for p in pts])
+    # the frontier: points no other point beats on both share and metric
+    order = np.argsort(-xs, kind="stable")
+    front, best = [], None
+    for i in order:
+        y = ys[i]
+        if best is None or (y < best if lower_better else y > best):
+            front.append(i)
+            best = y
+    front = sorted(front, key=lambda i: xs[i])
+    ax.plot(xs[front], ys[front], "-", color="#999999", lw=1.2, label="frontier of the evaluations", zorder=1)
+    ax.scatter(xs[ok], ys[ok], c=INT8_COLOUR, s=28, label="estimated: meets the target", zorder=2)
+    ax.scatter(xs[~ok], ys[~ok], c="#d62728", marker="x", s=34, label="estimated: misses it", zorder=2)
+    ax.axhline(plotted["target"], color="#333333", ls="--", lw=1.2,
+               label=f"target {metric} {record['target']['direction']} {target:g}")
+    if chosen["y"] is not None:
+        ax.scatter([chosen[key]], [chosen["y"]], s=160, facecolors="none", edgecolors="#1f77b4", linewidths=2,
+                   label="chosen by the search", zorder=3)
+    others = [b for b in builds if (b[key], b["y"]) != (built[key], built["y"])]
+    if others:
+        ax.scatter([b[key] for b in others], [b["y"] for b in others], marker="D", s=30, facecolors="none",
+                   edgecolors="#555555", label="other built models (measured)", zorder=3)
+    ax.scatter([built[key]], [built["y"]], marker="*", s=240, c="#ffbf00", edgecolors="black", linewidths=0.8,
+               label="shipped model (measured)", zorder=4)
+    _pareto_y_axis(ax, metric)
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_xlabel(xlabel)
+
+
+def _pareto_latency_panel(ax, plotted: dict, record: dict) -> None:
+    """The latency panel of :func:`pareto`: every timed build against the metric, FP32 and FP16
+    as vertical lines, the target."""
+    built = plotted["built"]
     lat = record.get("latency_ms") or {}
-    with_latency = bool(timed or built["latency"])
+    labelled = set()
+    for b in plotted["builds"]:
+        if b["latency"] is None:
+            continue
+        kind = "built, meets the target" if b["meets"] else "built, misses it"
+        ax.scatter([b["latency"]], [b["y"]], marker="D" if b["meets"] else "x", s=34,
+                   c=INT8_COLOUR if b["meets"] else "#d62728", zorder=2,
+                   label=None if kind in labelled else kind)
+        labelled.add(kind)
+    if built["latency"] is not None:
+        ax.scatter([built["latency"]], [built["y"]], marker="*", s=240, c="#ffbf00", edgecolors="black",
+                   linewidths=0.8, label=f"shipped: {built['latency']:.3g} ms", zorder=4)
+    for base, colour in (("fp32", "#7570b3"), ("fp16", "#66a61e")):
+        if lat.get(base):
+            ax.axvline(float(lat[base]), color=colour, lw=1.4, ls="-.", label=f"{base}: {float(lat[base]):.3g} ms")
+    ax.axhline(plotted["target"], color="#333333", ls="--", lw=1.2)
+    _pareto_y_axis(ax, record["target"]["metric"])
+    sp = (record.get("speedup") or {}).get("vs_fp32")
+    ax.set_xlabel(f"latency (ms, {record.get('quant_target', {}).get('measured_on', ['?'])[0]})"
+                  + (f"; {sp:.2f}x vs fp32" if sp else ""))
+    ax.legend(fontsize=7, loc="lower left")
+
+
+def pareto(record: dict, out: str | Path, title: str) -> dict:
+    """The profile search's evaluations: INT8 share of the ops (left) and of the weights (middle)
+    against the metric (drawn so that better is up), the target line, the search's chosen point,
+    every model built on the way and the shipped one (measured in the target's arithmetic); and
+    the latency panel (right): every timed build against the metric, FP32 and FP16 as vertical
+    lines, so whether the shipped model is worth deploying is read off one axis. Returns the
+    plotted points."""
+    plotted = _pareto_points(record)
+    panels = [("ops", "INT8 share of the quantizable ops")]
+    if all(p["weights"] is not None for p in plotted["points"]):
+        panels.append(("weights", "INT8 share of the weights"))
+    with_latency = bool(any(b["latency"] is not None for b in plotted["builds"]) or plotted["built"]["latency"])
     fig = _figure(4.6 * (len(panels) + with_latency), 4.6)
     axes = fig.subplots(1, len(panels) + with_latency, squeeze=False)[0]
-
-    def y_axis(ax):
-        if log:
-            ax.set_yscale("log")
-        if lower_better:
-            ax.invert_yaxis()  # better is up
-        ax.set_ylabel(f"{label}{' (log)' if log else ''}, better ↑")
-        ax.grid(alpha=0.3)
-
     for ax, (key, xlabel) in zip(axes, panels):
-        xs = np.array([p[key] for p in pts])
-        ys = np.array([p["y"] for p in pts])
-        ok = np.array([p["meets"] for p in pts])
-        # the frontier: points no other point beats on both share and metric
-        order = np.argsort(-xs, kind="stable")
-        front, best = [], None
-        for i in order:
-            y = ys[i]
-            if best is None or (y < best if lower_better else y > best):
-                front.append(i)
-                best = y
-        front = sorted(front, key=lambda i: xs[i])
-        ax.plot(xs[front], ys[front], "-", color="#999999", lw=1.2, label="frontier of the evaluations", zorder=1)
-        ax.scatter(xs[ok], ys[ok], c=INT8_COLOUR, s=28, label="estimated: meets the target", zorder=2)
-        ax.scatter(xs[~ok], ys[~ok], c="#d62728", marker="x", s=34, label="estimated: misses it", zorder=2)
-        ax.axhline(f(target), color="#333333", ls="--", lw=1.2,
-                   label=f"target {metric} {record['target']['direction']} {target:g}")
-        if chosen["y"] is not None:
-            ax.scatter([chosen[key]], [chosen["y"]], s=160, facecolors="none", edgecolors="#1f77b4", linewidths=2,
-                       label="chosen by the search", zorder=3)
-        others = [b for b in builds if (b[key], b["y"]) != (built[key], built["y"])]
-        if others:
-            ax.scatter([b[key] for b in others], [b["y"] for b in others], marker="D", s=30, facecolors="none",
-                       edgecolors="#555555", label="other built models (measured)", zorder=3)
-        ax.scatter([built[key]], [built["y"]], marker="*", s=240, c="#ffbf00", edgecolors="black", linewidths=0.8,
-                   label="shipped model (measured)", zorder=4)
-        y_axis(ax)
-        ax.set_xlim(-0.03, 1.03)
-        ax.set_xlabel(xlabel)
+        _pareto_share_panel(ax, key, xlabel, plotted, record)
     axes[0].legend(fontsize=7, loc="lower left")
     if with_latency:
-        ax = axes[-1]
-        labelled = set()
-        for b in timed:
-            kind = "built, meets the target" if b["meets"] else "built, misses it"
-            ax.scatter([b["latency"]], [b["y"]], marker="D" if b["meets"] else "x", s=34,
-                       c=INT8_COLOUR if b["meets"] else "#d62728", zorder=2,
-                       label=None if kind in labelled else kind)
-            labelled.add(kind)
-        if built["latency"] is not None:
-            ax.scatter([built["latency"]], [built["y"]], marker="*", s=240, c="#ffbf00", edgecolors="black",
-                       linewidths=0.8, label=f"shipped: {built['latency']:.3g} ms", zorder=4)
-        for base, colour in (("fp32", "#7570b3"), ("fp16", "#66a61e")):
-            if lat.get(base):
-                ax.axvline(float(lat[base]), color=colour, lw=1.4, ls="-.", label=f"{base}: {float(lat[base]):.3g} ms")
-        ax.axhline(f(target), color="#333333", ls="--", lw=1.2)
-        y_axis(ax)
-        sp = (record.get("speedup") or {}).get("vs_fp32")
-        ax.set_xlabel(f"latency (ms, {record.get('quant_target', {}).get('measured_on', ['?'])[0]})"
-                      + (f"; {sp:.2f}x vs fp32" if sp else ""))
-        ax.legend(fontsize=7, loc="lower left")
+        _pareto_latency_panel(axes[-1], plotted, record)
     fig.suptitle(title, fontsize=10)
     _save(fig, out)
-    return {"points": pts, "chosen": chosen, "built": built, "builds": builds, "target": f(target)}
+    return plotted
 
 
 def engines(ort_rows: list[dict], inc_rows: list[dict], record: dict, out: str | Path, title: str) -> int:

@@ -41,10 +41,11 @@ from pathlib import Path
 import numpy as np
 
 from vlsens.core.metrics import Metrics
+from vlsens.core.onnxgraph import copy_node, element_types
 from vlsens.quantize.nbits import BITS, FLOAT, NBitsSettings, float_bytes, quantize, quantized_nodes, weight_matmuls
 from vlsens.sensitivity.suffix import SKIP_INPUT, SuffixCache, SuffixPlan
 from vlsens.sensitivity.suffix import build as build_suffix
-from vlsens.sensitivity.switch import SwitchMap
+from vlsens.sensitivity.switch import SwitchMap, check_beside, switch_gather, write_switch_model
 
 log = logging.getLogger(__name__)
 
@@ -61,87 +62,96 @@ def build_switch_model(float_model: str | Path, quantized: Mapping[int, str | Pa
                        ops: Sequence[str]) -> None:
     """The switch model of ``float_model`` and its all-op quantized models (``{bits: path}``),
     all in one folder: written beside them, a graph whose weights stay in their data files (loaded
-    without weights: its memory is the graphs', whatever the model's size)."""
+    without weights: its memory is the graphs', whatever the model's size). Made of the pieces
+    every switch model shares (:mod:`vlsens.sensitivity.switch`)."""
     import onnx
     from onnx import TensorProto, helper
 
-    from vlsens.core.onnxgraph import copy_node, element_types
-    from vlsens.core.onnxutil import save_with_external_data
-
-    folder = Path(out_model).resolve().parent
-    for src in (float_model, *quantized.values()):
-        if Path(src).resolve().parent != folder:
-            raise ValueError(f"{out_model} must be written beside {src} (it reads that model's weights file)")
+    check_beside(out_model, float_model, *quantized.values())
     fm = onnx.load(str(float_model), load_external_data=False)
-    elem = element_types(float_model)
-    qms = {b: onnx.load(str(p), load_external_data=False) for b, p in quantized.items()}
-    q_nodes = {b: {n.name: n for n in m.graph.node} for b, m in qms.items()}
-    q_inits = {b: {i.name: i for i in m.graph.initializer} for b, m in qms.items()}
-    f_inits = {i.name for i in fm.graph.initializer}
+    sw = BitsSwitches(element_types(float_model), quantized)
     index = {n: k for k, n in enumerate(ops)}
-    needed: dict[str, object] = {}
     new_nodes: list = []
-
-    def out_info(name: str):
-        return helper.make_tensor_value_info(name, elem.get(name, TensorProto.FLOAT), None)
-
     for node in fm.graph.node:
         k = index.get(node.name)
-        if k is None:
-            new_nodes.append(node)
-            continue
-        tag = f"vlsens_nb{k}"
-        idx = f"{tag}_index"
-        needed[idx] = helper.make_tensor(idx, TensorProto.INT64, [], [k])
-        # named like every engine's switch of op k: the suffix plan starts op k's group there
-        new_nodes.append(helper.make_node("Gather", [BITS_INPUT, idx], [f"{tag}_bits"], name=f"vlsens_op{k}_Gather",
-                                          axis=0))
-        out = node.output[0]
-        branch = helper.make_graph([copy_node(node, {out: f"{tag}_float"}, f"{node.name}__{tag}_float")],
-                                   f"{tag}_float", [], [out_info(f"{tag}_float")])
-        for b in sorted(quantized, reverse=True):  # innermost: the widest
-            qn = q_nodes[b].get(f"{node.name}_Q{b}")
-            if qn is None:
-                raise ValueError(f"{node.name} is not quantized to {b} bits in {quantized[b]}")
-            # The quantized weights are the branch's own initializers: ONNX Runtime prepacks a
-            # kernel's constant weights only from its own graph (an outer-scope weight takes
-            # MatMulNBits' unpacked path, whose INT8 arithmetic differs at accuracy_level 4).
-            # Copied as references: a large one still points into q<b>.onnx.data.
-            weights = []
-            for x in qn.input[1:]:
-                if x in q_inits[b]:
-                    t = onnx.TensorProto()
-                    t.CopyFrom(q_inits[b][x])
-                    t.name = f"{x}__nb{b}"
-                    weights.append(t)
-            q = copy_node(qn, {x: f"{x}__nb{b}" for x in qn.input[1:] if x in q_inits[b]} | {qn.output[0]: f"{tag}_q{b}"},
-                          f"{node.name}__{tag}_q{b}")
-            q_graph = helper.make_graph([q], f"{tag}_q{b}", [], [out_info(f"{tag}_q{b}")], initializer=weights)
-            lit = f"{tag}_is{b}"
-            needed[lit] = helper.make_tensor(lit, TensorProto.INT64, [], [b])
-            cond, res = f"{tag}_cond{b}", f"{tag}_sel{b}"
-            if_node_inputs = [helper.make_node("Equal", [f"{tag}_bits", lit], [cond], name=f"{tag}_Equal{b}")]
-            if_node = helper.make_node("If", [cond], [res], name=f"{tag}_If{b}", then_branch=q_graph, else_branch=branch)
-            branch = helper.make_graph(if_node_inputs + [if_node], f"{tag}_sel{b}", [], [out_info(res)])
-        # The outermost selection computes ``out`` itself.
-        for n in branch.node:
-            if n.op_type == "If":
-                n.output[0] = out
-            new_nodes.append(n)
-    del fm.graph.node[:]
-    fm.graph.node.extend(new_nodes)
-    for name, init in needed.items():
-        if name not in f_inits:
-            fm.graph.initializer.append(init)
-    fm.graph.input.append(helper.make_tensor_value_info(BITS_INPUT, TensorProto.INT64, [len(ops)]))
-    del fm.graph.value_info[:]
+        new_nodes.extend([node] if k is None else sw.select(node, k))
     domains = {o.domain for o in fm.opset_import}
-    for m in qms.values():
+    for m in sw.models.values():
         for imp in m.opset_import:
             if imp.domain not in domains:
                 fm.opset_import.append(imp)
                 domains.add(imp.domain)
-    save_with_external_data(fm, out_model)
+    write_switch_model(fm, new_nodes, sw.needed, helper.make_tensor_value_info(BITS_INPUT, TensorProto.INT64, [len(ops)]),
+                       out_model)
+
+
+class BitsSwitches:
+    """The width switches of a float graph, made from its all-op quantized models (``{bits:
+    path}``, loaded without weights), and the initializers they add (``needed``: switch indices
+    and widths)."""
+
+    def __init__(self, elem: dict[str, int], quantized: Mapping[int, str | Path]):
+        import onnx
+
+        self.elem, self.paths = elem, quantized
+        self.models = {b: onnx.load(str(p), load_external_data=False) for b, p in quantized.items()}
+        self.q_nodes = {b: {n.name: n for n in m.graph.node} for b, m in self.models.items()}
+        self.q_inits = {b: {i.name: i for i in m.graph.initializer} for b, m in self.models.items()}
+        self.needed: dict[str, object] = {}
+
+    def _out_info(self, name: str):
+        from onnx import TensorProto, helper
+
+        return helper.make_tensor_value_info(name, self.elem.get(name, TensorProto.FLOAT), None)
+
+    def select(self, node, k: int) -> list:
+        """Op ``node`` (switch ``k``) as nested Ifs on its width: the nodes that replace it."""
+        from onnx import helper
+
+        tag = f"vlsens_nb{k}"
+        # named like every engine's switch of op k: the suffix plan starts op k's group there
+        nodes = [switch_gather(BITS_INPUT, k, tag, f"{tag}_bits", f"vlsens_op{k}_Gather", self.needed)]
+        out = node.output[0]
+        branch = helper.make_graph([copy_node(node, {out: f"{tag}_float"}, f"{node.name}__{tag}_float")],
+                                   f"{tag}_float", [], [self._out_info(f"{tag}_float")])
+        for b in sorted(self.paths, reverse=True):  # innermost: the widest
+            branch = self._width(node, b, tag, branch)
+        # The outermost selection computes ``out`` itself.
+        for n in branch.node:
+            if n.op_type == "If":
+                n.output[0] = out
+            nodes.append(n)
+        return nodes
+
+    def _width(self, node, b: int, tag: str, otherwise):
+        """The graph ``If(bits[k] == b) then node at b bits else otherwise``."""
+        import onnx
+        from onnx import TensorProto, helper
+
+        qn = self.q_nodes[b].get(f"{node.name}_Q{b}")
+        if qn is None:
+            raise ValueError(f"{node.name} is not quantized to {b} bits in {self.paths[b]}")
+        inits = self.q_inits[b]
+        # The quantized weights are the branch's own initializers: ONNX Runtime prepacks a
+        # kernel's constant weights only from its own graph (an outer-scope weight takes
+        # MatMulNBits' unpacked path, whose INT8 arithmetic differs at accuracy_level 4).
+        # Copied as references: a large one still points into q<b>.onnx.data.
+        weights = []
+        for x in qn.input[1:]:
+            if x in inits:
+                t = onnx.TensorProto()
+                t.CopyFrom(inits[x])
+                t.name = f"{x}__nb{b}"
+                weights.append(t)
+        q = copy_node(qn, {x: f"{x}__nb{b}" for x in qn.input[1:] if x in inits} | {qn.output[0]: f"{tag}_q{b}"},
+                      f"{node.name}__{tag}_q{b}")
+        q_graph = helper.make_graph([q], f"{tag}_q{b}", [], [self._out_info(f"{tag}_q{b}")], initializer=weights)
+        lit = f"{tag}_is{b}"
+        self.needed[lit] = helper.make_tensor(lit, TensorProto.INT64, [], [b])
+        cond, res = f"{tag}_cond{b}", f"{tag}_sel{b}"
+        equal = helper.make_node("Equal", [f"{tag}_bits", lit], [cond], name=f"{tag}_Equal{b}")
+        if_node = helper.make_node("If", [cond], [res], name=f"{tag}_If{b}", then_branch=q_graph, else_branch=otherwise)
+        return helper.make_graph([equal, if_node], f"{tag}_sel{b}", [], [self._out_info(res)])
 
 
 class NBitsEngine:

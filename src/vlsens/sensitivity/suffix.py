@@ -151,33 +151,25 @@ def plan(model, switches, max_cuts: int) -> SuffixPlan:
 # Building the segmented switch model and its probe
 # --------------------------------------------------------------------------------------------
 
-def segment_model(model, sp: SuffixPlan, elem_types: dict[str, int]):
-    """The switch model with the nodes before the last cut wrapped in ``If(skip[s])`` (in place);
-    returns the names of the cache inputs added."""
-    from onnx import TensorProto, helper
+def _typed(name: str, elem: int):
+    from onnx import helper
 
-    g = model.graph
-    nodes = list(g.node)
-    bounds = ([0] if sp.cuts[0] > 0 else []) + list(sp.cuts)
-    spans = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
-    assert len(spans) == sp.segments, (spans, sp.segments)
-    prod, last = lifetimes(model)
-    cache_inputs = []
+    return helper.make_tensor_value_info(name, elem, None)
 
-    def typed(name, elem):
-        return helper.make_tensor_value_info(name, elem, None)
 
-    def elem_of(t):
-        for key in (t, t.removesuffix("__raw")):
-            if key in elem_types:
-                return elem_types[key]
-        raise ValueError(f"no element type known for tensor {t}")
+def _elem_of(t: str, elem_types: dict[str, int]) -> int:
+    for key in (t, t.removesuffix("__raw")):
+        if key in elem_types:
+            return elem_types[key]
+    raise ValueError(f"no element type known for tensor {t}")
 
-    # Initializers read by one segment only move into its subgraph: ONNX Runtime folds and
-    # prepacks constants of a node's own or parent graph, not of a grandparent one, so a switch
-    # nested in a segment would otherwise run on unpacked weights (other rounding than the whole
-    # switch model and quantize_static's model).
-    inits = {i.name: i for i in g.initializer}
+
+def _owned_initializers(g, nodes: list, spans: list[tuple[int, int]], bounds: list[int]) -> dict[int, list[str]]:
+    """The initializers read by one segment only, by segment: they move into its subgraph. ONNX
+    Runtime folds and prepacks constants of a node's own or parent graph, not of a grandparent
+    one, so a switch nested in a segment would otherwise run on unpacked weights (other rounding
+    than the whole switch model and quantize_static's model)."""
+    inits = {i.name for i in g.initializer}
     users: dict[str, set] = {}
     for s_idx, (a, b) in enumerate(spans):
         for node in nodes[a:b]:
@@ -191,40 +183,67 @@ def segment_model(model, sp: SuffixPlan, elem_types: dict[str, int]):
     for o in g.output:
         if o.name in inits:
             users.setdefault(o.name, set()).add(-1)
-    own = {i: [n for n, u in users.items() if u == {i}] for i in range(len(spans))}
+    # in the graph's initializer order: the same subgraphs on every run (node_reads is a set)
+    return {i: [n.name for n in g.initializer if users.get(n.name) == {i}] for i in range(len(spans))}
+
+
+def _wrap_segment(g, seg: list, s: int, end: int, last: dict, own: list, elem_types: dict[str, int],
+                  cache_inputs: list[str]) -> list:
+    """Segment ``s`` (the nodes ``seg``, which end before node ``end``) as ``If(skip[s])``: ``then``
+    passes the cache inputs of the tensors read after it on, ``else`` computes them (with the
+    initializers ``own``). Adds the cache inputs (to ``g`` and ``cache_inputs``), their empty
+    defaults and the segment's index to ``g``; returns the Gather and If nodes."""
+    from onnx import TensorProto, helper
+
+    exported = [o for node in seg for o in node.output if o and last.get(o, -1) >= end]
+    tag = f"vlsens_seg{s}"
+    rename = {t: f"{t}__{tag}" for t in exported}
+    else_nodes = []
+    for node in seg:
+        rename_reads(node, rename)
+        for i, o in enumerate(node.output):
+            if o in rename:
+                node.output[i] = rename[o]
+        else_nodes.append(node)
+    then_nodes = []
+    for t in exported:
+        ci = cache_input(t)
+        cache_inputs.append(ci)
+        then_nodes.append(helper.make_node("Identity", [ci], [f"{t}__{tag}_cached"], name=f"{tag}_cached_{t}"))
+        g.input.append(_typed(ci, _elem_of(t, elem_types)))
+        dims = [0]
+        g.initializer.append(helper.make_tensor(ci, _elem_of(t, elem_types), dims, []))
+    then_g = helper.make_graph(then_nodes, f"{tag}_cached", [],
+                               [_typed(f"{t}__{tag}_cached", _elem_of(t, elem_types)) for t in exported])
+    else_g = helper.make_graph(else_nodes, f"{tag}_compute", [],
+                               [_typed(rename[t], _elem_of(t, elem_types)) for t in exported], initializer=own)
+    idx = f"{tag}_index"
+    g.initializer.append(helper.make_tensor(idx, TensorProto.INT64, [], [s]))
+    return [helper.make_node("Gather", [SKIP_INPUT, idx], [f"{tag}_cond"], name=f"{tag}_Gather", axis=0),
+            helper.make_node("If", [f"{tag}_cond"], exported, name=f"{tag}_If", then_branch=then_g,
+                             else_branch=else_g)]
+
+
+def segment_model(model, sp: SuffixPlan, elem_types: dict[str, int]):
+    """The switch model with the nodes before the last cut wrapped in ``If(skip[s])`` (in place);
+    returns the names of the cache inputs added."""
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    nodes = list(g.node)
+    bounds = ([0] if sp.cuts[0] > 0 else []) + list(sp.cuts)
+    spans = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+    assert len(spans) == sp.segments, (spans, sp.segments)
+    _, last = lifetimes(model)
+    cache_inputs = []
+    inits = {i.name: i for i in g.initializer}
+    own = _owned_initializers(g, nodes, spans, bounds)
     moved = {n for names in own.values() for n in names}
     kept_inits = [i for i in g.initializer if i.name not in moved]
-
     new_nodes = []
     for s, (a, b) in enumerate(spans):
-        seg = nodes[a:b]
-        exported = [o for node in seg for o in node.output if o and last.get(o, -1) >= b]
-        tag = f"vlsens_seg{s}"
-        rename = {t: f"{t}__{tag}" for t in exported}
-        else_nodes = []
-        for node in seg:
-            rename_reads(node, rename)
-            for i, o in enumerate(node.output):
-                if o in rename:
-                    node.output[i] = rename[o]
-            else_nodes.append(node)
-        then_nodes = []
-        for t in exported:
-            ci = cache_input(t)
-            cache_inputs.append(ci)
-            then_nodes.append(helper.make_node("Identity", [ci], [f"{t}__{tag}_cached"], name=f"{tag}_cached_{t}"))
-            g.input.append(typed(ci, elem_of(t)))
-            dims = [0]
-            g.initializer.append(helper.make_tensor(ci, elem_of(t), dims, []))
-        then_g = helper.make_graph(then_nodes, f"{tag}_cached", [],
-                                   [typed(f"{t}__{tag}_cached", elem_of(t)) for t in exported])
-        else_g = helper.make_graph(else_nodes, f"{tag}_compute", [], [typed(rename[t], elem_of(t)) for t in exported],
-                                   initializer=[inits[n] for n in own[s]])
-        idx = f"{tag}_index"
-        g.initializer.append(helper.make_tensor(idx, TensorProto.INT64, [], [s]))
-        new_nodes.append(helper.make_node("Gather", [SKIP_INPUT, idx], [f"{tag}_cond"], name=f"{tag}_Gather", axis=0))
-        new_nodes.append(helper.make_node("If", [f"{tag}_cond"], exported, name=f"{tag}_If",
-                                          then_branch=then_g, else_branch=else_g))
+        new_nodes.extend(_wrap_segment(g, nodes[a:b], s, b, last, [inits[n] for n in own[s]], elem_types,
+                                       cache_inputs))
     new_nodes.extend(nodes[bounds[-1]:] if spans else nodes)
     del g.node[:]
     g.node.extend(new_nodes)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from vlsens.core import paths
@@ -34,13 +35,26 @@ Transform = Callable[[Path, list, Path], dict]
 Reference = Callable[[dict, Cases], Cases]
 
 
-def build_variant(src_dir: str | Path, reference: str | Path, out_dir: str | Path, tolerance: dict,
-                  variant: str, transform: Transform, threads: int = 0, device: str = "auto",
-                  reference_for: Reference | None = None, exact_tolerance: dict | None = None,
-                  open_session=None) -> dict:
-    """``out_dir``: every graph file of ``src_dir`` that the cases name, transformed, gated and
-    published (``model.onnx`` last). With ``reference_for`` (a weight-only INT4 variant, whose
-    weights are not the checkpoint's), :func:`gate_own_weights` is the gate."""
+@dataclass(frozen=True)
+class Gate:
+    """How a variant folder is gated: the parity ``tolerance`` and where its graphs run (``threads``,
+    ``device``; ``open_session(path)``: what opens a graph where ONNX Runtime's CPU provider cannot,
+    :func:`vlsens.variants.bfloat16.session_opener`). With ``reference_for`` (a weight-only INT4
+    variant, whose weights are not the checkpoint's) the gate is :func:`gate_own_weights`, the
+    exact check within ``exact_tolerance`` (FP32's)."""
+
+    tolerance: dict
+    threads: int = 0
+    device: str = "auto"
+    reference_for: Reference | None = None
+    exact_tolerance: dict | None = None
+    open_session: Callable | None = None
+
+
+def variant_folder(src_dir: str | Path, reference: str | Path, out_dir: str | Path, variant: str,
+                   transform: Transform, gate: Gate) -> dict:
+    """``out_dir``: every graph file of ``src_dir`` that the cases name, transformed, gated
+    (:class:`Gate`) and published (``model.onnx`` last)."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     cases = Cases.load(reference)
     files = [paths.MAIN] + [g for g in cases.graphs if g != paths.MAIN]
@@ -54,32 +68,32 @@ def build_variant(src_dir: str | Path, reference: str | Path, out_dir: str | Pat
             facts[f] = transform(src, fit_batch(cases.feeds(f), input_batch(src)[1]), staged[f])
             log.info("%s: %s written in %.1f s; gating", variant, f, time.perf_counter() - t0)
         extra = {"source": str(src_dir), "graphs": facts}
-        if reference_for is None:
-            record = parity.check(staged, cases, tolerance, variant, threads, device, extra=extra, artifact=out_dir,
-                                  open_session=open_session)
+        if gate.reference_for is None:
+            record = parity.check(staged, cases, gate.tolerance, variant, gate.threads, gate.device, extra=extra,
+                                  artifact=out_dir, open_session=gate.open_session)
         else:
-            record = gate_own_weights(staged, cases, reference_for(staged, cases), tolerance, exact_tolerance,
-                                      variant, threads, device, extra, out_dir)
+            record = gate_own_weights(staged, cases, gate.reference_for(staged, cases), gate, variant, extra, out_dir)
         publish_models(staged, record, out_dir)
     return record
 
 
-def gate_own_weights(staged: dict, cases: Cases, own: Cases, tolerance: dict, exact_tolerance: dict, variant: str,
-                     threads: int, device: str, extra: dict, artifact) -> dict:
+def gate_own_weights(staged: dict, cases: Cases, own: Cases, gate: Gate, variant: str, extra: dict,
+                     artifact) -> dict:
     """The parity gate of a weight-only quantized decoder, against ``own``: transformers run on
     the graph's own (dequantized) weights, so that a bad graph fails whatever the checkpoint's
     weights make of INT4:
 
-    1. exact: the graph with float activations (``accuracy_level`` 0) within ``exact_tolerance``
-       (FP32's): the export, the weight packing and the kernel, to rounding;
+    1. exact: the graph with float activations (``accuracy_level`` 0) within
+       ``gate.exact_tolerance`` (FP32's): the export, the weight packing and the kernel, to rounding;
     2. as shipped (its ``accuracy_level``; 4 quantizes activations to INT8 per block) within
-       ``tolerance``: the record's ``metrics``.
+       ``gate.tolerance``: the record's ``metrics``.
 
     ``extra.float_reference``: the shipped graph against the checkpoint's model (``cases``), the
     quantization error, measured, not gated."""
     from vlsens.core.errors import ParityError
     from vlsens.quantize.nbits import float_activations_copy
 
+    tolerance, exact_tolerance, threads, device = gate.tolerance, gate.exact_tolerance, gate.threads, gate.device
     main = staged[paths.MAIN]
     exact = float_activations_copy(main, main.with_name(".exact-" + main.name))
     try:
@@ -112,9 +126,9 @@ def fp16(src_dir, reference, out_dir, tolerance: dict, max_activation: float, ma
     """FP16 (I/O FP32) with the range-based FP32 fallback measured on the parity inputs."""
     from vlsens.variants.float16 import convert_fp16
 
-    return build_variant(src_dir, reference, out_dir, tolerance, "fp16",
-                         lambda src, feeds, staged: convert_fp16(src, feeds, staged, max_activation, max_initializer,
-                                                                 threads, device), threads, device)
+    return variant_folder(src_dir, reference, out_dir, "fp16",
+                          lambda src, feeds, staged: convert_fp16(src, feeds, staged, max_activation, max_initializer,
+                                                                  threads, device), Gate(tolerance, threads, device))
 
 
 def bf16(src_dir, reference, out_dir, tolerance: dict, threads: int = 0, device: str = "auto") -> dict:
@@ -122,9 +136,8 @@ def bf16(src_dir, reference, out_dir, tolerance: dict, threads: int = 0, device:
     (:func:`vlsens.variants.bfloat16.open_session`; the record's ``providers`` say which)."""
     from vlsens.variants import bfloat16 as _bf16
 
-    return build_variant(src_dir, reference, out_dir, tolerance, "bf16",
-                         lambda src, feeds, staged: _bf16.convert_bf16(src, staged), threads, device,
-                         open_session=_bf16.session_opener(threads, device))
+    return variant_folder(src_dir, reference, out_dir, "bf16", lambda src, feeds, staged: _bf16.convert_bf16(src, staged),
+                          Gate(tolerance, threads, device, open_session=_bf16.session_opener(threads, device)))
 
 
 def simplify(src_dir, reference, out_dir, tolerance: dict, variant: str, check_max_bytes: int,
@@ -136,6 +149,6 @@ def simplify(src_dir, reference, out_dir, tolerance: dict, variant: str, check_m
 
     if variant.startswith("fp16"):
         check_max_bytes = 0
-    return build_variant(src_dir, reference, out_dir, tolerance, variant,
-                         lambda src, feeds, staged: simplify_model(src, feeds[0], staged, check_max_bytes),
-                         threads, device)
+    return variant_folder(src_dir, reference, out_dir, variant,
+                          lambda src, feeds, staged: simplify_model(src, feeds[0], staged, check_max_bytes),
+                          Gate(tolerance, threads, device))

@@ -66,7 +66,7 @@ def convert_bf16(src_model: str | Path, staged_model: Path) -> dict:
 
     from vlsens.core.onnxgraph import inferred_model
     from vlsens.core.onnxutil import check_model, save_streamed, tensor_array, untie_identity_initializers
-    from vlsens.variants.float16 import own_fp32_islands, to_fp16
+    from vlsens.variants.float16 import to_fp16
 
     model = inferred_model(src_model)
     src_dir = Path(src_model).parent
@@ -75,15 +75,7 @@ def convert_bf16(src_model: str | Path, staged_model: Path) -> dict:
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_vlsens_{i}"
-    unsupported = {n.name: f"{n.op_type} has no bfloat16 type at opset {opset}" for n in model.graph.node
-                   if n.domain in ("", "ai.onnx") and not bf16_supported(n.op_type, opset)}
-    islands = own_fp32_islands(model)
-    # transformers' eager attention takes the softmax in float32 whatever the model's dtype
-    # (softmax(..., dtype=torch.float32)); in a float32 export that leaves no Cast to find, so
-    # the islands miss it. In bfloat16 it costs the 3B tower at 448x448 cosine 0.976 against
-    # transformers (torch's own bfloat16 forward: 0.99988, as with the softmax kept float32).
-    softmax = {n.name: "attention softmax: float32 in transformers" for n in model.graph.node
-               if n.op_type == "Softmax" and n.name not in unsupported}
+    unsupported, islands, softmax = _kept_fp32(model, opset)
     keep = {**islands, **softmax, **unsupported}
     was_float = {t.name for t in model.graph.initializer if t.data_type == F32}
     inline = {t.name: tensor_array(t) for t in model.graph.initializer
@@ -96,14 +88,7 @@ def convert_bf16(src_model: str | Path, staged_model: Path) -> dict:
     own = set(casts)
     retargeted = sum(1 for n in converted.graph.node if n.name in own and n.op_type == "Cast"
                      and any(a.name == "to" and a.i == BF16 for a in n.attribute))
-    for t in converted.graph.initializer:
-        if t.data_type == F16:
-            if t.name in inline:
-                t.CopyFrom(numpy_helper.from_array(to_bf16_array(inline[t.name]), t.name))
-            elif not t.external_data:  # made by the converter: its FP16 values
-                t.CopyFrom(numpy_helper.from_array(to_bf16_array(numpy_helper.to_array(t)), t.name))
-            else:
-                t.data_type = BF16
+    _round_initializers(converted, inline)
 
     def convert(t, arr):
         return to_bf16_array(arr) if t.data_type == BF16 and t.name in was_float else arr
@@ -126,6 +111,40 @@ def convert_bf16(src_model: str | Path, staged_model: Path) -> dict:
         "fp32_initializers": left,
         "untied_initializers": untied,
     }
+
+
+def _kept_fp32(model, opset: int) -> tuple[dict, dict, dict]:
+    """The nodes that stay FP32, ``{name: reason}`` by rule: no bfloat16 type at ``opset``,
+    transformers' float32 islands (:func:`vlsens.variants.float16.own_fp32_islands`), the
+    attention softmax."""
+    from vlsens.variants.float16 import own_fp32_islands
+
+    unsupported = {n.name: f"{n.op_type} has no bfloat16 type at opset {opset}" for n in model.graph.node
+                   if n.domain in ("", "ai.onnx") and not bf16_supported(n.op_type, opset)}
+    islands = own_fp32_islands(model)
+    # transformers' eager attention takes the softmax in float32 whatever the model's dtype
+    # (softmax(..., dtype=torch.float32)); in a float32 export that leaves no Cast to find, so
+    # the islands miss it. In bfloat16 it costs the 3B tower at 448x448 cosine 0.976 against
+    # transformers (torch's own bfloat16 forward: 0.99988, as with the softmax kept float32).
+    softmax = {n.name: "attention softmax: float32 in transformers" for n in model.graph.node
+               if n.op_type == "Softmax" and n.name not in unsupported}
+    return unsupported, islands, softmax
+
+
+def _round_initializers(converted, inline: dict[str, np.ndarray]) -> None:
+    """The converter's FP16 initializers as BF16 (in place): inline FP32 sources rounded from
+    their FP32 values, the converter's own from their FP16 values; external ones only retyped
+    (rounded from FP32 as they are streamed out)."""
+    from onnx import numpy_helper
+
+    for t in converted.graph.initializer:
+        if t.data_type == F16:
+            if t.name in inline:
+                t.CopyFrom(numpy_helper.from_array(to_bf16_array(inline[t.name]), t.name))
+            elif not t.external_data:  # made by the converter: its FP16 values
+                t.CopyFrom(numpy_helper.from_array(to_bf16_array(numpy_helper.to_array(t)), t.name))
+            else:
+                t.data_type = BF16
 
 
 def _retype(model, constants: dict[str, np.ndarray]) -> int:

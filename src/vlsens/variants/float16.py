@@ -28,9 +28,15 @@ from pathlib import Path
 import numpy as np
 
 from vlsens.core.fsutil import copy_file
-from vlsens.core.onnxgraph import inferred_model, output_type
-from vlsens.core.onnxutil import check_model, data_path, make_session, tensor_array, untie_identity_initializers
-from vlsens.core.onnxutil import save_streamed as streamed
+from vlsens.core.onnxgraph import consumers, inferred_model, output_type, producers
+from vlsens.core.onnxutil import (
+    check_model,
+    data_path,
+    make_session,
+    save_streamed,
+    tensor_array,
+    untie_identity_initializers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,11 +139,11 @@ def range_fallbacks(model, absmax: dict[str, float], max_activation: float,
     return keep
 
 
-def save_streamed(model, weights_dir: str | Path, dst: str | Path, was_float: set[str]) -> Path:
-    """Write a converted model whose large initializers still point at the source's data file
-    (:func:`vlsens.core.onnxutil.save_streamed`): an initializer the converter flipped to FLOAT16 is
-    read as the float32 it is on disk and converted as the converter converts loaded ones
-    (clipped to FP16's range), one tensor in memory at a time."""
+def fp16_weights(was_float: set[str]) -> tuple[dict, object]:
+    """``(read_as, convert)`` for :func:`vlsens.core.onnxutil.save_streamed` of a converted model
+    whose large initializers still point at the source's data file: an initializer the converter
+    flipped to FLOAT16 (one of ``was_float``) is read as the float32 it is on disk and converted as
+    the converter converts loaded ones (clipped to FP16's range), one tensor in memory at a time."""
     import onnx
     from onnxconverter_common.float16 import convert_np_to_float16
 
@@ -146,7 +152,7 @@ def save_streamed(model, weights_dir: str | Path, dst: str | Path, was_float: se
             return convert_np_to_float16(np.asarray(arr, dtype=np.float32), 5.96e-08, FP16_MAX)
         return arr
 
-    return streamed(model, weights_dir, dst, {n: np.float32 for n in was_float}, to_fp16)
+    return {n: np.float32 for n in was_float}, to_fp16
 
 
 def own_fp32_islands(model) -> dict[str, str]:
@@ -157,11 +163,7 @@ def own_fp32_islands(model) -> dict[str, str]:
     downcast (RMSNorm's statistics, rotary angles, softmax). Casts themselves excluded. Returns
     {node: reason}."""
     nodes = [n for n in model.graph.node if n.name]
-    producer = {o: n for n in nodes for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in nodes:
-        for x in n.input:
-            consumers.setdefault(x, []).append(n)
+    producer, readers = producers(nodes), consumers(nodes)
 
     def scope(n) -> str:
         return n.name.rsplit("/", 1)[0] if "/" in n.name else ""
@@ -179,7 +181,7 @@ def own_fp32_islands(model) -> dict[str, str]:
         if is_cast(n):
             continue
         for o in n.output:
-            for c in consumers.get(o, []):
+            for c in readers.get(o, []):
                 if scope(c) == scope(n) and (is_cast(c) or c.name in before_cast):
                     before_cast.add(n.name)
                     break
@@ -205,43 +207,17 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
     *before* conversion: afterwards the converter's clean-up would already have removed those
     that follow one of its inserted ``Cast(to=FLOAT16)``, leaving an FP32 value in an FP16 graph.
     """
-    from onnx import TensorProto
     from onnxconverter_common import float16
 
     for i, node in enumerate(model.graph.node):
         if not node.name:  # the converter keys its block list on names
             node.name = f"{node.op_type}_vlsens_{i}"
     casts = own_float_casts(model)
-    # A Cast that only feeds FP32 nodes (an island's upcast) stays a Cast to FLOAT and is blocked
-    # itself: retargeted, the converter would pair it with its own Cast back and drop both,
-    # wiring an int64 or FP16 tensor straight into the FP32 node.
-    keep = set(keep_fp32)
-    consumers: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        for x in node.input:
-            consumers.setdefault(x, []).append(node.name)
-    cast_set = set(casts)
-    entries = {n.name for n in model.graph.node if n.name in cast_set and n.name not in keep
-               and any(consumers.get(o) for o in n.output)
-               and all(c in keep for o in n.output for c in consumers.get(o, []))}
-    keep |= entries
+    keep = blocked_nodes(model, keep_fp32, casts)
     if retarget_casts:
-        retarget = cast_set - keep
-        for node in model.graph.node:
-            if node.name in retarget:
-                for a in node.attribute:
-                    if a.name == "to":
-                        a.i = TensorProto.FLOAT16
-    # Unused optional outputs are named "" (ONNX Runtime's fused ops have several); the
-    # converter's topological sort takes "" for a tensor and finds no first node. Name them for
-    # the conversion, then unname them again.
+        _retarget_to_fp16(model, set(casts) - keep)
     out_types = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
-    unused = set()
-    for i, node in enumerate(model.graph.node):
-        for j, o in enumerate(node.output):
-            if not o:
-                node.output[j] = f"__vlsens_unused_{i}_{j}"
-                unused.add(node.output[j])
+    unused = _name_unused_outputs(model)
     converted = float16.convert_float_to_float16(
         model,
         keep_io_types=True,
@@ -264,6 +240,44 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
     return converted, casts
 
 
+def blocked_nodes(model, keep_fp32: list[str], casts: list[str]) -> set[str]:
+    """The converter's block list: ``keep_fp32`` and every own Cast (of ``casts``) that only feeds
+    FP32 nodes (an island's upcast): it stays a Cast to FLOAT and is blocked itself; retargeted,
+    the converter would pair it with its own Cast back and drop both, wiring an int64 or FP16
+    tensor straight into the FP32 node."""
+    keep = set(keep_fp32)
+    readers = consumers(model.graph.node)
+    cast_set = set(casts)
+    entries = {n.name for n in model.graph.node if n.name in cast_set and n.name not in keep
+               and any(readers.get(o) for o in n.output)
+               and all(c.name in keep for o in n.output for c in readers.get(o, []))}
+    return keep | entries
+
+
+def _retarget_to_fp16(model, names: set[str]) -> None:
+    """The Casts named ``names`` cast to FLOAT16 (in place)."""
+    from onnx import TensorProto
+
+    for node in model.graph.node:
+        if node.name in names:
+            for a in node.attribute:
+                if a.name == "to":
+                    a.i = TensorProto.FLOAT16
+
+
+def _name_unused_outputs(model) -> set[str]:
+    """Unused optional outputs are named "" (ONNX Runtime's fused ops have several); the
+    converter's topological sort takes "" for a tensor and finds no first node. Name them (in
+    place) for the conversion; the names, to unname them after."""
+    unused = set()
+    for i, node in enumerate(model.graph.node):
+        for j, o in enumerate(node.output):
+            if not o:
+                node.output[j] = f"__vlsens_unused_{i}_{j}"
+                unused.add(node.output[j])
+    return unused
+
+
 def keep_output_types(model, types: dict[str, int]) -> list[str]:
     """Graph outputs keep their FP32 type (in place): the converter casts the outputs of a
     blocked (FP32) node to FP16 also where they are graph outputs (e.g. a KV-cache decoder's
@@ -272,7 +286,7 @@ def keep_output_types(model, types: dict[str, int]) -> list[str]:
     from onnx import TensorProto, helper
 
     F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
-    producer = {o: n for n in model.graph.node for o in n.output}
+    producer = producers(model.graph.node)
     fixed = []
     for out in model.graph.output:
         if types.get(out.name) != F32 or out.type.tensor_type.elem_type != F16:
@@ -366,7 +380,7 @@ def convert_fp16(src_model: str | Path, feeds: list[dict], staged_model: Path, m
     own = set(casts)
     retargeted = sum(1 for n in converted.graph.node if n.name in own and n.op_type == "Cast"
                      and any(a.name == "to" and a.i == 10 for a in n.attribute))
-    save_streamed(converted, src_dir, staged_model, was_float)
+    save_streamed(converted, src_dir, staged_model, *fp16_weights(was_float))
     del converted
     check_model(staged_model)
     return {

@@ -48,7 +48,7 @@ def builder_folder(checkpoint: str | Path, algo: str, settings, fp32_dir: str | 
     from vlsens.core.onnxutil import copy_model
     from vlsens.export.towers.decoder import builder_version, weight_reference_for
     from vlsens.quantize.nbits import quantize, weight_matmuls
-    from vlsens.variants import build_variant
+    from vlsens.variants import Gate, variant_folder
 
     layers = json.loads((Path(checkpoint) / "config.json").read_text())
     layers = int(layers.get("text_config", layers)["num_hidden_layers"])
@@ -68,6 +68,6 @@ def builder_folder(checkpoint: str | Path, algo: str, settings, fp32_dir: str | 
                                               "accuracy_level": settings.accuracy_level,
                                               "is_symmetric": str(settings.symmetric).lower()}}}
 
-    return build_variant(fp32_dir, reference, out_dir, tolerance, f"int4-{algo}", transform, threads,
-                         reference_for=weight_reference_for(checkpoint),
-                         exact_tolerance=exact_tolerance)
+    return variant_folder(fp32_dir, reference, out_dir, f"int4-{algo}", transform,
+                          Gate(tolerance, threads, reference_for=weight_reference_for(checkpoint),
+                               exact_tolerance=exact_tolerance))

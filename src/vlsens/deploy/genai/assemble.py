@@ -39,7 +39,7 @@ def assemble(out_dir: str | Path, checkpoint: str | Path, decoder: str | Path, e
         files["embedding"] = copy_model(verify(embedding), out_dir / genai.GRAPHS["embedding"])
     files["vision"] = genai.wrap_vision(verify(vision), out_dir / genai.GRAPHS["vision"], vc, workdir)
     write_json(out_dir / "genai_config.json", genai.genai_config(cfg, gen))
-    write_json(out_dir / "processor_config.json", genai.processor_config(pre))
+    write_json(out_dir / "processor_config.json", genai.processor_config(pre, cfg["model_type"]))
     for name in genai.TOKENIZER_FILES:
         if (checkpoint / name).is_file():
             shutil.copyfile(checkpoint / name, out_dir / name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -92,51 +93,90 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
 
 
 
-def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: list[dict], max_new_tokens: int,
-             fp32_folder: str | Path | None, fp32_eval: dict | None, target: dict | None,
-             runtime: Chat | None = None, expected: list[list[int]] | None = None) -> dict:
+@dataclass(frozen=True)
+class Checks:
+    """What a deploy folder is checked against: ``max_new_tokens`` generated per evaluation case;
+    ``tolerance``: the vision graph's parity tolerance (None: measured, not gated); ``fp32_folder``:
+    the published fp32 folder a lower precision is compared with (None for fp32 itself, which is
+    compared with transformers); ``target``: the text profile's target, measured end to end;
+    ``tied`` (``{"reference": the decoder's reference.npz, "exact_tolerance": FP32's}``): the
+    embedding graph reads the decoder's lm_head weight, gated on the reference's embedding cases
+    (:func:`vlsens.precision.weight_only.gate_tied`)."""
+
+    max_new_tokens: int
+    tolerance: dict | None = None
+    fp32_folder: str | Path | None = None
+    target: dict | None = None
+    tied: dict | None = None
+
+
+class _Timed:
+    """The folder's greedy ``generate``, timed over the evaluation cases (the record's speed)."""
+
+    def __init__(self, runtime: Chat, max_new_tokens: int, packed: bool):
+        self.runtime, self.max_new_tokens, self.packed = runtime, max_new_tokens, packed
+        self.seconds, self.tokens = 0.0, 0
+
+    def generate(self, text: str, case: dict) -> list[int]:
+        t0 = time.perf_counter()
+        got = self.runtime.generate(text, _case_images(case), self.max_new_tokens)
+        self.seconds += time.perf_counter() - t0
+        self.tokens += len(got)
+        return got
+
+    def speed(self) -> dict:
+        return {"tokens_per_second": self.tokens / self.seconds if self.seconds else None,
+                "prepacked": self.packed,
+                "speed_note": "tokens generated / seconds of onnxruntime-genai generate over the evaluation "
+                              "cases (image encoding, prefill and greedy decode; the first call included)"
+                              + ("" if self.packed else "; weight prepacking off (the fp32 reference folder is "
+                                 "checked memory-mapped): bench/bench_deploy.py measures it as users load it")}
+
+
+def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: list[dict], checks: Checks,
+             fp32_eval: dict | None = None, runtime: Chat | None = None,
+             expected: list[list[int]] | None = None) -> dict:
     """``eval.json`` of a folder (see the module docs); raises VlsensError when the fp32 folder's
-    tokens differ from transformers'. ``runtime``: the folder already loaded; ``expected``:
-    transformers' tokens for ``cases``, already generated (:func:`transformers_generate`)."""
+    tokens differ from transformers'. ``fp32_eval``: the fp32 folder's ``eval.json`` (a lower
+    precision); ``runtime``: the folder already loaded; ``expected``: transformers' tokens for
+    ``cases``, already generated (:func:`transformers_generate`)."""
     from vlsens.model.processor import load_processor
 
     processor = load_processor(checkpoint)
     packed = prepacked(precision)
-    folder_rt = runtime or Chat(folder, prepack=packed)
-    rows = []
-    timing = {"seconds": 0.0, "tokens": 0}
-
-    def generate(text: str, case: dict) -> list[int]:
-        t0 = time.perf_counter()
-        got = folder_rt.generate(text, _case_images(case), max_new_tokens)
-        timing["seconds"] += time.perf_counter() - t0
-        timing["tokens"] += len(got)
-        return got
-
-    def speed() -> dict:
-        return {"tokens_per_second": timing["tokens"] / timing["seconds"] if timing["seconds"] else None,
-                "prepacked": packed,
-                "speed_note": "tokens generated / seconds of onnxruntime-genai generate over the evaluation "
-                              "cases (image encoding, prefill and greedy decode; the first call included)"
-                              + ("" if packed else "; weight prepacking off (the fp32 reference folder is "
-                                 "checked memory-mapped): bench/bench_deploy.py measures it as users load it")}
-
+    gen = _Timed(runtime or Chat(folder, prepack=packed), checks.max_new_tokens, packed)
     if precision == "fp32":
-        if expected is None:
-            expected = transformers_generate(checkpoint, cases, max_new_tokens)
-        for case, ref in zip(cases, expected):
-            got = generate(chat_text(processor, case), case)
-            rows.append({"case": case["name"], "images": case["images"], "tokens": got, "transformers": ref,
-                         "identical": got == ref})
-        bad = [r["case"] for r in rows if not r["identical"]]
-        record = {"precision": precision, "max_new_tokens": max_new_tokens, "reference": "transformers generate "
-                  "(greedy, float32, eager)", "cases": rows, "identical": not bad, **speed()}
-        if bad:
-            raise VlsensError(f"{folder}: onnxruntime-genai's greedy tokens differ from transformers' for "
-                              f"{bad}: {json.dumps(rows)[:2000]}")
-        return record
+        return _against_transformers(folder, precision, checkpoint, processor, cases, gen, expected)
+    return _against_fp32(folder, precision, processor, cases, gen, checks, fp32_eval)
+
+
+def _against_transformers(folder, precision: str, checkpoint, processor, cases: list[dict], gen: _Timed,
+                          expected: list[list[int]] | None) -> dict:
+    """The fp32 folder's record: its greedy tokens, which must equal transformers'."""
+    max_new_tokens = gen.max_new_tokens
+    if expected is None:
+        expected = transformers_generate(checkpoint, cases, max_new_tokens)
+    rows = []
+    for case, ref in zip(cases, expected):
+        got = gen.generate(chat_text(processor, case), case)
+        rows.append({"case": case["name"], "images": case["images"], "tokens": got, "transformers": ref,
+                     "identical": got == ref})
+    bad = [r["case"] for r in rows if not r["identical"]]
+    record = {"precision": precision, "max_new_tokens": max_new_tokens, "reference": "transformers generate "
+              "(greedy, float32, eager)", "cases": rows, "identical": not bad, **gen.speed()}
+    if bad:
+        raise VlsensError(f"{folder}: onnxruntime-genai's greedy tokens differ from transformers' for "
+                          f"{bad}: {json.dumps(rows)[:2000]}")
+    return record
+
+
+def _against_fp32(folder, precision: str, processor, cases: list[dict], gen: _Timed, checks: Checks,
+                  fp32_eval: dict) -> dict:
+    """A lower precision's record: its tokens, and its logits teacher-forced on the fp32 folder's
+    tokens against the fp32 folder's (KL, top-1 agreement; the target's metric among them)."""
     from vlsens.core.artifacts import verify
 
+    fp32_folder = checks.fp32_folder
     for g in genai.GRAPHS.values():  # the fp32 folder is another job's output: check it first
         verify(Path(fp32_folder) / g)
     ref_rows = {r["case"]: r for r in fp32_eval["cases"]}
@@ -147,11 +187,11 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     for case in cases:
         text = chat_text(processor, case)
         ref_tokens = ref_rows[case["name"]]["tokens"]
-        got = generate(text, case)
-        mine.append((text, ref_tokens, got, folder_rt.forced_logits(text, _case_images(case), ref_tokens)))
-    folder_rt.close()
+        got = gen.generate(text, case)
+        mine.append((text, ref_tokens, got, gen.runtime.forced_logits(text, _case_images(case), ref_tokens)))
+    gen.runtime.close()
     base = Chat(fp32_folder, prepack=False)  # a reference: memory-mapped weights
-    kls, agree = [], []
+    rows, kls, agree = [], [], []
     for case, (text, ref_tokens, got, q) in zip(cases, mine):
         p = base.forced_logits(text, _case_images(case), ref_tokens)
         kl = _kl(p, q)
@@ -164,11 +204,11 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     base.close()
     mean_kl = float(np.concatenate(kls).mean())
     agreement = float(np.concatenate(agree).mean())
-    record = {"precision": precision, "max_new_tokens": max_new_tokens,
+    record = {"precision": precision, "max_new_tokens": gen.max_new_tokens,
               "reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens",
-              "cases": rows, "mean_kl": mean_kl, "top1_agreement": agreement, **speed()}
-    if target is not None:
-        metric, value = target["metric"], float(target["target"])
+              "cases": rows, "mean_kl": mean_kl, "top1_agreement": agreement, **gen.speed()}
+    if checks.target is not None:
+        metric, value = checks.target["metric"], float(checks.target["target"])
         measured = {"kl": mean_kl, "top1": agreement}.get(metric)
         met = None if measured is None else (measured <= value if metric == "kl" else measured >= value)
         record["target"] = {"metric": metric, "target": value, "measured": measured, "met": met,

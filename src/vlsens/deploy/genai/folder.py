@@ -30,6 +30,7 @@ import logging
 from pathlib import Path
 
 from vlsens.core.errors import VlsensError
+from vlsens.model.family import get as get_family
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,11 @@ def _opset(model) -> int:
 
 
 def genai_config(hf_config: dict, generation_config: dict, max_length: int | None = None) -> dict:
-    """``genai_config.json`` for ``type: qwen2_5_vl``: the three sessions and greedy search."""
+    """``genai_config.json`` for the checkpoint's family (its ``genai_type`` in
+    :data:`vlsens.model.family.FAMILIES`): the three sessions and greedy search."""
+    family = get_family(hf_config["model_type"], "config.json model_type")
+    if not family.genai_type:
+        raise VlsensError(f"onnxruntime-genai has no model type for {family.title} (model_type '{family.model_type}')")
     text = hf_config.get("text_config", hf_config)
     vision = hf_config["vision_config"]
     heads = int(text["num_attention_heads"])
@@ -167,7 +172,7 @@ def genai_config(hf_config: dict, generation_config: dict, max_length: int | Non
     session = {"log_id": "onnxruntime-genai", "provider_options": []}
     return {
         "model": {
-            "type": "qwen2_5_vl",
+            "type": family.genai_type,
             "bos_token_id": int(text.get("bos_token_id") or generation_config.get("bos_token_id") or 0),
             "eos_token_id": eos,
             "pad_token_id": int(generation_config.get("pad_token_id", text.get("pad_token_id", 0))),
@@ -214,10 +219,11 @@ def genai_config(hf_config: dict, generation_config: dict, max_length: int | Non
     }
 
 
-def processor_config(preprocessor: dict) -> dict:
+def processor_config(preprocessor: dict, model_type: str) -> dict:
     """ORT-GenAI's image preprocessing (onnxruntime-extensions) from the checkpoint's
     ``preprocessor_config.json``: decode, RGB, ``smart_resize`` within the checkpoint's pixel
-    bounds, rescale, normalize, patchify."""
+    bounds, rescale, normalize, patchify; names from the family table (``model_type``: config.json's)."""
+    family = get_family(model_type, "config.json model_type")
     size = preprocessor.get("size") or {}
     min_pixels = int(preprocessor.get("min_pixels") or size.get("shortest_edge") or 56 * 56)
     max_pixels = int(preprocessor.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
@@ -227,7 +233,7 @@ def processor_config(preprocessor: dict) -> dict:
     def op(name, kind, **attrs):
         return {"operation": {"name": name, "type": kind, **({"attrs": attrs} if attrs else {})}}
 
-    return {"processor": {"name": "qwen2_5_image_processor", "transforms": [
+    return {"processor": {"name": family.genai_processor, "transforms": [
         op("decode_image", "DecodeImage", color_space="RGB"),
         op("convert_to_rgb", "ConvertRGB"),
         op("resize", "Resize", width=540, height=360, smart_resize=1, min_pixels=min_pixels, max_pixels=max_pixels,
@@ -235,6 +241,6 @@ def processor_config(preprocessor: dict) -> dict:
         op("rescale", "Rescale", rescale_factor=float(preprocessor.get("rescale_factor", 1 / 255))),
         op("normalize", "Normalize", mean=[float(x) for x in preprocessor["image_mean"]],
            std=[float(x) for x in preprocessor["image_std"]],
-           qwen2_5_vl=1),  # the decoded image is BGR inside the runtime: this swaps it back
+           **{family.genai_type: 1}),  # the decoded image is BGR inside the runtime: this swaps it back
         op("patch_image", "PatchImage", patch_size=patch, temporal_patch_size=temporal, merge_size=merge),
     ]}}

@@ -308,14 +308,18 @@ def weight_reference(checkpoint, graph: str | Path, cases: Cases) -> Cases:
 
 def weight_reference_for(checkpoint):
     """:func:`weight_reference` of ``checkpoint`` for a staged decoder variant folder (the
-    ``reference_for`` of :func:`vlsens.variants.build_variant`)."""
+    ``reference_for`` of :class:`vlsens.variants.Gate`)."""
     return lambda staged, cases: weight_reference(checkpoint, staged["model.onnx"], cases)
 
 
 class Decoder(PromptTower):
     kind = "decoder"
+    #: the one graph of this tower (the deploy folders' decoder)
+    GRAPH = "decoder"
     pattern = r"decoder"
-    files = ("model.onnx", "embedding.onnx")
+    #: the embedding graph beside the decoder (the deploy folder's, onnxruntime-genai's name)
+    EMBEDDING = "embedding.onnx"
+    files = ("model.onnx", EMBEDDING)
     analysed = "model.onnx"
     section_key = "deploy.decoder"
     libraries = {"export": ("onnxruntime-genai", "torch", "transformers", "onnx", "safetensors"),
@@ -324,7 +328,7 @@ class Decoder(PromptTower):
     @classmethod
     def graphs(cls, config, spec=None) -> list[str]:
         d = config["deploy"]
-        return ["decoder"] if d["enabled"] else []
+        return [cls.GRAPH] if d["enabled"] else []
 
     def check(self, plan) -> None:
         from vlsens.model.family import for_config

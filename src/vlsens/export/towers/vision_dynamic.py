@@ -128,7 +128,12 @@ def dynamic_module(visual):
     """The rewritten encoder: a torch ``nn.Module`` tree over the checkpoint's own submodules,
     laid out like transformers' (``visual.blocks.<i>.attn.qkv`` ...), so the exported nodes are
     named as in the fixed-size graphs (``/visual/blocks.2/attn/qkv/Gemm``) and weights keep their
-    checkpoint names."""
+    checkpoint names.
+
+    Long: its three small module classes are defined in it, as one unit, because they close over
+    this encoder's constants (window slots, merge unit, full-attention blocks, deepstack indexes)
+    and over torch, which this module imports lazily; their attribute layout is the exported
+    graph's node names."""
     import torch
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 
@@ -291,16 +296,17 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
 
 class DynamicVision(Tower):
     kind = "vision_dynamic"
+    #: the one graph of this tower (the deploy folders' vision graph)
+    GRAPH = "vision/dynamic"
     pattern = r"vision/dynamic"
     calibration_runs_model = False  # index tensors from transformers' helpers; no model runs
     section_key = "vision.dynamic"
 
-    def planted_site(self, preset: dict) -> tuple[int, str] | None:
-        return vision_planted_site(preset)
+    planted_site = staticmethod(vision_planted_site)  # (block, role) of the preset's vision outlier
 
     @classmethod
     def graphs(cls, config, spec=None) -> list[str]:
-        return ["vision/dynamic"] if config["vision"]["dynamic"]["enabled"] else []
+        return [cls.GRAPH] if config["vision"]["dynamic"]["enabled"] else []
 
 
     def sizes(self) -> list[str]:

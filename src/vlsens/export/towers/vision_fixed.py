@@ -122,8 +122,7 @@ class FixedVision(Tower):
     calibration_runs_model = False  # the image processor's PIL path only
     section_key = "vision"
 
-    def planted_site(self, preset: dict) -> tuple[int, str] | None:
-        return vision_planted_site(preset)
+    planted_site = staticmethod(vision_planted_site)  # (block, role) of the preset's vision outlier
 
     @classmethod
     def graphs(cls, config, spec=None) -> list[str]:

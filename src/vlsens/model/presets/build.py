@@ -55,13 +55,19 @@ def init_weights_numpy(model, seed: int) -> None:
     import torch
 
     rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for _, p, std in _parameters_with_std(model):
+            if p.ndim >= 2:
+                p.copy_(torch.from_numpy(rng.normal(0.0, std, size=tuple(p.shape)).astype(np.float32)))
+
+
+def _parameters_with_std(model):
+    """``(name, parameter, std)`` of every parameter of ``model`` in order, ``std`` its tower's
+    ``initializer_range`` (vision or text)."""
     std_vision = float(model.config.vision_config.initializer_range)
     std_text = float(model.config.text_config.initializer_range)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim >= 2:
-                std = std_vision if name.startswith("model.visual.") else std_text
-                p.copy_(torch.from_numpy(rng.normal(0.0, std, size=tuple(p.shape)).astype(np.float32)))
+    for name, p in model.named_parameters():
+        yield name, p, (std_vision if name.startswith("model.visual.") else std_text)
 
 
 
@@ -121,12 +127,9 @@ def fill_random_(model, seed: int) -> None:
     import torch
 
     rng = np.random.default_rng(seed)
-    std_vision = float(model.config.vision_config.initializer_range)
-    std_text = float(model.config.text_config.initializer_range)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p, std in _parameters_with_std(model):
             if p.ndim >= 2:
-                std = std_vision if name.startswith("model.visual.") else std_text
                 x = rng.standard_normal(size=tuple(p.shape), dtype=np.float32)
                 x *= std
                 p.copy_(torch.from_numpy(x))

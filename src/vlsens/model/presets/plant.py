@@ -33,43 +33,55 @@ def plant_vision_outlier(model, block: int, channels: int = 2, scale: float = 10
     vis = model.model.visual
     if not 0 <= block < len(vis.blocks):
         raise ValueError(f"model.tiny.outlier.block: {block} is not a vision block (0..{len(vis.blocks) - 1})")
-    blk = vis.blocks[block]
+    if site not in _VISION_SITES:
+        raise ValueError(f"model.tiny.outlier.site: '{site}' (attn, proj, mlp)")
     with torch.no_grad():
-        if site == "attn":
-            n = blk.norm1.weight.shape[0]
-            idx = list(range(0, n, max(1, n // channels)))[:channels]
-            blk.norm1.weight[idx] *= scale
-            if getattr(blk.norm1, "bias", None) is not None:  # LayerNorm (Qwen2-VL, Qwen3-VL)
-                blk.norm1.bias[idx] *= scale
-            blk.attn.qkv.weight[:, idx] /= scale
-            blk.attn.proj.weight *= gain
-            blk.attn.proj.bias *= gain
-        elif site == "proj":
-            dim = blk.attn.proj.in_features
-            idx = list(range(0, dim, max(1, dim // channels)))[:channels]
-            rows = [2 * dim + i for i in idx]  # qkv's output is (q, k, v) x heads x head_dim
-            blk.attn.qkv.weight[rows, :] *= scale
-            blk.attn.qkv.bias[rows] *= scale
-            blk.attn.proj.weight[:, idx] /= scale
-            blk.attn.proj.weight *= gain
-            blk.attn.proj.bias *= gain
-        elif site == "mlp":
-            mlp = blk.mlp
-            if not hasattr(mlp, "up_proj"):
-                raise ValueError("model.tiny.outlier.site: 'mlp' needs a gated vision MLP (Qwen2.5-VL's up_proj); "
-                                 "this family's MLP has an activation between its two layers: use 'attn'")
-            n = mlp.up_proj.out_features
-            idx = list(range(0, n, max(1, n // channels)))[:channels]
-            mlp.up_proj.weight[idx, :] *= scale
-            if mlp.up_proj.bias is not None:
-                mlp.up_proj.bias[idx] *= scale
-            mlp.down_proj.weight[:, idx] /= scale
-            mlp.down_proj.weight *= gain
-            if mlp.down_proj.bias is not None:
-                mlp.down_proj.bias *= gain
-        else:
-            raise ValueError(f"model.tiny.outlier.site: '{site}' (attn, proj, mlp)")
+        return _VISION_SITES[site](vis.blocks[block], channels, scale, gain)
+
+
+def _plant_attn(blk, channels: int, scale: float, gain: float) -> list[int]:
+    n = blk.norm1.weight.shape[0]
+    idx = list(range(0, n, max(1, n // channels)))[:channels]
+    blk.norm1.weight[idx] *= scale
+    if getattr(blk.norm1, "bias", None) is not None:  # LayerNorm (Qwen2-VL, Qwen3-VL)
+        blk.norm1.bias[idx] *= scale
+    blk.attn.qkv.weight[:, idx] /= scale
+    blk.attn.proj.weight *= gain
+    blk.attn.proj.bias *= gain
     return idx
+
+
+def _plant_proj(blk, channels: int, scale: float, gain: float) -> list[int]:
+    dim = blk.attn.proj.in_features
+    idx = list(range(0, dim, max(1, dim // channels)))[:channels]
+    rows = [2 * dim + i for i in idx]  # qkv's output is (q, k, v) x heads x head_dim
+    blk.attn.qkv.weight[rows, :] *= scale
+    blk.attn.qkv.bias[rows] *= scale
+    blk.attn.proj.weight[:, idx] /= scale
+    blk.attn.proj.weight *= gain
+    blk.attn.proj.bias *= gain
+    return idx
+
+
+def _plant_mlp(blk, channels: int, scale: float, gain: float) -> list[int]:
+    mlp = blk.mlp
+    if not hasattr(mlp, "up_proj"):
+        raise ValueError("model.tiny.outlier.site: 'mlp' needs a gated vision MLP (Qwen2.5-VL's up_proj); "
+                         "this family's MLP has an activation between its two layers: use 'attn'")
+    n = mlp.up_proj.out_features
+    idx = list(range(0, n, max(1, n // channels)))[:channels]
+    mlp.up_proj.weight[idx, :] *= scale
+    if mlp.up_proj.bias is not None:
+        mlp.up_proj.bias[idx] *= scale
+    mlp.down_proj.weight[:, idx] /= scale
+    mlp.down_proj.weight *= gain
+    if mlp.down_proj.bias is not None:
+        mlp.down_proj.bias *= gain
+    return idx
+
+
+#: :func:`plant_vision_outlier`'s sites (its docstring says what each plants).
+_VISION_SITES = {"attn": _plant_attn, "proj": _plant_proj, "mlp": _plant_mlp}
 
 
 

@@ -9,17 +9,8 @@ from vlsens.model.presets import MODEL_TYPE, PRESET_FAMILY
 #: Architecture of the tiny preset: the real layout (windowed and full-attention vision blocks,
 #: patch 14, merge 2, temporal patch 2, 3-D mRoPE) at toy widths.
 TINY_VISION = dict(
-    depth=4,
-    hidden_size=64,
-    intermediate_size=128,
-    num_heads=4,
-    out_hidden_size=64,
-    window_size=112,
-    fullatt_block_indexes=[1, 3],
-    patch_size=14,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-    in_channels=3,
+    depth=4, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64, window_size=112,
+    fullatt_block_indexes=[1, 3], patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
     # Wider than the 0.02 default: with 0.02 every block's output is negligible next to the
     # residual stream, unlike trained towers, and no single op could matter.
     initializer_range=0.1,
@@ -27,11 +18,7 @@ TINY_VISION = dict(
 
 
 TINY_TEXT = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     max_position_embeddings=4096,
     rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0},
 )
@@ -68,32 +55,15 @@ TINY_ARCH = {"qwen2_5_vl": (TINY_VISION, TINY_TEXT), "qwen2_vl": (TINY_VISION_QW
 
 #: Qwen2.5-VL-3B-Instruct's published config.json, vision and text parts.
 REAL_3B_VISION = dict(
-    depth=32,
-    hidden_size=1280,
-    intermediate_size=3420,
-    num_heads=16,
-    out_hidden_size=2048,
-    window_size=112,
-    fullatt_block_indexes=[7, 15, 23, 31],
-    patch_size=14,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-    in_channels=3,
-    tokens_per_second=2,
-    hidden_act="silu",
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048, window_size=112,
+    fullatt_block_indexes=[7, 15, 23, 31], patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+    tokens_per_second=2, hidden_act="silu",
 )
 
 
 REAL_3B_TEXT = dict(
-    hidden_size=2048,
-    intermediate_size=11008,
-    num_hidden_layers=36,
-    num_attention_heads=16,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    max_position_embeddings=128000,
-    rms_norm_eps=1e-6,
-    hidden_act="silu",
+    hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+    vocab_size=151936, max_position_embeddings=128000, rms_norm_eps=1e-6, hidden_act="silu",
     rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1000000.0},
 )
 

@@ -45,22 +45,13 @@ def _inc_model(model, model_path: str | Path):
     return str(model_path) if size >= 2**31 else model
 
 
-def run_sensitivity(model_path: str | Path, calib: np.ndarray, evals: np.ndarray, settings,
-                    max_ops: int | None = None, workdir: str | Path | None = None) -> tuple[list[dict], dict]:
-    """Per-op rows (ranked, ``ort.csv`` schema) and a summary dict, from one INC mse_v2 run."""
-    versions = check_environment()
-    problems = check_settings(settings)
-    if problems:
-        raise VlsensError("; ".join(problems))
-    import onnx
+def _capture(model, model_path: str | Path, calib: np.ndarray, evals: np.ndarray, settings, batch: int,
+             max_ops: int | None, workdir: str | Path | None) -> tuple[MseOrderCapture, float]:
+    """INC's mse_v2 run, stopped at its per-op fallback stage with that stage's order and outputs
+    captured (:class:`MseOrderCapture`): (the capture, seconds of the run)."""
     from neural_compressor import quantization
     from neural_compressor.adaptor.onnxrt import ONNXRUNTIMEAdaptor
 
-    model = onnx.load(str(model_path), load_external_data=True)
-    _, batch = input_batch(model)
-    batch = batch or 1
-    exported = [Node.of(n) for n in model.graph.node]
-    ops = {o.name: o for o in quantizable_ops(model, settings.op_types)}
     cap = MseOrderCapture(evals, batch, max_ops)
     evaluations = []
 
@@ -81,11 +72,13 @@ def run_sensitivity(model_path: str | Path, calib: np.ndarray, evals: np.ndarray
         raise VlsensError(
             "engine inc: INC's mse_v2 never reached its per-op fallback stage (no _get_mse_order call)"
             + (f"; INC failed with: {errors.messages[0]}" if errors.messages else "; see INC's log above"))
-    inc_names = [name for name, _ in cap.ops]
-    if len(cap.outputs) != len(inc_names):
-        raise VlsensError(f"engine inc: captured {len(cap.outputs)} output comparisons for {len(inc_names)} ops")
-    inits = {i.name for i in model.graph.initializer}
-    mapping, unmapped = map_names(inc_names, cap.inc_nodes, exported, inits, wanted=list(ops))
+    return cap, t_end - t_start
+
+
+def _ranked_rows(cap: MseOrderCapture, mapping: dict, ops: dict, exported: list[Node]) -> tuple[list[dict], float]:
+    """The captured ops as ``ort.csv`` rows, ranked, and the largest relative deviation between
+    INC's MSE and ours. Rank 1 = most sensitive = the *lowest* MSE with the op back in float
+    (INC's own order: mse_v2 falls back ops_lst[0] first); ties keep graph order."""
     inc_by_name = {n.name: n for n in cap.inc_nodes}
     graph_order = {n.name: i for i, n in enumerate(exported)}
     rows, max_dev = [], 0.0
@@ -103,11 +96,33 @@ def run_sensitivity(model_path: str | Path, calib: np.ndarray, evals: np.ndarray
                    "weight_params": sum(cap.inc_inits.get(i, 0) for i in node.inputs[1:]) if node else 0}
             order = len(graph_order) + k
         rows.append({**row, "mse": mse, "cosine": metrics["cosine"], "sqnr_db": metrics["sqnr_db"], "_order": order})
-    # Rank 1 = most sensitive = the *lowest* MSE with the op back in float (INC's own order:
-    # mse_v2 falls back ops_lst[0] first); ties keep graph order.
     ranked = []
     for rank, r in enumerate(sorted(rows, key=lambda r: (r["mse"], r["_order"])), 1):
         ranked.append({"rank": rank, **{k: v for k, v in r.items() if k != "_order"}})
+    return ranked, max_dev
+
+
+def run_sensitivity(model_path: str | Path, calib: np.ndarray, evals: np.ndarray, settings,
+                    max_ops: int | None = None, workdir: str | Path | None = None) -> tuple[list[dict], dict]:
+    """Per-op rows (ranked, ``ort.csv`` schema) and a summary dict, from one INC mse_v2 run."""
+    versions = check_environment()
+    problems = check_settings(settings)
+    if problems:
+        raise VlsensError("; ".join(problems))
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=True)
+    _, batch = input_batch(model)
+    batch = batch or 1
+    exported = [Node.of(n) for n in model.graph.node]
+    ops = {o.name: o for o in quantizable_ops(model, settings.op_types)}
+    cap, seconds = _capture(model, model_path, calib, evals, settings, batch, max_ops, workdir)
+    inc_names = [name for name, _ in cap.ops]
+    if len(cap.outputs) != len(inc_names):
+        raise VlsensError(f"engine inc: captured {len(cap.outputs)} output comparisons for {len(inc_names)} ops")
+    inits = {i.name for i in model.graph.initializer}
+    mapping, unmapped = map_names(inc_names, cap.inc_nodes, exported, inits, wanted=list(ops))
+    ranked, max_dev = _ranked_rows(cap, mapping, ops, exported)
     per_op = cap.seconds_per_op()
     total_ops = len(cap.all_ops)
     scored_exported = {m[0] for m in mapping.values()}
@@ -121,7 +136,7 @@ def run_sensitivity(model_path: str | Path, calib: np.ndarray, evals: np.ndarray
         "seconds_per_op": per_op,
         "seconds_per_op_note": "quantize (INC re-calibrates) + evaluation-set inference + MSE, per scored op",
         "extrapolated_seconds_all_ops": per_op * total_ops,
-        "seconds_total": t_end - t_start,
+        "seconds_total": seconds,
         "eval_images": int(len(evals)),
         "calib_images": int(len(calib)),
         "settings": settings.as_dict() | {"inc_calibrate_method": CALIBRATE_METHODS[settings.calibrate_method]},
@@ -185,14 +200,49 @@ def _outputs(session, inputs: np.ndarray, batch: int) -> np.ndarray:
     return np.concatenate([session.run(None, {name: inputs[i:i + batch]})[0] for i in range(0, n, batch)])
 
 
+def _cpu_session(model):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+
+def _tuned_ops(q_model, model, exported: list[Node], ops: dict, settings) -> dict:
+    """The record's ``int8_ops``, ``fp32_ops`` (exported names where INC's map back) and
+    ``unmapped`` of the model INC's tuning returned."""
+    keep = set(settings.op_types) | ({"MatMul"} if "Gemm" in settings.op_types else set())
+    cfg = {k: c for k, c in q_model.q_config["op"].items() if k[1] in keep}  # other types: pinned FP32
+    int8 = [name for (name, _), c in cfg.items() if c["activation"]["dtype"] not in ("fp32", "fp16", "bf16")]
+    fp32 = [name for (name, _), c in cfg.items() if c["activation"]["dtype"] == "fp32"]
+    inc_nodes = [Node.of(n) for n in q_model.model.graph.node]
+    inits = {i.name for i in model.graph.initializer}
+    names = int8 + fp32
+    mapping, unmapped = map_names(names, inc_nodes, exported, inits, wanted=list(ops))
+    return {"int8_ops": sorted(mapping[n][0] if n in mapping else n for n in int8),
+            "fp32_ops": sorted(mapping[n][0] if n in mapping else n for n in fp32),
+            "unmapped": unmapped}
+
+
+def _tune(model, model_path: str | Path, conf, calib: np.ndarray, evals: np.ndarray, batch: int, eval_func,
+          out_dir: Path):
+    """INC's mse_v2 tuning run (its workspace in a staging folder of ``out_dir``): the model it
+    returns, None when no model met the target."""
+    from neural_compressor import quantization
+    from neural_compressor.adaptor.onnxrt import ONNXRUNTIMEAdaptor
+
+    with staging_dir(out_dir / "eval.json") as work, workspace(work), inc_errors() as errors, \
+            redirected_inference(ONNXRUNTIMEAdaptor, evals, batch):
+        q_model = quantization.fit(_inc_model(model, model_path), conf, calib_dataloader=Loader(calib, batch),
+                                   eval_func=eval_func)
+    if errors.messages:  # not "no model found": INC itself failed
+        raise VlsensError(f"engine inc: INC's tuning failed: {errors.messages[0]}")
+    return q_model
+
+
 def tune_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Path, out_dir: str | Path,
                settings, metric: str, target: float, max_trials: int) -> dict:
     """The ``sensitivity_inc_tune`` rule: INC's mse_v2 run to the profile's target; the model INC
     returns is saved and re-measured with a fresh ONNX Runtime session (``eval.json``)."""
     import onnx
-    import onnxruntime as ort
-    from neural_compressor import quantization
-    from neural_compressor.adaptor.onnxrt import ONNXRUNTIMEAdaptor
 
     from vlsens.core.artifacts import file_entries
     from vlsens.core.onnxutil import save_with_external_data
@@ -207,14 +257,13 @@ def tune_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Pa
     n_eval = len(evals) // batch
     ops = {o.name: o for o in quantizable_ops(model, settings.op_types)}
     exported = [Node.of(n) for n in model.graph.node]
-    ref = _outputs(ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]), evals, batch)
+    ref = _outputs(_cpu_session(str(model_path)), evals, batch)
     trials: list[dict] = []
 
     def eval_func(qmodel) -> float:
         # INC passes the ModelProto (or, for a model over 2 GB, a path)
         src = qmodel if isinstance(qmodel, (str, Path)) else qmodel.SerializeToString()
-        sess = ort.InferenceSession(str(src) if isinstance(src, Path) else src, providers=["CPUExecutionProvider"])
-        m = output_metrics(_outputs(sess, evals, batch), ref)
+        m = output_metrics(_outputs(_cpu_session(str(src) if isinstance(src, Path) else src), evals, batch), ref)
         trials.append(m)
         return inc_score(m, metric)
 
@@ -223,12 +272,7 @@ def tune_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Pa
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with staging_dir(out_dir / "eval.json") as work, workspace(work), inc_errors() as errors, \
-            redirected_inference(ONNXRUNTIMEAdaptor, evals, batch):
-        q_model = quantization.fit(_inc_model(model, model_path), conf, calib_dataloader=Loader(calib, batch),
-                                   eval_func=eval_func)
-    if errors.messages:  # not "no model found": INC itself failed
-        raise VlsensError(f"engine inc: INC's tuning failed: {errors.messages[0]}")
+    q_model = _tune(model, model_path, conf, calib, evals, batch, eval_func, out_dir)
     seconds = time.perf_counter() - t0
     record = {"engine": "inc", "strategy": "mse_v2", "metric": metric, "target": target,
               "max_trials": max_trials, "trials": len(trials) - 1, "seconds": seconds, "versions": versions,
@@ -240,25 +284,12 @@ def tune_stage(model_path: str | Path, calib_npz: str | Path, eval_npz: str | Pa
             write_json(stage / "eval.json", record)
             publish({out_dir / "eval.json": stage / "eval.json"})
             return record
-        keep = set(settings.op_types) | ({"MatMul"} if "Gemm" in settings.op_types else set())
-        cfg = {k: c for k, c in q_model.q_config["op"].items() if k[1] in keep}  # other types: pinned FP32
-        int8 = [name for (name, _), c in cfg.items() if c["activation"]["dtype"] not in ("fp32", "fp16", "bf16")]
-        fp32 = [name for (name, _), c in cfg.items() if c["activation"]["dtype"] == "fp32"]
-        inc_nodes = [Node.of(n) for n in q_model.model.graph.node]
-        inits = {i.name for i in model.graph.initializer}
-        names = int8 + fp32
-        mapping, unmapped = map_names(names, inc_nodes, exported, inits, wanted=list(ops))
+        names = _tuned_ops(q_model, model, exported, ops, settings)
         save_with_external_data(q_model.model, stage / "model.onnx")
-        measured = output_metrics(_outputs(ort.InferenceSession(str(stage / "model.onnx"),
-                                                                providers=["CPUExecutionProvider"]), evals, batch), ref)
+        measured = output_metrics(_outputs(_cpu_session(str(stage / "model.onnx")), evals, batch), ref)
         ok = inc_score(measured, metric) >= inc_score({metric: target}, metric)
-        record.update(
-            status="met" if ok else "missed", measured=measured,
-            int8_ops=sorted(mapping[n][0] if n in mapping else n for n in int8),
-            fp32_ops=sorted(mapping[n][0] if n in mapping else n for n in fp32),
-            unmapped=unmapped, ops_total=len(ops),
-            files=file_entries([stage / "model.onnx"]),
-        )
+        record.update(status="met" if ok else "missed", measured=measured, **names, ops_total=len(ops),
+                      files=file_entries([stage / "model.onnx"]))
         write_json(stage / "eval.json", record)
         # eval.json (the rule's declared output) last: the model is complete when it appears
         publish({out_dir / p: stage / p for p in ("model.onnx", "model.onnx.data", "eval.json")},

@@ -1,6 +1,7 @@
-# Stages that run a tower's own code (vlsens.export.towers): the reference, the FP32 export, the
-# calibration set. One rule each over the {graph} wildcard; the tower of a graph supplies its
-# settings (params), its calibration inputs, its code hash and its libraries.
+# Stages that run a tower's own code (vlsens.export; the towers: vlsens.export.towers): the
+# reference, the FP32 export, the calibration set (and its NPU layout). One rule each over the
+# {graph} wildcard; the tower of a graph supplies its settings (params), its calibration inputs,
+# its code hash and its libraries.
 
 
 rule reference:
@@ -9,6 +10,9 @@ rule reference:
         images=INPUTS["parity_images"],
     output:
         reference=paths.REFERENCE,
+    params:
+        settings=tower_settings("reference"),
+        provenance=tower_provenance("reference", "reference.py"),
     log:
         paths.log("reference"),
     benchmark:
@@ -18,9 +22,6 @@ rule reference:
     threads: cores(config["threads"])
     resources:
         **cluster("reference", threads=config["threads"]),
-    params:
-        settings=tower_settings("reference"),
-        provenance=tower_provenance("reference", "reference.py"),
     script:
         "../workflow/scripts/reference.py"
 
@@ -32,9 +33,11 @@ rule export:
         checkpoint=checkpoint_dir,
         reference=rules.reference.output.reference,
     output:
-        model=paths.in_variant("fp32"),
-        data=paths.data(paths.in_variant("fp32")),
-        parity=record("fp32"),
+        **gated(paths.in_variant("fp32")),
+    params:
+        settings=tower_settings("export"),
+        tolerance=tolerance("fp32"),
+        provenance=tower_provenance("export", "export.py"),
     log:
         paths.log("export"),
     benchmark:
@@ -44,10 +47,6 @@ rule export:
     threads: cores(config["threads"])
     resources:
         **cluster("export", threads=config["threads"]),
-    params:
-        settings=tower_settings("export"),
-        tolerance=tolerance("fp32"),
-        provenance=tower_provenance("export", "export.py"),
     script:
         "../workflow/scripts/export.py"
 
@@ -57,6 +56,9 @@ rule calibration:
         unpack(calibration_inputs),
     output:
         **paths.files(paths.CALIB, paths.CALIB_FILES),
+    params:
+        settings=tower_settings("calibration"),
+        provenance=tower_provenance("calibration", "calibration.py"),
     log:
         paths.log("calibration"),
     benchmark:
@@ -70,9 +72,6 @@ rule calibration:
             gpu=lambda wildcards: int(tower(wildcards).calibration_runs_model),
             threads=calibration_threads,
         ),
-    params:
-        settings=tower_settings("calibration"),
-        provenance=tower_provenance("calibration", "calibration.py"),
     script:
         "../workflow/scripts/calibration.py"
 
@@ -80,20 +79,18 @@ rule calibration:
 # The calibration set in the layout NPU toolchains (AXERA Pulsar2) take: one .npy per sample.
 rule calibration_tar:
     input:
-        calib=f"{paths.CALIB}/{paths.CALIB_FILES['calib']}",
-        eval=f"{paths.CALIB}/{paths.CALIB_FILES['eval']}",
+        **CALIB_SETS,
     output:
         **paths.files(paths.CALIB, paths.NPU_FILES),
+    params:
+        provenance=provenance("npu_archive", "calibration_tar.py"),
     log:
         paths.log("calibration_tar"),
     benchmark:
         paths.benchmark("calibration_tar")
     conda:
         "../envs/onnx.yaml"
-    threads: 1
     resources:
         **cluster("calibration_tar", gpu=False),
-    params:
-        provenance=provenance("npu_archive", "calibration_tar.py"),
     script:
         "../workflow/scripts/calibration_tar.py"

@@ -1,0 +1,173 @@
+"""Two runs' results compared file by file: what a refactoring must leave unchanged.
+
+    python bench/compare_runs.py results-before/tiny results-after/tiny
+
+Every file of either tree is compared by content, by kind:
+
+- ``.onnx``: the graph with its weights (nodes, initializers by name, inputs, outputs, opsets)
+  after dropping what names the writer rather than the computation (``producer_name`` /
+  ``producer_version``, ``doc_string``, ``metadata_props``); a graph's ``.data`` file is compared
+  through it, other binaries byte for byte;
+- ``.npz``: every array, exactly (dtype, shape, values);
+- ``.json`` / ``.yaml``: every value, exactly, after dropping the keys :data:`VOLATILE` lists (times,
+  memory peaks, library versions and code hashes, absolute paths): parity numbers, rankings,
+  profile choices and metrics, deploy tokens and KL are all compared;
+- ``.csv``: every cell, exactly, but columns :data:`VOLATILE` names (seconds);
+- ``.tar``: the members' names and bytes; ``.md`` / ``.html`` / ``.rst``: the text with numbers
+  that :data:`VOLATILE_LINES` matches left out (tokens per second, seconds);
+- ``.png``: byte for byte.
+
+Logs, benchmark files and Snakemake's own markers are not results and are skipped. Prints one
+line per difference and a summary; exits 1 when anything differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import re
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+#: Keys whose values depend on the machine, the moment or the checkout, not on the computation.
+VOLATILE = {"seconds", "time", "time_s", "wall_s", "elapsed", "peak_rss_bytes", "peak_rss", "peak_rss_mb",
+            "versions", "library_versions", "code", "code_version", "created", "date", "host", "hostname",
+            "tokens_per_second", "tok_s", "decode_tok_s", "prefill_s", "load_s", "session_s", "per_op_s",
+            "ms", "latency_ms", "speedup", "timing", "timings", "seconds_per_op", "cpu", "threads_used"}
+#: Lines of text reports whose numbers are timings.
+VOLATILE_LINES = re.compile(r"tok/s|tokens/s|seconds|\bs\)|ms\b|speed|latency", re.I)
+SKIP_DIRS = {"logs", "benchmarks", ".snakemake"}
+SKIP_SUFFIXES = {".log", ".tsv", ".snakemake_timestamp", ".jinja"}
+
+
+def _strip(value, root: str):
+    if isinstance(value, dict):
+        return {k: _strip(v, root) for k, v in value.items() if k not in VOLATILE and not k.endswith(("_seconds", "_s"))}
+    if isinstance(value, list):
+        return [_strip(v, root) for v in value]
+    if isinstance(value, str) and root in value:
+        return value.replace(root, "<results>")
+    return value
+
+
+def _diff(a, b, where: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{where}/{k}: only in {'before' if k in a else 'after'}" for k in sorted(set(a) ^ set(b))]
+        for k in sorted(set(a) & set(b)):
+            out += _diff(a[k], b[k], f"{where}/{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{where}: {len(a)} items before, {len(b)} after"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{where}[{i}]")]
+    if a != b and not (isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b)):
+        return [f"{where}: {a!r} -> {b!r}"]
+    return []
+
+
+def _load_tree(path: Path, root: Path):
+    if path.suffix == ".json":
+        return _strip(json.loads(path.read_text()), str(root.resolve()))
+    import yaml
+
+    return _strip(yaml.safe_load(path.read_text()), str(root.resolve()))
+
+
+def _same_array(x: np.ndarray, y: np.ndarray) -> bool:
+    """Equal dtype, shape and bytes (NaNs equal to themselves, any dtype)."""
+    return x.dtype == y.dtype and x.shape == y.shape and np.ascontiguousarray(x).tobytes() == np.ascontiguousarray(y).tobytes()
+
+
+def _sort_initializers(graph) -> None:
+    """Initializers by name, in the graph and every subgraph: their order computes nothing (and
+    before 0.2 the suffix engine's segments listed them in a set's order, which varied by run)."""
+    inits = sorted(graph.initializer, key=lambda i: i.name)
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    for node in graph.node:
+        for a in node.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _sort_initializers(g)
+
+
+def _onnx_canonical(path: Path) -> bytes:
+    import onnx
+
+    m = onnx.load(str(path))  # weights inline, wherever the writer put them in the .data file
+    m.producer_name, m.producer_version, m.doc_string = "", "", ""
+    del m.metadata_props[:]
+    _sort_initializers(m.graph)
+    return m.SerializeToString(deterministic=True)
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    rows = list(csv.DictReader(io.StringIO(path.read_text())))
+    return [{k: v for k, v in r.items() if k not in VOLATILE and not k.endswith(("_seconds", "_s"))} for r in rows]
+
+
+def _tar_members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as t:
+        return {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+
+
+def _text(path: Path, root: Path) -> list[str]:
+    text = path.read_text(errors="replace").replace(str(root.resolve()), "<results>")
+    return [line for line in text.splitlines() if not VOLATILE_LINES.search(line)]
+
+
+def compare_file(a: Path, b: Path, ra: Path, rb: Path) -> list[str]:
+    s = a.suffix
+    if s in (".json", ".yaml", ".yml"):
+        return _diff(_load_tree(a, ra), _load_tree(b, rb))
+    if s == ".onnx":
+        return [] if _onnx_canonical(a) == _onnx_canonical(b) else ["graph or weights differ"]
+    if s == ".data" and a.with_suffix("").suffix == ".onnx" and a.with_suffix("").exists():
+        return []  # compared with its graph, tensor by tensor
+    if s == ".npz":
+        with np.load(a, allow_pickle=False) as x, np.load(b, allow_pickle=False) as y:
+            if sorted(x.files) != sorted(y.files):
+                return [f"arrays {sorted(x.files)} -> {sorted(y.files)}"]
+            return [f"array {k} differs" for k in x.files if not _same_array(x[k], y[k])]
+    if s == ".csv":
+        return _diff(_csv_rows(a), _csv_rows(b))
+    if s == ".tar":
+        return _diff({k: v.hex() for k, v in _tar_members(a).items()}, {k: v.hex() for k, v in _tar_members(b).items()})
+    if s in (".md", ".html", ".rst", ".txt"):
+        return _diff(_text(a, ra), _text(b, rb))
+    return [] if a.read_bytes() == b.read_bytes() else ["bytes differ"]
+
+
+def files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+            and not SKIP_DIRS & set(p.relative_to(root).parts) and p.suffix not in SKIP_SUFFIXES
+            and not p.name.startswith(".snakemake")}
+
+
+def compare(before: Path, after: Path) -> list[str]:
+    fa, fb = files(before), files(after)
+    out = [f"{f}: only before" for f in sorted(fa - fb)] + [f"{f}: only after" for f in sorted(fb - fa)]
+    for f in sorted(fa & fb):
+        out += [f"{f}: {d}" for d in compare_file(before / f, after / f, before, after)]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("before", type=Path)
+    ap.add_argument("after", type=Path)
+    args = ap.parse_args(argv)
+    diffs = compare(args.before, args.after)
+    for d in diffs:
+        print(d)
+    n = len(files(args.before) | files(args.after))
+    print(f"{n} files compared: {len(diffs)} differences")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
