@@ -107,7 +107,7 @@ def run_nocache(args) -> dict:
     import numpy as np
 
     from vlsens.core.onnxutil import make_session
-    from vlsens.export.towers.text import text_position_ids_np
+    from vlsens.export.towers.prompts import text_position_ids_np
     from vlsens.model.loading import embedding_table
     from vlsens.model.processor import load_processor
 

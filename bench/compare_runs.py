@@ -9,13 +9,18 @@ Every file of either tree is compared by content, by kind:
   ``producer_version``, ``doc_string``, ``metadata_props``); a graph's ``.data`` file is compared
   through it, other binaries byte for byte;
 - ``.npz``: every array, exactly (dtype, shape, values);
-- ``.json`` / ``.yaml``: every value, exactly, after dropping the keys :data:`VOLATILE` lists (times,
-  memory peaks, library versions and code hashes, absolute paths): parity numbers, rankings,
-  profile choices and metrics, deploy tokens and KL are all compared;
+- ``.json`` / ``.yaml``: every value, exactly, after dropping the keys :data:`VOLATILE` lists (times
+  and ratios of times, memory peaks, library versions and code hashes) and :data:`DESCRIBED`
+  (a record's sizes and hashes of files that are themselves compared here; they change with the
+  writer's stamp), with module paths read through ``vlsens.MOVED`` (a record names the code that
+  made it) and absolute paths made relative: parity numbers, rankings, profile choices and
+  metrics, deploy tokens and KL are all compared;
 - ``.csv``: every cell, exactly, but columns :data:`VOLATILE` names (seconds);
-- ``.tar``: the members' names and bytes; ``.md`` / ``.html`` / ``.rst``: the text with numbers
-  that :data:`VOLATILE_LINES` matches left out (tokens per second, seconds);
-- ``.png``: byte for byte.
+- ``.tar``: the members' names and bytes; ``.md`` / ``.html`` / ``.rst``: the text with lines
+  that :data:`VOLATILE_LINES` matches left out, and table columns whose header it matches
+  (tokens per second, seconds);
+- ``.png``: byte for byte, except the figures :data:`TIMED_FIGURES` names, which draw measured
+  latencies (their records are compared).
 
 Logs, benchmark files and Snakemake's own markers are not results and are skipped. Prints one
 line per difference and a summary; exits 1 when anything differs.
@@ -38,20 +43,43 @@ import numpy as np
 VOLATILE = {"seconds", "time", "time_s", "wall_s", "elapsed", "peak_rss_bytes", "peak_rss", "peak_rss_mb",
             "versions", "library_versions", "code", "code_version", "created", "date", "host", "hostname",
             "tokens_per_second", "tok_s", "decode_tok_s", "prefill_s", "load_s", "session_s", "per_op_s",
-            "ms", "latency_ms", "speedup", "timing", "timings", "seconds_per_op", "cpu", "threads_used"}
+            "ms", "latency_ms", "speedup", "timing", "timings", "seconds_per_op", "cpu", "threads_used",
+            "per_op_over_floor"}
+#: Keys that describe a file compared on its own (its size and hash include the writer's stamp,
+#: e.g. onnxruntime-genai's builder writes its own commit into ``producer_version``).
+DESCRIBED = {"sha256", "data_sha256", "bytes", "folder_bytes", "folder_vs_fp16"}
+#: Figures that draw measured latencies.
+TIMED_FIGURES = {"latency.png", "pareto.png"}
 #: Lines of text reports whose numbers are timings.
 VOLATILE_LINES = re.compile(r"tok/s|tokens/s|seconds|\bs\)|ms\b|speed|latency", re.I)
 SKIP_DIRS = {"logs", "benchmarks", ".snakemake"}
 SKIP_SUFFIXES = {".log", ".tsv", ".snakemake_timestamp", ".jinja"}
 
 
+_MODULE = re.compile(r"\bvlsens(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _module_path(m: re.Match) -> str:
+    """A dotted vlsens path, old or new, as its current module path (+ attribute)."""
+    import vlsens
+
+    name = m.group(0)
+    parts = name.split(".")
+    for i in range(len(parts), 1, -1):
+        new = vlsens.moved_to(".".join(parts[:i]))
+        if new:
+            return ".".join([new[0], *parts[i:]])
+    return name
+
+
 def _strip(value, root: str):
     if isinstance(value, dict):
-        return {k: _strip(v, root) for k, v in value.items() if k not in VOLATILE and not k.endswith(("_seconds", "_s"))}
+        return {k: _strip(v, root) for k, v in value.items()
+                if k not in VOLATILE | DESCRIBED and not k.endswith(("_seconds", "_s"))}
     if isinstance(value, list):
         return [_strip(v, root) for v in value]
-    if isinstance(value, str) and root in value:
-        return value.replace(root, "<results>")
+    if isinstance(value, str):
+        return _MODULE.sub(_module_path, value.replace(root, "<results>"))
     return value
 
 
@@ -115,9 +143,61 @@ def _tar_members(path: Path) -> dict[str, bytes]:
         return {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
 
 
+def _drop_timed_columns(rows: list[list[str]]) -> list[list[str]]:
+    """A table's rows without the columns whose header (the first row) names a timing."""
+    if not rows:
+        return rows
+    timed = {i for i, c in enumerate(rows[0]) if VOLATILE_LINES.search(c)}
+    return [[c for i, c in enumerate(r) if i not in timed] for r in rows]
+
+
+def _html_tables(text: str) -> list[str]:
+    """An HTML report as its text outside tables plus each table's rows, timing columns left out."""
+    out = []
+    for i, part in enumerate(re.split(r"(<table.*?</table>)", text, flags=re.S)):
+        if i % 2 == 0:
+            out.append(part)
+            continue
+        rows = [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", tr, flags=re.S) for tr in re.findall(r"<tr.*?</tr>", part, re.S)]
+        out += [" | ".join(r) for r in _drop_timed_columns(rows)]
+    return out
+
+
+def _rst_list_tables(lines: list[str]) -> list[str]:
+    """An RST document with each ``list-table``'s rows joined, timing columns left out."""
+    out, rows = [], None
+    for line in [*lines, ""]:
+        s = line.strip()
+        if s.startswith("* - "):
+            rows = (rows or []) + [[s[4:]]]
+        elif s.startswith("- ") and rows:
+            rows[-1].append(s[2:])
+        else:
+            if rows:
+                out += [" | ".join(r) for r in _drop_timed_columns(rows)]
+                rows = None
+            out.append(line)
+    return out[:-1]
+
+
 def _text(path: Path, root: Path) -> list[str]:
     text = path.read_text(errors="replace").replace(str(root.resolve()), "<results>")
-    return [line for line in text.splitlines() if not VOLATILE_LINES.search(line)]
+    lines = _html_tables(text) if path.suffix == ".html" else text.splitlines()
+    if path.suffix == ".rst":
+        lines = _rst_list_tables(lines)
+    out, timed = [], set()
+    for line in lines:
+        cells = line.strip().strip("|").split("|") if line.lstrip().startswith("|") else None
+        if cells and any(VOLATILE_LINES.search(c) for c in cells) and not set(line) <= set("|-: "):
+            timed = {i for i, c in enumerate(cells) if VOLATILE_LINES.search(c)}  # a table's header
+        if cells is None:
+            timed = set()
+        elif timed:
+            line = "|".join(c for i, c in enumerate(cells) if i not in timed)
+        elif VOLATILE_LINES.search(line):
+            continue
+        out.append(line)
+    return out
 
 
 def compare_file(a: Path, b: Path, ra: Path, rb: Path) -> list[str]:
@@ -139,6 +219,8 @@ def compare_file(a: Path, b: Path, ra: Path, rb: Path) -> list[str]:
         return _diff({k: v.hex() for k, v in _tar_members(a).items()}, {k: v.hex() for k, v in _tar_members(b).items()})
     if s in (".md", ".html", ".rst", ".txt"):
         return _diff(_text(a, ra), _text(b, rb))
+    if s == ".png" and a.name in TIMED_FIGURES:
+        return []
     return [] if a.read_bytes() == b.read_bytes() else ["bytes differ"]
 
 

@@ -262,7 +262,7 @@ def _scale_int8_vision() -> bool:
 #: phrase says is missing, whether it exists now).
 CLAIMS = [
     (r"not there yet\b[^.]*video in the text graphs", "video in the text graphs",
-     lambda: "def video_inputs(" in _source("vlsens.export.towers.text")),
+     lambda: "def video_inputs(" in _source("vlsens.export.towers.prompts")),
     (r"not there yet\b[^.]*per-temporal-step fixed-size graph", "the per-temporal-step vision graph",
      lambda: "vision_video" in _tower_patterns()),
     (r"its text video case is not built", "Qwen3-VL's text video case", lambda: _family("qwen3_vl").video_prompt),

@@ -82,7 +82,7 @@ def test_qwen3vl_text_graph_uses_its_deepstack_inputs(family_run):
     from vlsens.core.metrics import compare
     from vlsens.data.images import open_rgb, resolve_images
     from vlsens.deploy.genai.runtime import prompt_logits
-    from vlsens.export.towers.text import multimodal_inputs
+    from vlsens.export.towers.prompts import multimodal_inputs
 
     res, preset = family_run
     if preset != "tiny-qwen3vl":
@@ -109,7 +109,7 @@ def test_video_clip_logits_onnx_only_equal_transformers(family_run):
     from vlsens.core.metrics import compare
     from vlsens.data.images import open_rgb, resolve_images
     from vlsens.deploy.genai.runtime import prompt_logits
-    from vlsens.export.towers.text import video_inputs
+    from vlsens.export.towers.prompts import video_inputs
 
     res, preset = family_run
     if preset != "tiny-qwen2vl":

@@ -87,7 +87,7 @@ def test_embeds_graph_on_merged_vision_features_equals_pytorch(text_run):
     import torch
 
     from vlsens.data.images import open_rgb, resize_exact
-    from vlsens.export.towers.text import chat_prompt, merged_embeds
+    from vlsens.export.towers.prompts import chat_prompt, merged_embeds
     from vlsens.model.loading import load_model
     from vlsens.model.processor import load_processor
 

@@ -218,7 +218,7 @@ def test_video_clip_logits_onnx_only_equal_transformers(finished_run):
     from vlsens.core.metrics import compare
     from vlsens.data.images import open_rgb, resolve_images
     from vlsens.deploy.genai.runtime import prompt_logits
-    from vlsens.export.towers.text import video_inputs
+    from vlsens.export.towers.prompts import video_inputs
     from vlsens.model.loading import load_model
     from vlsens.model.processor import load_processor
 

@@ -380,7 +380,7 @@ def _part_model(graph: Graph, spec: PartSpec, bounds: Boundary, inits: dict, src
                                    [bounds.info(x) for x in spec.inputs], [bounds.info(x) for x in spec.outputs],
                                    initializer=_part_initializers(g, spec, inits, src.parent))
     return helper.make_model(part_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
-                             producer_name="vlsens.npu.parts", doc_string=f"part {j} of {count} of {src}")
+                             producer_name="vlsens.npu.cut", doc_string=f"part {j} of {count} of {src}")
 
 
 def _save_part(part, path: Path) -> bool:

@@ -44,7 +44,7 @@ from vlsens.data.calibration import CalibrationSet
 from vlsens.data.cases import Case, Cases
 from vlsens.data.prompts import BUILTIN_PROMPTS
 from vlsens.data.samples import Samples
-from vlsens.export.towers.text import PromptTower
+from vlsens.export.towers.prompts import PromptTower
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def compute_decoder_reference(checkpoint, image_refs, prompts, repeats, height: 
     import torch
 
     from vlsens.data.images import open_rgb
-    from vlsens.export.towers.text import merged_embeds, multimodal_inputs, text_batch, text_position_ids_np
+    from vlsens.export.towers.prompts import merged_embeds, multimodal_inputs, text_batch, text_position_ids_np
     from vlsens.model.loading import load_model
     from vlsens.model.processor import load_processor
 
