@@ -328,15 +328,16 @@ def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
     one to the variants module every graph's FP16/onnxsim and what follows, nothing upstream."""
     rules, _ = planned(finished_run, "vlsens.sensitivity.compare=edited")
     assert rules == {"sensitivity_compare", "report_engines"}, rules  # and the figure drawn from it
-    # the decoder tower reuses the text tower's prompt and merge helpers; the deploy folders (no
+    # the text and decoder towers share the prompt helpers (towers.prompts); the deploy folders (no
     # graph wildcard) are made of the decoder and the dynamic vision graph
-    for module, graphs in (("vlsens.export.towers.text", {"text", "decoder"}),
-                           ("vlsens.export.towers.vision_dynamic", {"vision/dynamic"}),
-                           ("vlsens.export.towers.decoder", {"decoder"})):
+    deploy = {"deploy", "deploy_int4", "report_latency", "report_tables", "report_int4"}
+    for module, graphs, whole in (("vlsens.export.towers.prompts", {"text", "decoder"}, deploy),
+                                  ("vlsens.export.towers.text", {"text"}, {"report_latency", "report_tables"}),
+                                  ("vlsens.export.towers.vision_dynamic", {"vision/dynamic"}, deploy),
+                                  ("vlsens.export.towers.decoder", {"decoder"}, deploy)):
         jobs, _ = dry_run(finished_run, f"{module}=edited")
         assert {g for _, g in jobs} - {""} == graphs, jobs
-        assert {r for r, g in jobs if not g} == {"deploy", "deploy_int4", "report_latency", "report_tables",
-                                                 "report_int4"}, jobs
+        assert {r for r, g in jobs if not g} == whole, (module, jobs)
         stages = {"reference", "export", "fp16", "sensitivity_prepare", "profile"}
         assert stages | ({"simplify"} if graphs != {"decoder"} else set()) <= {r for r, _ in jobs}  # no onnxsim: decoder
     jobs, _ = dry_run(finished_run, "vlsens.variants=edited")

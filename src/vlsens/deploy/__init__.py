@@ -50,8 +50,7 @@ from __future__ import annotations
 
 from vlsens.core import paths
 from vlsens.core.errors import ConfigError
-from vlsens.export.towers.decoder import Decoder
-from vlsens.export.towers.vision_dynamic import DynamicVision
+from vlsens.export.towers import names
 
 #: The builder's ``algo_config`` values the int4 folders are compared with: uniform INT4 by
 #: round-to-nearest, by k_quant, and k_quant with llama.cpp's fixed mixed heuristic.
@@ -63,7 +62,7 @@ DEPLOY = paths.DEPLOY
 DONE = "eval.json"
 
 #: The graphs a deploy folder is made of: the decoder tower's and the dynamic vision graph.
-DECODER_GRAPH, VISION_GRAPH = Decoder.GRAPH, DynamicVision.GRAPH
+DECODER_GRAPH, VISION_GRAPH = names.DECODER, names.VISION_DYNAMIC
 #: The int4 folders' embedding graph with an INT4 table (:func:`vlsens.precision.weight_only.embedding_folder`).
 EMBEDDING_INT4 = f"{paths.MODEL}/{DECODER_GRAPH}/embedding-int4"
 

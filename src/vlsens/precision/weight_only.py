@@ -40,11 +40,11 @@ import numpy as np
 
 from vlsens.core.errors import VlsensError
 from vlsens.data.cases import Case, Cases
-from vlsens.export.towers.decoder import Decoder
+from vlsens.export.towers import names
 
 log = logging.getLogger(__name__)
 
-EMBEDDING = Decoder.EMBEDDING
+EMBEDDING = names.DECODER_EMBEDDING
 QUANTIZER = "onnxruntime.quantization MatMulNBitsQuantizer"
 
 

@@ -44,6 +44,7 @@ from vlsens.data.calibration import CalibrationSet
 from vlsens.data.cases import Case, Cases
 from vlsens.data.prompts import BUILTIN_PROMPTS
 from vlsens.data.samples import Samples
+from vlsens.export.towers import names
 from vlsens.export.towers.prompts import PromptTower
 
 log = logging.getLogger(__name__)
@@ -315,10 +316,10 @@ def weight_reference_for(checkpoint):
 class Decoder(PromptTower):
     kind = "decoder"
     #: the one graph of this tower (the deploy folders' decoder)
-    GRAPH = "decoder"
+    GRAPH = names.DECODER
     pattern = r"decoder"
     #: the embedding graph beside the decoder (the deploy folder's, onnxruntime-genai's name)
-    EMBEDDING = "embedding.onnx"
+    EMBEDDING = names.DECODER_EMBEDDING
     files = ("model.onnx", EMBEDDING)
     analysed = "model.onnx"
     section_key = "deploy.decoder"

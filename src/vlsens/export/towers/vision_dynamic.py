@@ -57,6 +57,7 @@ from vlsens.core.sizes import parse_size
 from vlsens.data.calibration import CalibrationSet
 from vlsens.data.cases import Case, Cases
 from vlsens.data.samples import Samples
+from vlsens.export.towers import names
 from vlsens.export.towers.base import Tower
 from vlsens.model.family import of_vision_config
 from vlsens.model.vision import planted_site as vision_planted_site
@@ -297,7 +298,7 @@ def compute_reference(checkpoint, image_refs, cases: list[list[tuple[int, int]]]
 class DynamicVision(Tower):
     kind = "vision_dynamic"
     #: the one graph of this tower (the deploy folders' vision graph)
-    GRAPH = "vision/dynamic"
+    GRAPH = names.VISION_DYNAMIC
     pattern = r"vision/dynamic"
     calibration_runs_model = False  # index tensors from transformers' helpers; no model runs
     section_key = "vision.dynamic"
