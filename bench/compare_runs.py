@@ -47,7 +47,7 @@ VOLATILE = {"seconds", "time", "time_s", "wall_s", "elapsed", "peak_rss_bytes", 
             "per_op_over_floor"}
 #: Keys that describe a file compared on its own (its size and hash include the writer's stamp,
 #: e.g. onnxruntime-genai's builder writes its own commit into ``producer_version``).
-DESCRIBED = {"sha256", "data_sha256", "bytes", "folder_bytes", "folder_vs_fp16"}
+DESCRIBED = {"sha256", "data_sha256", "bytes", "folder_bytes", "folder_vs_fp16", "bytes_goal/ratio"}
 #: Figures that draw measured latencies.
 TIMED_FIGURES = {"latency.png", "pareto.png"}
 #: Lines of text reports whose numbers are timings.
@@ -72,12 +72,12 @@ def _module_path(m: re.Match) -> str:
     return name
 
 
-def _strip(value, root: str):
+def _strip(value, root: str, parent: str = ""):
     if isinstance(value, dict):
-        return {k: _strip(v, root) for k, v in value.items()
-                if k not in VOLATILE | DESCRIBED and not k.endswith(("_seconds", "_s"))}
+        return {k: _strip(v, root, k) for k, v in value.items()
+                if k not in VOLATILE | DESCRIBED and f"{parent}/{k}" not in DESCRIBED and not k.endswith(("_seconds", "_s"))}
     if isinstance(value, list):
-        return [_strip(v, root) for v in value]
+        return [_strip(v, root, parent) for v in value]
     if isinstance(value, str):
         return _MODULE.sub(_module_path, value.replace(root, "<results>"))
     return value
