@@ -1,4 +1,7 @@
-"""Per-op quantization sensitivity: the ``ort`` engine.
+"""Per-op quantization sensitivity: the error of every quantizable op alone, by engine: ``ort``
+(INT8 QDQ, below), ``nbits`` (weight-only INT4 / INT8 of every MatMul, :mod:`~vlsens.sensitivity.nbits`),
+``inc`` (Intel Neural Compressor, :mod:`~vlsens.sensitivity.inc`), and the engines side by side
+(:mod:`~vlsens.sensitivity.compare`).
 
 Question asked for every quantizable op k: how far does the model's final output on the
 evaluation set move from the float output when *only k* runs in INT8 (ONNX Runtime QDQ, same
