@@ -505,6 +505,8 @@ def vision_folder(checkpoint, src_dir: str | Path, reference: str | Path, out_di
         found.update(weights)
         return facts
 
-    own = lambda staged, cases: vision_weight_reference(checkpoint, staged["model.onnx"], cases, found)  # noqa: E731
+    def own(staged, cases):
+        return vision_weight_reference(checkpoint, staged["model.onnx"], cases, found)
+
     return variant_folder(src_dir, reference, out_dir, "int4", transform,
                           Gate(tolerance, threads, reference_for=own, exact_tolerance=exact_tolerance))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.core.onnxgraph import copy_node, element_types, producers
+from vlsens.core.onnxgraph import consumers, copy_node, element_types, producers
 
 MASK_INPUT = "vlsens_int8_mask"
 
@@ -145,6 +145,7 @@ class Int8Switches:
         self.qm, self.elem, self.float_type = qm, elem, float_type
         self.q_nodes = {n.name: n for n in qm.graph.node}
         self.q_producer = producers(qm.graph.node)
+        self.q_consumers = consumers(qm.graph.node)
         self.q_inits = {i.name: i for i in qm.graph.initializer}
         self.tensor_q = self._quantized_tensors()
         self.tensors: dict[str, list[str]] = {}
@@ -224,7 +225,7 @@ class Int8Switches:
 
         q = self.tensor_q[t]
         tag = f"vlsens_t{self.tensor_index[t]}"
-        dq = next(n for n in self.qm.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q.output[0])
+        dq = next(n for n in self.q_consumers[q.output[0]] if n.op_type == "DequantizeLinear")
         for x in list(q.input[1:]) + list(dq.input[1:]):
             self.needed[x] = self.q_inits[x]
         qo, do = f"{tag}_q", f"{tag}_dq"
