@@ -174,6 +174,10 @@ def _code_strings(path: Path) -> list[tuple[int, str]]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
 
 
+#: The mark of a line whose literal names a prompt's modality ("text": no image), not the text tower.
+MODALITY_MARK = "# a modality, not a graph"
+
+
 def named_knowledge(path: Path) -> list[tuple[int, str]]:
     """The literals of ``path`` that name a tower, graph, family or checkpoint module: a whole
     literal or its first path component; a top module scope (``visual``) as a whole literal; a
@@ -184,7 +188,10 @@ def named_knowledge(path: Path) -> list[tuple[int, str]]:
 
     scopes = {m for m in NODE_NAMES.prefixes if m != "model"}
     found = []
+    source = path.read_text(encoding="utf-8").splitlines()
     for line, s in _code_strings(path):
+        if source[line - 1].rstrip().endswith(MODALITY_MARK):  # a prompt's modality, the same word
+            continue
         pathlike = not re.search(r"\s", s) and re.search(r"[/\\(]", s)
         if s in words or s in scopes or ("/" in s and s.split("/")[0] in words):
             found.append((line, s))

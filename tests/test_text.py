@@ -146,7 +146,11 @@ def test_text_calibration_carries_vision_features(text_cal, text_run):
 
     man = json.loads((text_cal / "manifest.json").read_text())
     assert man["counts"] == {"calib": 6, "eval": 3}
-    assert any(s["image"] for s in man["samples"]) and any(not s["image"] for s in man["samples"])
+    for split in ("calib", "eval"):  # every split holds every modality (stratified)
+        shown = sorted(s["modality"] for s in man["samples"] if s["split"] == split)
+        assert set(shown) == {"text", "image", "images"}, (split, shown)
+        assert all(len(s["images"]) == {"text": 0, "image": 1, "images": 2}[s["modality"]]
+                   for s in man["samples"] if s["split"] == split)
     cal = Samples.load(text_cal / "calib.npz")
     model = load_model(text_run / "ckpt")
     emb = model.model.language_model.embed_tokens.weight.detach().numpy()
@@ -178,6 +182,55 @@ def test_jsonl_prompts_and_their_errors(tmp_path):
         load_prompt_samples(str(bad))
     with pytest.raises(ConfigError, match="neither 'builtin'"):
         load_prompt_samples(str(tmp_path / "nope.txt"))
+    Image.new("RGB", (40, 30), "blue").save(tmp_path / "blue.png")
+    good.write_text('{"images": ["red.png", "blue.png"], "prompt": "Which differs?"}\n')
+    two = load_prompt_samples(str(good))[0]
+    assert two.modality == "images" and [x.path.name for x in two.images] == ["red.png", "blue.png"]
+    bad.write_text('{"images": "red.png", "prompt": "x"}\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:1: \"images\" is a list"):
+        load_prompt_samples(str(bad))
+
+
+def test_splits_are_stratified_by_modality(tmp_path):
+    """Every split holds text, one-image and two-image prompts; prompts without an image, a split
+    smaller than the modalities, or a modality too rare for both splits are refused (naming the key)."""
+    from vlsens.data.images import ImageRef
+    from vlsens.data.prompts import builtin_samples, stratified_split
+
+    imgs = [ImageRef(tmp_path / f"{k}.png", k) for k in "abc"]
+    samples = builtin_samples(imgs)
+    assert [sum(s.modality == m for s in samples) for m in ("text", "image", "images")] == [8, 8, 8]
+    for n_calib, n_eval, seed in ((6, 3, 0), (6, 3, 1), (10, 5, 7), (3, 3, 2)):
+        split = stratified_split(samples, n_calib, n_eval, seed)
+        assert len(split["calib"]) == n_calib and len(split["eval"]) == n_eval
+        assert not set(split["calib"]) & set(split["eval"])
+        for idx in split.values():
+            counts = [sum(samples[i].modality == m for i in idx) for m in ("text", "image", "images")]
+            assert min(counts) >= 1 and max(counts) - min(counts) <= 1, counts  # as equal as the count allows
+    assert stratified_split(samples, 6, 3, 0) == stratified_split(samples, 6, 3, 0)
+    assert stratified_split(samples, 6, 3, 0) != stratified_split(samples, 6, 3, 1)
+    with pytest.raises(ConfigError, match="text.calibration.prompts: no prompt shows an image"):
+        stratified_split(builtin_samples([]), 6, 3)  # text only: a split without an image fails
+    with pytest.raises(ConfigError, match="text.calibration.num_eval: 2, .* at least 3"):
+        stratified_split(samples, 6, 2)
+    with pytest.raises(ConfigError, match="too few images prompts"):
+        stratified_split([s for s in samples if s.modality != "images"] + samples[2:3], 3, 3)
+    one = builtin_samples(imgs[:1])  # one image: no two-image prompt, two modalities
+    assert {samples_m for samples_m in (s.modality for s in one)} == {"text", "image"}
+    assert len(stratified_split(one, 2, 2)["eval"]) == 2
+
+
+def test_measured_positions_are_those_a_user_reads():
+    """Padding and the positions that predict an image placeholder or delimiter do not count; the
+    position after the image (predicting text) and the last one (the answer's first token) do."""
+    from vlsens.export.towers.prompts import text_positions
+
+    S, E, P = 90, 91, 92  # vision start / end, image pad
+    ids = np.array([[0, 0, 5, S, P, P, P, E, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
+    mask = np.array([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10])
+    got = text_positions(ids, mask, [S, E, P])
+    assert got[0].tolist() == [False] * 7 + [True] * 3
+    assert got[1].all()  # a text prompt: every real token
 
 
 @pytest.fixture(scope="module")
@@ -199,10 +252,12 @@ def test_planted_text_layer_ranks_first(text_sens):
     assert list(rows[0])[-2:] == ["kl", "top1"]  # logits columns
     assert (rows[0]["block"], rows[0]["role"]) == (TEXT_PLANT["layer"], "mlp.down_proj"), rows[:3]
     assert (rows[1]["block"], rows[1]["role"]) == (TEXT_PLANT["layer"], "mlp.up_proj"), rows[:3]
-    assert rows[0]["mse"] > 10 * rows[2]["mse"]
+    # the next op, 5.4x below (measured): an attention A.V MatMul, INT8 in both inputs, which the
+    # image prompts of the stratified evaluation split make count (hundreds of image tokens attended)
+    assert rows[0]["mse"] > 4 * rows[2]["mse"], rows[:4]
     # every op in INT8 at once: above the text profile's KL target (1e-4, which is why the profile
-    # below keeps ops float; measured 1.6e-4, about the planted op's alone), and still a small
-    # perturbation of a 2-layer LM (top-1 0.74), well under 1e-3
+    # below keeps ops float; measured 1.8e-4 at the positions a user reads, about the planted op's
+    # alone), and still a small perturbation of a 2-layer LM (top-1 0.74), well under 1e-3
     all_int8 = json.loads((text_sens / "ort.json").read_text())["all_int8"]
     assert 1e-4 < all_int8["kl"] < 1e-3, all_int8
 

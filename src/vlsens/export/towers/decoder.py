@@ -24,7 +24,8 @@ position); the embedding graph on text-only ids (no image features) and on an im
 sequence (transformers' merged embeddings).
 
 Calibration, sensitivity and the profile take ``model.onnx`` in prefill form (an empty cache), on
-the text tower's calibration sequences; the metric counts real tokens only.
+the text tower's calibration sequences; the metric counts the positions a user reads
+(:func:`vlsens.export.towers.prompts.text_positions`).
 """
 
 from __future__ import annotations

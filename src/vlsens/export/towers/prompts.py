@@ -6,16 +6,14 @@ computed with transformers' own functions (``merged_embeds``), the calibration s
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from vlsens.core.errors import ImageError
 from vlsens.core.sizes import parse_size
 from vlsens.data.calibration import CalibrationSet
-from vlsens.data.prompts import PromptSample, load_prompt_samples
+from vlsens.data.prompts import PromptSample, load_prompt_samples, stratified_split
 from vlsens.data.samples import Samples
 from vlsens.export.towers.base import Tower
 
@@ -38,8 +36,10 @@ def text_position_ids_np(attention_mask: np.ndarray) -> np.ndarray:
     return np.broadcast_to(pos[None], (3, *pos.shape)).copy()
 
 
-def chat_prompt(processor, prompt: str, with_image: bool, media: str = "image") -> str:
-    content = ([{"type": media}] if with_image else []) + [{"type": "text", "text": prompt}]
+def chat_prompt(processor, prompt: str, with_image: bool, media: str = "image", count: int = 1) -> str:
+    """The chat template's text for one user turn: ``count`` ``media`` placeholders (with
+    ``with_image``) before the prompt."""
+    content = ([{"type": media}] * count if with_image else []) + [{"type": "text", "text": prompt}]
     return processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                          add_generation_prompt=True)
 
@@ -53,12 +53,13 @@ def text_batch(processor, prompts: Sequence[str], repeat: int = 1) -> dict[str, 
     return {"input_ids": enc["input_ids"].astype(np.int64), "attention_mask": enc["attention_mask"].astype(np.int64)}
 
 
-def multimodal_inputs(processor, images, prompts: Sequence[str], height: int, width: int) -> dict:
-    """Processor output for image+prompt pairs at ``height`` x ``width`` (left padded)."""
+def multimodal_inputs(processor, images, prompts: Sequence[str], height: int, width: int, per_prompt: int = 1) -> dict:
+    """Processor output for image+prompt pairs at ``height`` x ``width`` (left padded): ``images``
+    in prompt order, ``per_prompt`` of them for each prompt."""
     from vlsens.data.images import resize_exact
 
     processor.tokenizer.padding_side = "left"
-    texts = [chat_prompt(processor, p, with_image=True) for p in prompts]
+    texts = [chat_prompt(processor, p, with_image=True, count=per_prompt) for p in prompts]
     resample = getattr(processor.image_processor, "resample", None)
     pil = [resize_exact(im, height, width, resample) for im in images]
     return processor(text=texts, images=pil, return_tensors="pt", padding=True, do_resize=False)
@@ -142,49 +143,66 @@ def text_only_feeds(model, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.nd
     return out
 
 
+#: The config's ids of the tokens that stand for media (placeholders and their delimiters).
+MEDIA_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def text_positions(input_ids: np.ndarray, attention_mask: np.ndarray, media_ids) -> np.ndarray:
+    """The positions whose logits a user reads: real tokens whose next token is text (not an image
+    or video placeholder or delimiter), and every sequence's last position (the answer's first
+    token). Teacher-forced logits at an image's placeholders are never sampled; counted, they would
+    dilute a per-token error with positions no answer depends on."""
+    ids = np.asarray(input_ids)
+    nxt_media = np.zeros(ids.shape, dtype=bool)
+    nxt_media[..., :-1] = np.isin(ids[..., 1:], np.asarray(list(media_ids), dtype=ids.dtype))
+    return np.asarray(attention_mask).astype(bool) & ~nxt_media
+
+
 def text_calibration(checkpoint: str | Path, samples: Sequence[PromptSample], height: int, width: int,
                      n_calib: int, n_eval: int, seed: int = 0) -> CalibrationSet:
     """Feeds for ``embeds.onnx``, one sequence per sample: merged ``inputs_embeds`` (real vision
-    features for image+prompt samples), ``attention_mask``, 3-D ``position_ids``; real tokens
-    count. Manifest entries: prompt, image (+ sha256), tokens."""
+    features for image+prompt samples), ``attention_mask``, 3-D ``position_ids``; the positions
+    that count are those a user reads (:func:`text_positions`). The splits are stratified by
+    modality (:func:`vlsens.data.prompts.stratified_split`): each holds text, one-image and
+    two-image prompts. Manifest entries: prompt, modality, images (+ sha256), tokens."""
 
     from vlsens.core.job import Progress
     from vlsens.data.images import header, open_rgb
     from vlsens.model.loading import load_model
     from vlsens.model.processor import load_processor
 
-    if len(samples) < n_calib + n_eval:
-        raise ImageError(f"text calibration: {n_calib} + {n_eval} samples requested but only {len(samples)} given; "
-                         "lower text.calibration.num_calib / num_eval or add prompts.")
-    order = list(range(len(samples)))
-    random.Random(seed).shuffle(order)
-    split = {"calib": sorted(order[:n_calib]), "eval": sorted(order[n_calib:n_calib + n_eval])}
+    split = stratified_split(samples, n_calib, n_eval, seed)
     model = load_model(checkpoint, attn_implementation="eager")
     processor = load_processor(checkpoint)
+    media = [int(getattr(model.config, k)) for k in MEDIA_TOKEN_KEYS if getattr(model.config, k, None) is not None]
     splits, entries = {}, []
     progress = Progress("calibration", n_calib + n_eval, "samples")
     for name, idx in split.items():
-        feeds, names = [], []
+        feeds, names, valid = [], [], []
         for j, i in enumerate(idx):
             s = samples[i]
-            if s.image is not None:
-                inputs = multimodal_inputs(processor, [open_rgb(s.image)], [s.prompt], height, width)
+            if s.images:
+                inputs = multimodal_inputs(processor, [open_rgb(x) for x in s.images], [s.prompt], height, width,
+                                           per_prompt=len(s.images))
                 feed = merged_embeds(model, inputs)
             else:
                 batch = text_batch(processor, [s.prompt])
                 feed = text_only_feeds(model, batch["input_ids"], batch["attention_mask"])
             mask = feed["attention_mask"]
+            ids = np.asarray(inputs["input_ids"] if s.images else batch["input_ids"])
+            valid.append(text_positions(ids, mask, media))
             feeds.append(feed)
             names.append(s.name)
             progress.step()
             entries.append({
                 "name": s.name, "prompt": s.prompt, "split": name, "index": j, "tokens": int(mask.sum()),
+                "measured": int(valid[-1].sum()),
+                "modality": s.modality,
                 "image": None if s.image is None else {"source": str(s.image.path), "sha256": s.image.sha256(),
                                                       **header(s.image)},
+                "images": [{"source": str(x.path), "sha256": x.sha256(), **header(x)} for x in s.images],
             })
-        splits[name] = Samples(feeds, [f["attention_mask"].astype(bool) for f in feeds], names)
-    if not any(e["image"] for e in entries):
-        log.warning("text calibration has no image+prompt sample: the text tower sees text activations only")
+        splits[name] = Samples(feeds, valid, names)
     return CalibrationSet(splits, entries, {"image_size": [height, width], "seed": seed})
 
 
@@ -215,7 +233,7 @@ class PromptTower(Tower):
         if spec == "builtin":
             return {}
         samples = load_prompt_samples(spec, plan.calib_images, key="text.calibration.prompts")
-        found = {str(x.image.path): x.image for x in samples if x.image is not None}
+        found = {str(x.path): x for s in samples for x in s.images}
         return {"text_prompts": (spec, [found[k] for k in sorted(found)])}
 
     def calibration_inputs(self, model, manifests) -> dict:

@@ -44,7 +44,7 @@ from vlsens.core.errors import ConfigError, VlsensError
 from vlsens.core.sizes import parse_size
 from vlsens.data.calibration import CalibrationSet
 from vlsens.data.cases import Case, Cases
-from vlsens.data.prompts import BUILTIN_PROMPTS, load_prompt_samples
+from vlsens.data.prompts import BUILTIN_PROMPTS, load_prompt_samples, stratified_split
 from vlsens.export.towers.prompts import (
     DEEPSTACK,
     PromptTower,
@@ -250,10 +250,7 @@ class Text(PromptTower):
         check_variants(self.variants(), self.analysed_variants(), self.key("variants"), self.key("sensitivity_variants"))
         cal = self.section["calibration"]
         samples = load_prompt_samples(str(cal["prompts"]), plan.calib_images, key="text.calibration.prompts")
-        need = int(cal["num_calib"]) + int(cal["num_eval"])
-        if len(samples) < need:
-            raise ConfigError(f"text.calibration.num_calib + num_eval = {need}, but text.calibration.prompts yields "
-                              f"only {len(samples)} sample(s); lower them or add prompts.")
+        stratified_split(samples, int(cal["num_calib"]), int(cal["num_eval"]), int(cal["seed"]))
 
     def profile_settings(self) -> dict:
         return dict(self.section["profile"])
