@@ -23,6 +23,7 @@ include: "rules/sensitivity.smk"
 include: "rules/precision.smk"
 include: "rules/deploy.smk"
 include: "rules/report.smk"
+include: "rules/budget.smk"
 
 
 # `snakemake --report` (make report): the run's verdict (results/<model>/report/verdict.rst, written

@@ -23,6 +23,7 @@ from vlsens.core.errors import ConfigError
 from vlsens.dag.plan import configure, lm_config
 from vlsens.data.inputs import write_manifests
 from vlsens.quantize.nbits import NBitsSettings
+from vlsens.precision.weight_only import PER_CHANNEL
 from vlsens.model.presets import rule_names as _preset_rule_names
 from vlsens.quantize.target import check_profile_objective as _check_objective, resolve as _resolve_quant
 from vlsens.dag.resources import cluster_value, job_cores
@@ -90,21 +91,81 @@ wildcard_constraints:
     # the variants vlsens.config knows, and those onnxsim simplifies ({base}-sim)
     base="|".join(v.removesuffix("-sim") for v in VARIANTS if v.endswith("-sim")),
     variant="|".join(VARIANTS),
-    precision="|".join(_deploy.PRECISIONS),
+    precision="|".join(_deploy.FOLDERS) + r"|plan-(?:p[0-9]+|at-[A-Za-z0-9_.-]+)",
     engine="ort|inc",
 
 
 DEPLOY = _deploy.DEPLOY
 DEPLOY_SOURCES = {
     p: _deploy.sources(p, config["deploy"]["nbits"]["vision"], config["deploy"]["nbits"]["embedding"])
-    for p in _deploy.PRECISIONS
+    for p in _deploy.FOLDERS
 }
 # The {model} names the preset builders make; model.name may rename a preset
 PRESET_NAMES = {kind: _preset_rule_names(kind, PLAN.preset, PLAN.model) for kind in ("tiny", "3b")}
 
 
+def deploy_folders():
+    """Every deploy folder the run builds: the precisions, then the peers (``peer-<name>``)."""
+    if not config["deploy"]["enabled"]:
+        return []
+    return list(config["deploy"]["precisions"]) + [_deploy.PEER_PREFIX + p for p in config["deploy"]["peers"]]
+
+
+def measured_folders(wildcards):
+    """The measure record of every deploy folder but the fp32 one, the reference (rules/deploy.smk:
+    measure_compare)."""
+    return {
+        p: paths.fill(paths.MEASURE_FOLDER, model=wildcards.model, precision=p) for p in deploy_folders() if p != "fp32"
+    }
+
+
+# --- the whole-VLM plan (rules/budget.smk) -------------------------------------------------
+
+PLAN_ON = config["plan"]["enabled"] and config["deploy"]["enabled"]
+# plan names: p1.. along the front, at-<anchor> at an anchor's bytes
+PLAN_NAME = r"p[0-9]+|at-[A-Za-z0-9_.-]+"
+BUDGET_DECODER = {
+    k: paths.fill(f"{paths.VARIANT}/{f}", graph=_deploy.DECODER_GRAPH, variant="fp32")
+    for k, f in (("model", paths.MAIN), ("parity", paths.RECORD))
+}
+
+
+def budget_formats(wildcards):
+    """Every graph a plan may take: the fp32 decoder (its folder holds the fp32 table), the vision
+    graph in each of ``plan.vision``'s formats and fp32, the table in each of ``plan.embedding``'s."""
+    fill = lambda p: paths.fill(p, model=wildcards.model)  # noqa: E731
+    out = {"decoder_model": fill(BUDGET_DECODER["model"]), "decoder_parity": fill(BUDGET_DECODER["parity"])}
+    for fmt in ("fp32", *config["plan"]["vision"]):
+        out[f"vision_{fmt}"] = fill(_deploy.vision_source(fmt))
+    for fmt in config["plan"]["embedding"]:
+        out[f"embedding_{fmt}"] = fill(_deploy.embedding_source(fmt))
+    return out
+
+
+def anchors():
+    """The folders the plan is held against: the builder's int4 folders and the peers."""
+    return [p for p in deploy_folders() if p in _deploy.INT4 and p != "int4-mixed" or p.startswith(_deploy.PEER_PREFIX)]
+
+
+def anchor_folders(wildcards):
+    """The anchors' deploy folders (the front's search plans one folder at each one's bytes)."""
+    return {f"anchor_{p}": paths.fill(DEPLOY, model=wildcards.model, precision=p) for p in anchors()}
+
+
+def budget_measures(wildcards):
+    """The measure records the measured front is drawn from: every plan the front's search wrote
+    (a checkpoint), and the anchors and int4-mixed."""
+    plans_dir = checkpoints.budget_front.get(model=wildcards.model).output.plans
+    plans = sorted(Path(f).stem for f in Path(plans_dir).glob("*.yaml"))
+    names = [f"plan-{p}" for p in plans] + [p for p in deploy_folders() if p in anchors() or p == "int4-mixed"]
+    return {n: paths.fill(paths.MEASURE_FOLDER, model=wildcards.model, precision=n) for n in names}
+
+
 def get_final_output():
     deploy = config["deploy"]["precisions"] if config["deploy"]["enabled"] else []
+    measure = (
+        [paths.fill(f, model=PLAN.model) for f in paths.MEASURE_COMPARE.values()] if len(deploy_folders()) > 1 else []
+    )
     int4 = (
         [paths.fill(f, model=PLAN.model) for f in paths.DEPLOY_INT4.values()] if set(deploy) & set(_deploy.INT4) else []
     )
@@ -115,8 +176,10 @@ def get_final_output():
         all_targets(
             PLAN, TOWERS.values(), report=config["report"]["enabled"], embeddings=bool(config["embeddings"]["dtypes"])
         )
-        + [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy]
+        + [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy_folders()]
         + int4
+        + measure
+        + ([paths.fill(f, model=PLAN.model) for f in paths.BUDGET_MEASURED.values()] if PLAN_ON else [])
     )
 
 

@@ -30,11 +30,40 @@ rule builder_int4:
         "../workflow/scripts/builder_int4.py"
 
 
+# NNCF's weight compression of the decoder's fp32 graph, one folder per recipe (the nncf-* and
+# optimum peers; vlsens.deploy.genai.anchors), calibrated on the decoder's calibration set and
+# gated like the builder's decoders.
+rule nncf_decoder:
+    input:
+        **weights_inputs(),
+        calib=paths.files(paths.CALIB, paths.CALIB_FILES)["calib"],
+    output:
+        **gated(f"{paths.NNCF_DECODER}/{paths.MAIN}"),
+    wildcard_constraints:
+        recipe="|".join(_deploy.NNCF_RECIPES),
+    params:
+        **nbits_tolerances(),
+        provenance=provenance("nncf", "nncf_decoder.py"),
+    log:
+        paths.log("nncf_decoder", "{recipe}"),
+    benchmark:
+        paths.benchmark("nncf_decoder", "{recipe}")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("nncf_decoder", threads=config["threads"]),
+    script:
+        "../workflow/scripts/nncf_decoder.py"
+
+
 rule deploy:
     input:
         unpack(deploy_inputs),
     output:
         directory(DEPLOY),
+    wildcard_constraints:
+        precision="|".join(re.escape(f) for f in _deploy.FOLDERS),
     params:
         max_new_tokens=config["deploy"]["max_new_tokens"],
         tolerance=lambda wc: _deploy.vision_tolerance(config, wc.precision),
@@ -75,3 +104,93 @@ rule deploy_int4:
         **cluster("deploy_int4", gpu=False),
     script:
         "../workflow/scripts/deploy_int4.py"
+
+
+# The folders' end-to-end measure (vlsens.deploy.measure): stratified evaluation cases, the fp32
+# folder's greedy tokens and log-probabilities on them, each folder teacher-forced on those tokens
+# through onnxruntime-genai, and the folders side by side with paired intervals.
+rule measure_cases:
+    input:
+        images=INPUTS["calibration_images"],
+    output:
+        directory(paths.MEASURE_CASES),
+    params:
+        per_modality=config["deploy"]["measure"]["per_modality"],
+        sizes=[list(hw) for hw in _deploy.measure_sizes(config)] if config["deploy"]["enabled"] else [],
+        seed=config["deploy"]["measure"]["seed"],
+        provenance=provenance("cases", "measure_cases.py"),
+    log:
+        paths.model_log("measure_cases"),
+    benchmark:
+        paths.model_benchmark("measure_cases")
+    conda:
+        "../envs/onnx.yaml"
+    resources:
+        **cluster("measure_cases", gpu=False),
+    script:
+        "../workflow/scripts/measure_cases.py"
+
+
+rule measure_reference:
+    input:
+        folder=paths.fill(DEPLOY, precision="fp32"),
+        cases=paths.MEASURE_CASES,
+    output:
+        paths.MEASURE_REFERENCE,
+    params:
+        max_new_tokens=config["deploy"]["measure"]["max_new_tokens"],
+        provenance=provenance("deploy", "measure_reference.py"),
+    log:
+        paths.model_log("measure_reference"),
+    benchmark:
+        paths.model_benchmark("measure_reference")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("measure_reference", threads=config["threads"]),
+    script:
+        "../workflow/scripts/measure_reference.py"
+
+
+rule measure:
+    input:
+        folder=DEPLOY,
+        reference=paths.MEASURE_REFERENCE,
+        cases=paths.MEASURE_CASES,
+    output:
+        paths.MEASURE_FOLDER,
+    wildcard_constraints:
+        precision="|".join(re.escape(f) for f in _deploy.FOLDERS),  # a plan's folder is measured where it is built
+    params:
+        provenance=provenance("deploy", "measure.py"),
+    log:
+        f"{paths.MODEL}/logs/measure/measure-{{precision}}.log",
+    benchmark:
+        f"{paths.MODEL}/benchmarks/measure/measure-{{precision}}.tsv"
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("measure", threads=config["threads"]),
+    script:
+        "../workflow/scripts/measure.py"
+
+
+rule measure_compare:
+    input:
+        unpack(measured_folders),
+    output:
+        **paths.MEASURE_COMPARE,
+    params:
+        provenance=provenance("compare", "measure_compare.py"),
+    log:
+        paths.model_log("measure_compare"),
+    benchmark:
+        paths.model_benchmark("measure_compare")
+    conda:
+        "../envs/onnx.yaml"
+    resources:
+        **cluster("measure_compare", gpu=False),
+    script:
+        "../workflow/scripts/measure_compare.py"

@@ -60,25 +60,28 @@ rule profile_nbits:
         "../workflow/scripts/profile_nbits.py"
 
 
-# The int4 folders' embedding graph with an INT4 table (GatherBlockQuantized) and the dynamic
-# vision graph with INT4 Linears (MatMulNBits), each gated against its own weights
-# (vlsens.precision.weight_only; deploy.nbits.embedding / deploy.nbits.vision: int4).
+# The weight-only embedding tables (GatherBlockQuantized: INT4 at deploy.nbits' block size, the
+# int4 folders' and Olive's; INT8 per row, optimum-intel's) and the dynamic vision graph with
+# weight-only Linears (int4: deploy.nbits; int4-rtn128: Olive's; int8-wo: optimum-intel's), each
+# gated against its own weights (vlsens.precision.weight_only).
 
 
 rule embedding_nbits:
     input:
         **weights_inputs(_deploy.DECODER_GRAPH),
     output:
-        **gated(f"{_deploy.EMBEDDING_INT4}/embedding.onnx"),
+        **gated(f"{_deploy.EMBEDDING_NBITS}/embedding.onnx"),
+    wildcard_constraints:
+        bits="4|8",
     params:
-        block_size=config["deploy"]["nbits"]["block_size"],
-        symmetric=config["deploy"]["nbits"]["symmetric"],
+        block_size=lambda wc: PER_CHANNEL if wc.bits == "8" else config["deploy"]["nbits"]["block_size"],
+        symmetric=lambda wc: False if wc.bits == "8" else config["deploy"]["nbits"]["symmetric"],
         exact_tolerance=tolerance("fp32"),
         provenance=provenance("sensitivity", "embedding_nbits.py"),
     log:
-        paths.model_log("embedding_nbits"),
+        paths.fill(paths.log("embedding_nbits", "int{bits}"), graph=_deploy.DECODER_GRAPH),
     benchmark:
-        paths.fill(paths.benchmark("embedding_nbits"), graph=_deploy.DECODER_GRAPH)
+        paths.fill(paths.benchmark("embedding_nbits", "int{bits}"), graph=_deploy.DECODER_GRAPH)
     conda:
         "../envs/onnx.yaml"
     resources:
@@ -91,15 +94,17 @@ rule vision_nbits:
     input:
         **weights_inputs(_deploy.VISION_GRAPH),
     output:
-        **gated(paths.fill(paths.in_variant("int4"), graph=_deploy.VISION_GRAPH)),
+        **gated(paths.fill(paths.in_variant("{wo}"), graph=_deploy.VISION_GRAPH)),
+    wildcard_constraints:
+        wo="|".join(re.escape(f) for f in _deploy.VISION_WO),
     params:
         **nbits_tolerances(),
         settings=nbits_settings(),
         provenance=provenance("sensitivity", "vision_nbits.py"),
     log:
-        paths.fill(paths.log("vision_nbits"), graph=_deploy.VISION_GRAPH),
+        paths.fill(paths.log("vision_nbits", "{wo}"), graph=_deploy.VISION_GRAPH),
     benchmark:
-        paths.fill(paths.benchmark("vision_nbits"), graph=_deploy.VISION_GRAPH)
+        paths.fill(paths.benchmark("vision_nbits", "{wo}"), graph=_deploy.VISION_GRAPH)
     conda:
         "../envs/onnx.yaml"
     threads: cores(config["threads"])

@@ -21,7 +21,7 @@ def _env_pip_deps(path):
 
 
 def test_conda_envs_use_pyproject_requirements():
-    deps = _pyproject_deps("genai")
+    deps = _pyproject_deps("genai", "peers")
     envs = sorted((REPO / "envs").glob("*.yaml"))
     assert {p.name for p in envs} >= {"torch.yaml", "onnx.yaml", "inc.yaml"}
     for env in envs:
@@ -67,7 +67,7 @@ def test_constraints_satisfy_pyproject_ranges():
         if line:
             r = Requirement(line)
             pins[r.name] = next(iter(r.specifier)).version
-    for name, spec in _pyproject_deps("genai", "slurm", "test", "lint").items():  # the extras `make` installs
+    for name, spec in _pyproject_deps("genai", "peers", "slurm", "test", "lint").items():  # the extras `make` installs
         assert name in pins, f"{name} has no pin in constraints.txt"
         assert Requirement(f"{name}{spec}").specifier.contains(pins[name]), f"{name}=={pins[name]} outside {spec}"
 

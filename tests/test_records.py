@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 
@@ -34,3 +35,163 @@ def test_summary_and_a_broken_record(tmp_path):
     r = _cli(tmp_path)
     assert r.returncode == 1 and "counts.calib: 'two' is not of type 'integer'" in r.stdout
     assert r.stdout.strip().endswith("1 problem(s)")
+
+
+# The records of the folders' measure and of the whole-VLM plan: a minimal valid record of each
+# schema passes, and the check is real (a key missing, a wrong type, a value out of range fail).
+
+SHA = "0" * 64
+
+
+def _case(name="text-01", modality="text", kl=1e-4):
+    return {"name": name, "modality": modality, "kl": kl, "max_kl": 2 * kl, "top1": 0.75, "steps": 8}
+
+
+def _summary(kl=1e-4):
+    return {"cases": 2, "mean_kl": kl, "std": 0.0, "min": kl, "max": kl, "median": kl, "top1": 0.75}
+
+
+def _stat():
+    return {"ratio": 0.5, "interval": [0.4, None], "wins": 1.0, "ties": 0.0}
+
+
+def _paired():
+    return {**_stat(), "better": False, "worse": False, "modalities": {"text": _stat()}, "n_boot": 2000,
+            "level": 0.95}
+
+
+def _measure():
+    return {"folder": "int4-mixed", "reference": "fp32", "positions": "generated steps", "max_new_tokens": 8,
+            "bytes": 1000, "mean_kl": 1e-4, "top1": 0.75, "modalities": {"text": _summary()},
+            "cases": [_case(), _case("text-02")], "seconds": 0.5}
+
+
+def _compare():
+    row = {k: _measure()[k] for k in ("bytes", "mean_kl", "top1", "modalities", "cases")}
+    return {"reference": "fp32", "rows": {"int4-mixed": row, "int4-rtn": row}, "ours": "int4-mixed",
+            "paired": {"int4-rtn": {"all": _paired(), "image": _paired()}},
+            "goals": [{"statement": "KL <= 0.5x", "anchor": "int4-rtn", "ratio": 0.5, "interval": [0.4, 0.6],
+                       "bytes_ratio": 1.0, "met": False}]}
+
+
+def _cases():
+    image = {"file": "00-astronaut-224x224.png", "source": "astronaut.png", "size": [224, 224]}
+    return {"per_modality": 2, "seed": 0, "sizes": [[224, 224], [168, 280]],
+            "cases": [{"name": "text-01", "modality": "text", "prompt": "Hi.", "images": []},
+                      {"name": "image-01", "modality": "image", "prompt": "What?", "images": [image]}]}
+
+
+def _components():
+    measured = {"bytes": 500, "kl": 1e-4, "top1": 0.9, "modalities": {"text": _summary()}, "cases": [_case()],
+                "graph": "vision/dynamic/int4/model.onnx"}
+    return {"vision": {"fp32": {"bytes": 1000, "kl": 0.0}, "int4": measured},
+            "embedding": {"fp32": {"bytes": 100, "kl": 0.0}}, "decoder_other_bytes": 10, "note": "n"}
+
+
+def _parts():
+    return {"decoder": {"bytes": 40, "kl": 1e-4}, "other": {"bytes": 10}, "vision": {"bytes": 500, "kl": 1e-4},
+            "embedding": {"bytes": 100, "kl": 0.0}}
+
+
+def _plan(name="p1"):
+    return {"name": name, "digest": SHA, "bytes": 650, "kl": 2e-4, "decoder_budget": 40, "parts": _parts(),
+            "int4": 1, "int8": 0, "float": 1, "vision": "int4", "embedding": "fp32"}
+
+
+def _front():
+    point = {"budget": 40, "bytes": 40, "kl": 1e-4, "bits": {"a": 4, "b": 0}, "from": "all int4", "searched": None}
+    return {"engine_dir": "budget/nbits-engine", "metric": "kl",
+            "settings": {"algorithm": "rtn", "block_size": 32, "symmetric": True, "accuracy_level": 4},
+            "budgets": [50], "max_evals": 60, "other_bytes": 10,
+            "components": {"vision": {"int4": {"bytes": 500, "kl": 1e-4}}, "embedding": {"fp32": {"bytes": 100,
+                                                                                                   "kl": 0.0}}},
+            "curve": [point, {**point, "budget": 60, "bytes": 60, "kl": 0.0, "from": "all float"}],
+            "front": [{"bytes": 650, "kl": 2e-4, "decoder": 0, "vision": "int4", "embedding": "fp32",
+                       "parts": _parts()}],
+            "picked": [_plan()], "evaluations": {"measured": 3, "asked": 5}, "seconds": {"curve": 1.0, "total": 1.5},
+            "anchors": {"int4-rtn": {"bytes": 700, "plan": "p1"},
+                        "peer-olive": {"bytes": 10, "plan": None, "note": "none fits"}},
+            "plans": [_plan(), _plan("at-int4-rtn")]}
+
+
+def _measured():
+    plan = {"plan": "p1", "vision": "int4", "embedding": "fp32", "int4": 1, "int8": 0, "float": 1,
+            "estimate_bytes": 650, "bytes": 655, "estimate_kl": 2e-4, "kl": 1.9e-4, "estimate_error": 0.05,
+            "modalities": {"text": 1.9e-4}, "top1": 0.8}
+    return {"reference": "fp32", "plans": [plan],
+            "anchors": {"int4-rtn": {"bytes": 700, "kl": 3e-4, "top1": 0.7, "modalities": {"text": 3e-4}}},
+            "versus": [{"anchor": "int4-rtn", "plan": "p1", "bytes_ratio": 0.9, "all": _paired(), "image": _paired(),
+                        "met": False},
+                       {"anchor": "peer-olive", "plan": None, "note": "no plan at or below the anchor's bytes"}],
+            "estimate": {"goal": 0.1, "within": 1, "of": 1},
+            "recommended": {"folder": "plan-p1", "bytes": 655, "kl": 1.9e-4, "why": "lowest KL"},
+            "search": {"evaluations": {"measured": 3, "asked": 5}, "seconds": None, "budgets": [50]}}
+
+
+#: schema -> (a path it is found at, a minimal valid record, a required key, a key given a wrong type,
+#: a path into the record and a value out of its range)
+NEW = {
+    "measure": ("measure/int4-mixed.json", _measure, "cases", "bytes", ("cases", 0, "kl"), -1e-3),
+    "measure_compare": ("measure/compare.json", _compare, "paired", "goals",
+                        ("paired", "int4-rtn", "all", "interval"), [0.4]),
+    "measure_cases": ("measure/cases/cases.json", _cases, "sizes", "per_modality", ("cases", 1, "images"), []),
+    "budget_components": ("budget/components.json", _components, "decoder_other_bytes", "vision",
+                          ("vision", "int4", "top1"), 1.5),
+    "budget_front": ("budget/front.json", _front, "curve", "plans", ("curve", 0, "bits", "a"), 3),
+    "budget_measured": ("budget/measured.json", _measured, "versus", "recommended",
+                        ("versus", 1, "note"), None),
+}
+
+
+def _set(record, where, value):
+    cur = record
+    for k in where[:-1]:
+        cur = cur[k]
+    cur[where[-1]] = value
+    return record
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_new_record_schemas(tmp_path, name):
+    from vlsens.core import records
+
+    rel, make, required, typed, where, bad = NEW[name]
+    path = tmp_path / "results" / "tiny" / rel
+    assert records.schema_name(path) == name
+    assert records.errors(path, make()) == []
+    missing = {k: v for k, v in make().items() if k != required}
+    assert any(f"'{required}' is a required property" in e for e in records.errors(path, missing)), name
+    assert any(e.startswith(f"{typed}:") for e in records.errors(path, {**make(), typed: "many"})), name
+    assert records.errors(path, _set(make(), where, bad)), (name, where, bad)
+
+
+def test_schema_names_of_the_measure_and_the_plan(tmp_path):
+    """compare.json in measure/ is the folders' comparison, beside the CSVs the engines'; the plan's
+    nbits records are the sensitivity's; a file the workflow does not write is no record."""
+    from vlsens.core import records
+
+    run = tmp_path / "results" / "tiny"
+    assert records.schema_name(run / "sensitivity" / "decoder" / "fp32" / "compare.json") == "compare"
+    assert records.schema_name(run / "budget" / "nbits.json") == "nbits"
+    assert records.schema_name(run / "budget" / "nbits-engine" / "engine.json") == "nbits_engine"
+    assert records.schema_name(run / "budget" / "plans" / "front.json") is None
+    assert records.schema_name(run / "deploy" / "int4-mixed" / "cases.json") is None
+    for rel, make, *_ in NEW.values():
+        f = run / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(make()))
+    r = _cli(run)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith(f"{len(NEW)} records ({', '.join(f'1 {n}' for n in sorted(NEW))}): all valid")
+
+
+def test_plan_formats_match_the_schema():
+    """The formats the schemas accept are the ones a plan may name."""
+    import yaml
+
+    from vlsens.budget.plan import EMBEDDING_FORMATS, VISION_FORMATS
+    from vlsens.core.records import SCHEMAS
+
+    defs = yaml.safe_load((SCHEMAS / "budget_components.schema.yaml").read_text())["$defs"]
+    assert defs["vision_format"]["enum"] == list(VISION_FORMATS)
+    assert defs["embedding_format"]["enum"] == list(EMBEDDING_FORMATS)

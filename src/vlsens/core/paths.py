@@ -55,12 +55,30 @@ NBITS_FILES = {"csv": "nbits.csv", "summary": "nbits.json"}
 NBITS_PROFILE = MODEL + "/profile/{graph}/{variant}-nbits"
 #: onnxruntime-genai's builder decoder at -p int4 with one algo_config (the int4-* anchors).
 BUILDER_INT4 = MODEL + "/{graph}/builder-{algo}"
+#: NNCF's weight compression of the decoder, one folder per recipe (the peers' decoders).
+NNCF_DECODER = f"{MODEL}/{{graph}}/nncf-{{recipe}}"
 #: An onnxruntime-genai model folder (:mod:`vlsens.deploy`), its log and benchmark.
 DEPLOY = MODEL + "/deploy/{precision}"
 DEPLOY_LOG = MODEL + "/logs/deploy/deploy-{precision}.log"
 DEPLOY_BENCHMARK = MODEL + "/benchmarks/deploy/deploy-{precision}.tsv"
 #: The int4 folders side by side (vlsens.deploy.compare).
 DEPLOY_INT4 = {"json": MODEL + "/deploy/int4.json", "md": MODEL + "/deploy/int4.md"}
+#: The folders' end-to-end measure (vlsens.deploy.measure): the evaluation cases (images and
+#: cases.json), the fp32 folder's tokens and log-probabilities, one record per folder, the folders
+#: side by side with paired intervals.
+MEASURE = MODEL + "/measure"
+MEASURE_CASES, MEASURE_REFERENCE, MEASURE_FOLDER = (f"{MEASURE}/{n}" for n in ("cases", "reference.npz",
+                                                                               "{precision}.json"))
+MEASURE_COMPARE = {k: f"{MEASURE}/compare.{k}" for k in ("json", "md")}
+#: The whole-VLM plan (vlsens.budget): the decoder's evaluation set made of the measure's cases, its
+#: weight-only sensitivity there, each part's formats measured end to end, the front's search and
+#: its plan files, the measured front beside the anchors.
+BUDGET = MODEL + "/budget"
+BUDGET_FEEDS, BUDGET_ENGINE, BUDGET_COMPONENTS, BUDGET_FRONT, BUDGET_PLANS = (
+    f"{BUDGET}/{n}" for n in ("decoder.npz", "nbits-engine", "components.json", "front.json", "plans"))
+BUDGET_NBITS = {k: f"{BUDGET}/{n}" for k, n in (("csv", "nbits.csv"), ("summary", "nbits.json"))}
+BUDGET_MEASURED = {k: f"{BUDGET}/{n}" for k, n in (("json", "measured.json"), ("md", "measured.md"),
+                                                    ("png", "front.png"))}
 #: The report's files (rules/report.smk): per analysed graph and variant, per graph, per model.
 REPORT = MODEL + "/report"
 REPORT_FIGURES = REPORT + "/{graph}/{variant}"

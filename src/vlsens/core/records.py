@@ -19,6 +19,14 @@ record                 where                                                 sch
 ``int4.json``          ``deploy/``                                           ``deploy_int4``
 ``parts.json``         ``parts/<graph>/<variant>/``                          ``parts``
 ``manifest.json``      ``calib/<graph>/parts-<variant>/``                    ``parts_calibration``
+``<folder>.json``      ``measure/`` (one per deploy folder but fp32)         ``measure``
+``compare.json``       ``measure/``                                          ``measure_compare``
+``cases.json``         ``measure/cases/``                                    ``measure_cases``
+``components.json``    ``budget/``                                           ``budget_components``
+``front.json``         ``budget/``                                           ``budget_front``
+``measured.json``      ``budget/``                                           ``budget_measured``
+``nbits.json``         ``budget/``                                           ``nbits``
+``engine.json``        ``budget/nbits-engine/``                              ``nbits_engine``
 =====================  ====================================================  ===================
 
     python -m vlsens.core.records results/tiny     # check every record under a folder
@@ -35,11 +43,19 @@ SCHEMAS = Path(__file__).resolve().parents[1] / "schemas" / "records"  # workflo
 BY_NAME = {"parity.json": "parity", "manifest.json": "manifest", "engine.json": "engine", "ort.json": "ort",
            "inc.json": "inc", "compare.json": "compare", "eval.json": "eval", "nbits.json": "nbits",
            "parts.json": "parts"}
+#: The whole-VLM plan's records in ``budget/`` (its ``nbits.json`` and ``nbits-engine/engine.json``: BY_NAME's).
+BUDGET = {"components.json": "budget_components", "front.json": "budget_front", "measured.json": "budget_measured"}
 
 
 def schema_name(path: str | Path) -> str | None:
     """The schema of a record file (None: not a record)."""
     path = Path(path)
+    if path.parent.name == "measure" and path.suffix == ".json":
+        return "measure_compare" if path.name == "compare.json" else "measure"
+    if path.name == "cases.json" and path.parent.name == "cases" and path.parent.parent.name == "measure":
+        return "measure_cases"
+    if path.parent.name == "budget" and path.name in BUDGET:
+        return BUDGET[path.name]
     if path.name == "eval.json" and path.parent.name == "inc-tune":
         return "inc_tune"
     if path.name == "engine.json" and path.parent.name == "nbits-engine":

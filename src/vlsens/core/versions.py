@@ -35,6 +35,10 @@ STAGE_LIBRARIES = {
     "embeddings": ("numpy", "ml-dtypes"),
     # assembles gated graphs and runs them with onnxruntime-genai next to transformers' generate
     "deploy": ("onnxruntime-genai", "onnxruntime", "onnx", "torch", "transformers"),
+    # the folders' evaluation cases: photos resized and written by PIL
+    "cases": ("pillow", "numpy"),
+    # NNCF's weight compression of a gated graph, gated again (onnxruntime, transformers)
+    "nncf": ("nncf", "onnx", "onnxruntime", "torch", "transformers"),
     # the report's figures are drawn by matplotlib from the records (no model is run)
     "report": ("matplotlib",),
 }

@@ -63,13 +63,50 @@ DONE = "eval.json"
 
 #: The graphs a deploy folder is made of: the decoder tower's and the dynamic vision graph.
 DECODER_GRAPH, VISION_GRAPH = names.DECODER, names.VISION_DYNAMIC
-#: The int4 folders' embedding graph with an INT4 table (:func:`vlsens.precision.weight_only.embedding_folder`).
-EMBEDDING_INT4 = f"{paths.MODEL}/{DECODER_GRAPH}/embedding-int4"
+#: The embedding graph with a weight-only table (GatherBlockQuantized), per bits
+#: (:func:`vlsens.precision.weight_only.embedding_folder`).
+EMBEDDING_NBITS = f"{paths.MODEL}/{DECODER_GRAPH}/embedding-int{{bits}}"
+EMBEDDING_INT4 = paths.fill(EMBEDDING_NBITS, bits=4)
+#: The dynamic vision graph weight-only (:data:`vlsens.precision.weight_only.FORMATS`):
+#: ``int4`` at the run's settings (``deploy.nbits``), ``int4-rtn128`` (Olive's CPU recipe for
+#: Qwen2.5-VL: RTN, blocks of 128) and ``int8-wo`` (optimum-intel's default for the vision and
+#: embedding weights: INT8, asymmetric, per channel where MatMulNBits' blocks allow).
+VISION_WO = ("int4", "int4-rtn128", "int8-wo")
+#: The decoders NNCF writes (:func:`vlsens.deploy.genai.anchors.nncf_folder`), by recipe.
+NNCF_RECIPES = ("ratio", "awq", "optimum")
+
+#: The peers' folders (``deploy.peers``, published as ``deploy/peer-<name>``): what a user would ship
+#: instead, from the same checkpoint, measured like ours. name -> (decoder, vision, embedding);
+#: None: the int4 folders' own (``deploy.nbits.vision`` / ``embedding``).
+#: An NNCF folder where the int4 folders tie the table to lm_head takes the INT4 table instead.
+PEERS = {
+    "builder": ("builder-k_quant_mixed", "fp16", "fp32"),  # the builder's heuristic, vision as exported
+    "olive": ("builder-rtn", "int4-rtn128", "int4"),  # Olive's CPU recipe: all INT4 RTN
+    "optimum": ("nncf-optimum", "int8-wo", "int8"),  # optimum-intel: LM INT4, the rest INT8 weight-only
+    "nncf-ratio": ("nncf-ratio", None, None),  # NNCF's data-aware INT4 / INT8 split, ratio 0.8
+    "nncf-awq": ("nncf-awq", None, None),  # NNCF all INT4 with AWQ and scale estimation
+}
+PEER_PREFIX = "peer-"
+#: Every folder name the deploy rule builds: the precisions and the peers.
+FOLDERS = (*PRECISIONS, *(PEER_PREFIX + p for p in PEERS))
+
+
+def peer_parts(folder: str, int4_vision: str = "int8-mixed", int4_embedding: str = "fp32") -> tuple[str, str, str]:
+    """``(decoder, vision, embedding)`` of a peer folder (``peer-<name>``)."""
+    dec, vis, emb = PEERS[folder.removeprefix(PEER_PREFIX)]
+    emb = emb or int4_embedding
+    if emb == "tied" and dec.startswith("nncf-"):
+        # the tied table gathers lm_head's MatMulNBits bytes; NNCF keeps lm_head INT8 as
+        # DequantizeLinear + MatMul (ratio, optimum), so its folders carry the INT4 table
+        emb = "int4"
+    return dec, vis or int4_vision, emb
 
 
 def vision_precision(precision: str, int4_vision: str = "int8-mixed") -> str:
-    """The precision of a deploy folder's vision graph: its own, or ``int4_vision`` (the config's
-    ``deploy.nbits.vision``) for an int4 folder."""
+    """The precision of a deploy folder's vision graph: its own, ``int4_vision`` (the config's
+    ``deploy.nbits.vision``) for an int4 folder, a peer's own."""
+    if precision.startswith(PEER_PREFIX):
+        return peer_parts(precision, int4_vision)[1]
     return int4_vision if precision in INT4 else precision
 
 
@@ -80,41 +117,69 @@ def prepacked(precision: str) -> bool:
     return precision != "fp32"
 
 
-def vision_tolerance(config: dict, precision: str) -> dict:
+def vision_tolerance(config: dict, precision: str) -> dict | None:
     """The gate of a deploy folder's ``vision.onnx``: ``parity.tolerance`` of its vision graph's
-    precision (fp32, fp16), ``deploy.int8_tolerance`` for the INT8-mixed graph."""
+    precision (fp32, fp16), ``deploy.int8_tolerance`` for the INT8-mixed graph,
+    ``deploy.nbits.vision_tolerance`` for a weight-only one. None (measured, not gated) for a peer:
+    its graph passed its gate on its own weights, and what its recipe costs is what the comparison
+    is for (Olive's INT4 RTN vision graph misses our INT4 tolerance on the tiny preset: cosine 0.978)."""
     from vlsens.config import canonical, tolerance_for
 
+    if precision.startswith(PEER_PREFIX):
+        return None
     vp = vision_precision(precision, config["deploy"]["nbits"]["vision"])
-    if vp == "int4":
+    if vp in VISION_WO:
         return canonical(config["deploy"]["nbits"]["vision_tolerance"])
     return tolerance_for(config, vp) if vp in ("fp32", "fp16") else canonical(config["deploy"]["int8_tolerance"])
 
 
+def _decoder_source(precision: str) -> str:
+    """The decoder graph (``{model}`` left) of a deploy folder."""
+    if precision.startswith(PEER_PREFIX):
+        dec = peer_parts(precision)[0]
+        if dec.startswith("builder-"):
+            return paths.fill(paths.BUILDER_INT4, graph=DECODER_GRAPH, algo=dec.removeprefix("builder-"))
+        return paths.fill(paths.NNCF_DECODER, graph=DECODER_GRAPH, recipe=dec.removeprefix("nncf-"))
+    if precision == "int8-mixed":
+        return paths.fill(paths.PROFILE, graph=DECODER_GRAPH, variant="fp32")
+    if precision == "int4-mixed":
+        return paths.fill(paths.NBITS_PROFILE, graph=DECODER_GRAPH, variant="fp32")
+    if precision in INT4:
+        return paths.fill(paths.BUILDER_INT4, graph=DECODER_GRAPH, algo=precision.removeprefix("int4-"))
+    return paths.fill(paths.VARIANT, graph=DECODER_GRAPH, variant="fp16" if precision == "fp16" else "fp32")
+
+
+def vision_source(fmt: str) -> str:
+    """The vision graph (``{model}`` left) of a format: ``fp32``, ``fp16``, ``int8-mixed`` (the dynamic
+    graph's profile) or a weight-only one (:data:`VISION_WO`)."""
+    if fmt == "int8-mixed":
+        return paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") + "/model.onnx"
+    return paths.fill(paths.VARIANT, graph=VISION_GRAPH, variant=fmt) + "/model.onnx"
+
+
+def embedding_source(fmt: str) -> str:
+    """The weight-only table's embedding graph (``{model}`` left) of a format: ``int4``, ``int8``."""
+    return paths.fill(EMBEDDING_NBITS, bits=fmt.removeprefix("int")) + "/embedding.onnx"
+
+
 def sources(precision: str, int4_vision: str = "int8-mixed", int4_embedding: str = "fp32") -> dict[str, str]:
-    """Path patterns (``{model}`` left) of the graphs a deploy folder is made of."""
+    """Path patterns (``{model}`` left) of the graphs a deploy folder (a precision or a peer) is made of."""
     vp = vision_precision(precision, int4_vision)
+    peer = precision.startswith(PEER_PREFIX)
+    emb = peer_parts(precision, int4_vision, int4_embedding)[2] if peer else \
+        (int4_embedding if precision in INT4 else "fp32")
     dec = paths.fill(paths.VARIANT, graph=DECODER_GRAPH, variant="fp16" if precision == "fp16" else "fp32")
-    vis = paths.fill(paths.VARIANT, graph=VISION_GRAPH, variant=vp if vp in ("fp16", "int4") else "fp32")
+    vis = paths.fill(paths.VARIANT, graph=VISION_GRAPH, variant=vp if vp in ("fp16", *VISION_WO) else "fp32")
     # The embedding graph is a secondary file of the decoder's variant folder: that folder's
     # model.onnx and record stand for it as inputs (the job verifies it against the record).
     out = {"decoder_folder": f"{dec}/{paths.MAIN}", "decoder_record": f"{dec}/{paths.RECORD}",
            "vision_record": f"{vis}/{paths.RECORD}"}
-    if precision in INT4 and int4_embedding == "int4":
-        out["embedding"] = f"{EMBEDDING_INT4}/embedding.onnx"
-    if precision in INT4 and int4_embedding == "tied":  # the cases the tied table is gated on
+    if emb.startswith("int"):
+        out["embedding"] = embedding_source(emb)
+    if emb == "tied":  # the cases the tied table is gated on
         out["embedding_reference"] = paths.fill(paths.REFERENCE, graph=DECODER_GRAPH)
-    out["vision"] = (paths.fill(paths.PROFILE, graph=VISION_GRAPH, variant="fp32") if vp == "int8-mixed" else vis) + \
-        "/model.onnx"
-    if precision == "int8-mixed":
-        out["decoder"] = paths.fill(paths.PROFILE, graph=DECODER_GRAPH, variant="fp32") + "/model.onnx"
-    elif precision == "int4-mixed":
-        out["decoder"] = paths.fill(paths.NBITS_PROFILE, graph=DECODER_GRAPH, variant="fp32") + "/model.onnx"
-    elif precision in INT4:
-        out["decoder"] = paths.fill(paths.BUILDER_INT4, graph=DECODER_GRAPH, algo=precision.removeprefix("int4-")) + \
-            "/model.onnx"
-    else:
-        out["decoder"] = f"{dec}/model.onnx"
+    out["vision"] = vision_source(vp if vp in ("fp16", "int8-mixed", *VISION_WO) else "fp32")
+    out["decoder"] = _decoder_source(precision) + "/model.onnx"
     return out
 
 
@@ -154,17 +219,65 @@ def check_config(config: dict, ties: bool = False) -> None:
             raise ConfigError(f"deploy.nbits.embedding: tied reads the table from lm_head's weight, but "
                               f"{config['model']['checkpoint']} does not tie them (tie_word_embeddings: false); "
                               "use fp32 or int4")
-    if "fp32" not in d["precisions"] and len(d["precisions"]):
-        raise ConfigError("deploy.precisions: the fp16 and int8-mixed folders are evaluated against the fp32 "
+    if "fp32" not in d["precisions"] and (len(d["precisions"]) or d["peers"]):
+        raise ConfigError("deploy.precisions: the other folders (and deploy.peers) are evaluated against the fp32 "
                           "folder; keep 'fp32' in the list")
+    _check_peers(config)
+    _check_plan(config)
+    measure_sizes(config)
+
+
+def _check_plan(config: dict) -> None:
+    """The vision formats ``plan.vision`` names are built by this config."""
+    if not config["plan"]["enabled"]:
+        return
+    dyn = config["vision"]["dynamic"]
+    for fmt in config["plan"]["vision"]:
+        key, have, want = {"int8-mixed": ("vision.dynamic.sensitivity_variants", dyn["sensitivity_variants"], "fp32"),
+                           "fp16": ("vision.dynamic.variants", dyn["variants"], "fp16")}.get(
+            fmt, ("vision.dynamic.variants", dyn["variants"], "fp32"))
+        if want not in have:
+            raise ConfigError(f"plan.vision has '{fmt}', which needs '{want}' in {key} (it has {list(have)}); add it "
+                              f"or drop '{fmt}' from plan.vision (or set plan.enabled: false)")
+
+
+def _check_peers(config: dict) -> None:
+    """What each of ``deploy.peers`` is built from is configured."""
+    d, dyn = config["deploy"], config["vision"]["dynamic"]
+    for p in d["peers"]:
+        _, vision, _ = peer_parts(PEER_PREFIX + p, d["nbits"]["vision"], d["nbits"]["embedding"])
+        if "fp32" not in d["decoder"]["variants"]:
+            raise ConfigError(f"deploy.peers has '{p}', whose decoder is made from the decoder's fp32 graph: add fp32 "
+                              "to deploy.decoder.variants or drop it")
+        src = "fp32" if vision in VISION_WO or vision == "int8-mixed" else vision
+        have = dyn["sensitivity_variants"] if vision == "int8-mixed" else dyn["variants"]
+        if src not in have:
+            key = "vision.dynamic.sensitivity_variants" if vision == "int8-mixed" else "vision.dynamic.variants"
+            raise ConfigError(f"deploy.peers has '{p}', whose vision graph ({vision}) needs '{src}' in {key} (it has "
+                              f"{list(have)}); add it or drop '{p}'")
+
+
+def measure_sizes(config: dict) -> list[tuple[int, int]]:
+    """``deploy.measure.sizes`` as (H, W), each valid for the checkpoint's family."""
+    from vlsens.core.sizes import parse_size
+    from vlsens.model.family import size_rule
+
+    rule = size_rule(config)
+    return [parse_size(str(s), key=f"deploy.measure.sizes[{i}]", **rule)
+            for i, s in enumerate(config["deploy"]["measure"]["sizes"])]
 
 
 
 def check_runtime(config: dict) -> None:
-    """onnxruntime-genai is importable where the deploy folders are built (not checked for conda
-    deployments: envs/torch.yaml installs it)."""
+    """onnxruntime-genai (and NNCF, for the peers it writes) is importable where the deploy folders
+    are built (not checked for conda deployments: envs/torch.yaml installs both)."""
     from importlib.util import find_spec
 
     if config["deploy"]["enabled"] and find_spec("onnxruntime_genai") is None:
         raise ConfigError("deploy.enabled: true needs onnxruntime-genai in this environment: pip install -e "
                           "'.[genai]' (`make run` installs it), or set deploy.enabled: false")
+    nncf = [p for p in config["deploy"]["peers"] if PEERS[p][0].startswith("nncf-")]
+    if config["deploy"]["enabled"] and nncf and find_spec("nncf") is None:
+        raise ConfigError(f"deploy.peers has {nncf}, whose decoders NNCF writes, but nncf is not installed in this "
+                          "environment: pip install -e '.[peers]' (`make run` installs it), or drop them from "
+                          "deploy.peers")

@@ -17,9 +17,12 @@ log = logging.getLogger(__name__)
 
 
 def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, decoder: str | Path,
-                 embedding: str | Path, vision: str | Path, images, checks: Checks) -> dict:
+                 embedding: str | Path, vision: str | Path, images, checks: Checks,
+                 extra: dict[str, Path] | None = None) -> dict:
     """Assemble, gate and evaluate one deploy folder (``checks``: what it is checked against, the
-    tied embedding gate among them); publish it only when every check passed."""
+    tied embedding gate among them); publish it only when every check passed. ``extra``: files
+    copied into the folder under the given names (a plan's file)."""
+    import shutil
     import tempfile
 
     from vlsens.core.artifacts import file_entries
@@ -40,8 +43,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
             log.info("deploy %s: the tied embedding gathers lm_head's rows exactly (min cosine %.8f); against the "
                      "checkpoint's table min cosine %.6f", precision, embedding_gate["metrics"]["min_cosine"],
                      embedding_gate["extra"]["float_reference"]["metrics"]["min_cosine"])
-        log.info("deploy %s: folder assembled in %.1f s (%s)", precision, time.perf_counter() - t0,
-                 ", ".join(sorted(files)))
+        log.info("deploy %s: assembled in %.1f s (%s)", precision, time.perf_counter() - t0, ", ".join(sorted(files)))
         cases = eval_cases(images, Path(work) / "images")
         # transformers' tokens before the folder is loaded: the two float32 models never sit in
         # memory together (at 3B with all 36 layers each is 14-15 GB)
@@ -64,11 +66,12 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         parity["sources"] = {"decoder": str(decoder), "embedding": str(embedding), "vision": str(vision)}
         write_json(tmp / paths.RECORD, parity)
         t0 = time.perf_counter()
-        log.info("deploy %s: generating %d case(s) of %d tokens", precision, len(cases), max_new_tokens)
         record = evaluate(tmp, precision, checkpoint, cases, checks, fp32_eval, runtime, expected)
         log.info("deploy %s: evaluated in %.1f s", precision, time.perf_counter() - t0)
         del runtime
         for c in record["cases"]:  # the images lived in a temporary folder: keep their names
             c["images"] = [{"source": f["source"], "size": f["size"]} for f in c["images"]]
+        for name, src in (extra or {}).items():  # a plan's file
+            shutil.copyfile(src, tmp / name)
         write_json(tmp / DONE, record)
     return record

@@ -127,11 +127,15 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(folders: dict[str, str | Path], out_json: str | Path, out_md: str | Path) -> dict:
+def write_pair(result: dict, to_markdown, out_json: str | Path, out_md: str | Path) -> dict:
+    """A comparison as its JSON record and its Markdown table (each written atomically)."""
     from vlsens.core.fsutil import atomic_file, write_json
 
-    result = table(folders)
     write_json(out_json, result)
     with atomic_file(out_md) as tmp:
-        Path(tmp).write_text(markdown(result))
+        Path(tmp).write_text(to_markdown(result))
     return result
+
+
+def write(folders: dict[str, str | Path], out_json: str | Path, out_md: str | Path) -> dict:
+    return write_pair(table(folders), markdown, out_json, out_md)

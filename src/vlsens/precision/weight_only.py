@@ -1,27 +1,40 @@
-"""Weight-only INT4 of the two graphs an int4 deploy folder carries besides its decoder: the
+"""Weight-only INT4 / INT8 of the two graphs a deploy folder carries besides its decoder: the
 embedding table and the dynamic vision graph. At 3B they are 1.24 GB (FP32 table) and 1.34 GB
 (FP16 vision) of a folder whose INT4 decoder is about 2 GB, so without them no int4 folder gets
-near a third of the FP16 folder's bytes.
+near a third of the FP16 folder's bytes. Besides vlsens' own format (INT4 at the run's
+``deploy.nbits``), the formats the peers ship: Olive's Qwen2.5-VL CPU recipe (vision INT4 RTN in
+blocks of 128, :data:`INT4_RTN128`; the table INT4) and optimum-intel's default (vision and table
+INT8 weight-only per channel, asymmetric: :data:`INT8_WO`, ``bits=8`` with :data:`PER_CHANNEL`).
 
 * **Embedding** (``embedding.onnx`` of the decoder's folder): its table Gather becomes
-  ``GatherBlockQuantized`` (com.microsoft; INT4 blocks along the hidden axis, one FP32 scale per
-  block) by ONNX Runtime's own ``MatMulNBitsQuantizer`` (``DefaultWeightOnlyQuantConfig`` with
-  ``op_types_to_quantize=("Gather",)``, the path the model builder takes for quantized
-  embeddings). Gated exactly against the table it holds: every text row equals the dequantized
-  table's row (:func:`embedding_reference`), the image rows are transformers' features as in the
-  float reference; the error against the checkpoint's table is recorded.
+  ``GatherBlockQuantized`` (com.microsoft; blocks along the hidden axis, one FP32 scale per
+  block). INT4 by ONNX Runtime's own ``MatMulNBitsQuantizer`` (``DefaultWeightOnlyQuantConfig``
+  with ``op_types_to_quantize=("Gather",)``, the path the model builder takes for quantized
+  embeddings); INT8, which that quantizer does not write for a Gather (ONNX Runtime 1.31), by
+  :func:`rtn_rows`, its 8-bit MatMul arithmetic, one block a row where the op allows it
+  (:func:`table_block`). Gated exactly against the table it holds: every text row equals the
+  dequantized table's row (:func:`embedding_reference`), the image rows are transformers'
+  features as in the float reference; the error against the checkpoint's table is recorded.
 * **Vision** (``vision/dynamic/fp32``): every Linear (the exporter's ``Gemm``, weight ``(N, K)``,
   ``transB=1``) becomes ``MatMul`` + bias ``Add`` (:func:`gemm_to_matmul`, exact in float), then
-  every weight MatMul is quantized by :func:`vlsens.quantize.nbits.quantize` (the decoder's quantizer, its
-  algorithm, block size, symmetry and accuracy level). Gated like the INT4 decoders
-  (:func:`vlsens.variants.gate_own_weights`): against transformers' ``get_image_features`` with
-  every Linear given the dequantized weight the graph multiplies by (:func:`vision_weight_reference`).
+  every weight MatMul is quantized by :func:`vlsens.quantize.nbits.quantize` (the decoder's
+  quantizer) in a :class:`WeightFormat` (bits; algorithm, block size, symmetry and accuracy level
+  the run's unless the format sets them; ``MatMulNBits`` pads a K that is not a whole number of
+  blocks). Gated like the INT4 decoders (:func:`vlsens.variants.gate_own_weights`): against
+  transformers' ``get_image_features`` with every Linear given the dequantized weight the graph
+  multiplies by (:func:`vision_weight_reference`).
 
 * **Tied table** (``embedding.onnx`` of an int4 deploy folder, checkpoints with
   ``tie_word_embeddings``): the table Gather reads lm_head's weight where the folder's decoder
   stores it (:func:`tied_embedding`: ``GatherBlockQuantized`` on ``MatMulNBits``' own bytes in
   ``decoder.onnx.data``), so the folder holds the table once, at lm_head's bits; gated exactly on
   lm_head's rows (:func:`gate_tied`).
+
+What ONNX Runtime 1.31 (CPU) accepts, checked by ``tests/test_weight_only.py``: ``MatMulNBits``
+at 4 and 8 bits, with or without (uint8) zero points, in blocks of 16 to 256 only
+(:data:`MATMULNBITS_BLOCKS`; per channel therefore means one block where K <= 256, else blocks of
+256); ``GatherBlockQuantized`` at ``bits=8`` (uint8 values, default zero point 128) in any block a
+power of two >= 16, the whole row included.
 
 Memory: the embedding job holds the FP32 table and its quantized copy (about 1.5x the table);
 the vision job the vision tower in FP32 twice (the rewrite and the reference model: 2.7 GB each
@@ -34,6 +47,7 @@ import contextlib
 import io
 import logging
 import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -62,14 +76,81 @@ def table_gather(model):
     return found[0]
 
 
-def quantize_embedding(src: str | Path, dst: str | Path, block_size: int, symmetric: bool) -> dict:
-    """``dst`` (+ its data file): ``src`` with its table Gather as INT4 ``GatherBlockQuantized``,
-    written by ONNX Runtime's ``MatMulNBitsQuantizer``. Facts for the record."""
+#: ``block_size`` for one block per row (a table) or per output channel (a Linear): as wide as
+#: the op allows (:func:`table_block`, :meth:`WeightFormat.block_for`).
+PER_CHANNEL = 0
+
+
+def table_block(width: int, block_size: int) -> int:
+    """The block a table of rows ``width`` wide is quantized in: ``block_size``, or for
+    :data:`PER_CHANNEL` the widest block ``GatherBlockQuantized`` accepts that tiles a row (its
+    shape inference: a power of two >= 16): the row itself where ``width`` is one (2048 at 3B, 64 on
+    the tiny preset), else the largest such divisor (3584 = 7 x 512 at 7B: 512)."""
+    if block_size != PER_CHANNEL:
+        return int(block_size)
+    fits = [b for b in (1 << e for e in range(4, width.bit_length())) if width % b == 0]
+    if not fits:
+        raise VlsensError(f"an embedding table {width} wide has no block GatherBlockQuantized accepts "
+                          "(a power of two >= 16 that divides it)")
+    return fits[-1]
+
+
+def rtn_rows(table: np.ndarray, block_size: int, symmetric: bool, rows_at_once: int = 16384):
+    """``(values uint8, scales float32 (rows, blocks), zero points uint8 (rows, blocks) or None)``:
+    INT8 round-to-nearest of ``table`` (rows, width) in blocks of ``block_size`` along each row,
+    the arithmetic of ONNX Runtime's 8-bit block quantizer (MLAS ``MlasQuantizeBlockwise``, which
+    ``MatMulNBitsQuantizer`` runs for 8-bit weights; ``tests/test_weight_only.py``: byte for byte)
+    for blocks wider than the 256 it stops at:
+
+    * symmetric: ``scale = x / -128`` (``x`` the block's value of largest magnitude), zero point
+      128, the op's default (None returned);
+    * asymmetric: ``scale = (max(hi, 0) - min(lo, 0)) / 255``, zero point
+      ``roundf(-min(lo, 0) / scale)``;
+
+    ``q = clamp(roundf(w * (1 / scale) + zero point), 0, 255)`` in float32, ``roundf`` rounding
+    half away from zero. ``rows_at_once`` rows at a time (the temporaries of a 3B table)."""
+    rows, width = table.shape
+    blocks = width // block_size
+    q = np.empty((rows, width), np.uint8)
+    scales = np.empty((rows, blocks), np.float32)
+    zps = None if symmetric else np.empty((rows, blocks), np.uint8)
+    for r in range(0, rows, rows_at_once):
+        b = np.asarray(table[r:r + rows_at_once], np.float32).reshape(-1, blocks, block_size)
+        lo, hi = b.min(-1), b.max(-1)
+        if symmetric:
+            scale = np.where(np.abs(hi) > np.abs(lo), hi, lo) / np.float32(-128)
+            zp = np.full(scale.shape, 128, np.float32)
+        else:
+            lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
+            scale = (hi - lo) / np.float32(255)
+            zp = np.clip(_roundf(np.where(scale != 0, -lo / np.where(scale != 0, scale, 1), lo)), 0, 255)
+            zps[r:r + rows_at_once] = zp
+        with np.errstate(divide="ignore"):
+            inv = np.where(scale != 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+        v = b * inv[..., None] + zp.astype(np.float32)[..., None]
+        q[r:r + rows_at_once] = np.clip(_roundf(v), 0, 255).reshape(-1, width)
+        scales[r:r + rows_at_once] = scale
+    return q, scales, zps
+
+
+def _roundf(x: np.ndarray) -> np.ndarray:
+    """C's ``roundf``: to nearest, halves away from zero (numpy's ``round`` takes halves to even)."""
+    t = np.trunc(x)
+    return np.where(np.abs(x - t) == 0.5, t + np.sign(x), np.round(x))
+
+
+def quantize_embedding(src: str | Path, dst: str | Path, block_size: int, symmetric: bool, bits: int = 4) -> dict:
+    """``dst`` (+ its data file): ``src`` with its table Gather as ``GatherBlockQuantized`` of
+    ``bits`` (4 or 8) in blocks of ``block_size`` along each row (:data:`PER_CHANNEL`: one block a
+    row, :func:`table_block`). Facts for the record.
+
+    * 4 bits: written by ONNX Runtime's ``MatMulNBitsQuantizer`` (``DefaultWeightOnlyQuantConfig``,
+      ``op_types_to_quantize=("Gather",)``): INT4 values (UINT4 and zero points when asymmetric);
+    * 8 bits: the quantizer (1.31) leaves a Gather at 8 bits as it is ("Gather only supports 4
+      bits") and its 8-bit block routine stops at blocks of 256, while the op's CPU kernel runs
+      ``bits=8`` (uint8 values, zero point 128 unless given) at any block a power of two >= 16:
+      :func:`rtn_rows`, that routine's arithmetic."""
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        MatMulNBitsQuantizer,
-    )
 
     from vlsens.core.onnxgraph import tensor_bytes
     from vlsens.core.onnxutil import save_with_external_data
@@ -77,8 +158,32 @@ def quantize_embedding(src: str | Path, dst: str | Path, block_size: int, symmet
     model = onnx.load(str(src))
     gather, table = table_gather(model)
     shape = [int(d) for d in table.dims]
+    block_size = table_block(shape[1], block_size)
     if shape[1] % block_size:
         raise VlsensError(f"deploy.nbits.block_size {block_size} does not divide the embedding width {shape[1]}")
+    if bits == 4:
+        model, how = _int4_table(model, gather, block_size, symmetric), "MatMulNBitsQuantizer (Gather)"
+    elif bits == 8:
+        _int8_table(model, gather, table, block_size, symmetric)
+        how = "vlsens.precision.weight_only.rtn_rows (the 8-bit arithmetic of MatMulNBitsQuantizer's MLAS routine)"
+    else:
+        raise VlsensError(f"embedding bits {bits}: 4 or 8")
+    save_with_external_data(model, dst)
+    qbytes = sum(tensor_bytes(t) for t in model.graph.initializer if t.name.startswith(table.name))
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    return {"table": table.name, "shape": shape, "op": "GatherBlockQuantized", "bits": bits, "block_size": block_size,
+            "per_channel": block_size == shape[1], "symmetric": symmetric, "algorithm": "rtn", "opset": opset,
+            "bytes": {"float32": 4 * shape[0] * shape[1], "quantized": qbytes}, "quantizer": how}
+
+
+def _int4_table(model, gather, block_size: int, symmetric: bool):
+    """``model`` with the table Gather ``gather`` as INT4 ``GatherBlockQuantized``, by
+    ``MatMulNBitsQuantizer`` (it raises the opset to 21 for the INT4 tensor type)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
     ops, axes = ("Gather",), (("Gather", 1),)
     config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric, bits=4,
                                           op_types_to_quantize=ops, quant_axes=axes)
@@ -87,24 +192,38 @@ def quantize_embedding(src: str | Path, dst: str | Path, block_size: int, symmet
     with contextlib.redirect_stdout(io.StringIO()):
         q.process()
     out = q.model.model if hasattr(q.model, "model") else q.model
-    del q, model
     kinds = [n.op_type for n in out.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")
              and n.output[0] == gather.output[0]]
     if kinds != ["GatherBlockQuantized"]:
         raise VlsensError(f"MatMulNBitsQuantizer left the table Gather {gather.name} as {kinds}")
-    save_with_external_data(out, dst)
-    qbytes = sum(tensor_bytes(t) for t in out.graph.initializer if t.name.startswith(table.name))
-    opset = next(o.version for o in out.opset_import if o.domain in ("", "ai.onnx"))
-    return {"table": table.name, "shape": shape, "bits": 4, "block_size": block_size, "symmetric": symmetric,
-            "opset": opset, "opset_note": "the quantizer raises the opset to 21 for the INT4 tensor type",
-            "bytes": {"float32": 4 * shape[0] * shape[1], "quantized": qbytes},
-            "quantizer": f"{QUANTIZER} (DefaultWeightOnlyQuantConfig, Gather -> GatherBlockQuantized)"}
+    return out
+
+
+def _int8_table(model, gather, table, block_size: int, symmetric: bool) -> None:
+    """``model`` (in place) with the table Gather ``gather`` as ``GatherBlockQuantized`` (bits 8,
+    gather axis 0, quantize axis 1) on :func:`rtn_rows` of ``table``: uint8 ``<table>_Q8``,
+    ``<table>_scales`` and, asymmetric, uint8 ``<table>_zero_points``."""
+    from onnx import helper, numpy_helper
+
+    axis = next((helper.get_attribute_value(a) for a in gather.attribute if a.name == "axis"), 0)
+    if axis != 0:
+        raise VlsensError(f"{gather.name}: Gather along axis {axis}: not a table lookup")
+    q, scales, zps = rtn_rows(numpy_helper.to_array(table), block_size, symmetric)
+    ins = [numpy_helper.from_array(q, f"{table.name}_Q8"), numpy_helper.from_array(scales, f"{table.name}_scales")]
+    if zps is not None:
+        ins.append(numpy_helper.from_array(zps, f"{table.name}_zero_points"))
+    del q, scales, zps
+    names = [ins[0].name, gather.input[1], *[t.name for t in ins[1:]]]
+    node = helper.make_node("GatherBlockQuantized", names, [gather.output[0]], name=f"{gather.name}_Q8",
+                            domain="com.microsoft", bits=8, block_size=block_size, gather_axis=0, quantize_axis=1)
+    _splice(model, gather, table.name, [node], ins)
 
 
 def dequantize_table(model_path: str | Path) -> np.ndarray:
     """The FP32 table a ``GatherBlockQuantized`` graph gathers from, as its contrib-op spec
     defines it: ``(data - zero_point) * scale`` per block of ``block_size`` along
-    ``quantize_axis`` (zero point 0 for INT4 without ``zero_points``)."""
+    ``quantize_axis``; without ``zero_points`` the op's default: 0 for INT4, 8 for UINT4, 128 for
+    8-bit uint8 values (``bits`` 8)."""
     import onnx
     from onnx import numpy_helper
 
@@ -118,12 +237,18 @@ def dequantize_table(model_path: str | Path) -> np.ndarray:
     a = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
     if int(a.get("quantize_axis", 1)) != 1 or int(a.get("gather_axis", 0)) != 0:
         raise VlsensError(f"{path}: {n.name} quantizes axis {a.get('quantize_axis')}: not a layout vlsens reads")
-    bs = int(a["block_size"])
-    q = numpy_helper.to_array(inits[n.input[0]]).astype(np.float32)
+    bs, data = int(a["block_size"]), inits[n.input[0]]
+    default = {onnx.TensorProto.INT4: 0, onnx.TensorProto.UINT4: 8}.get(data.data_type)
+    if data.data_type == onnx.TensorProto.UINT8 and int(a.get("bits", 4)) == 8:
+        default = 128
+    if default is None:
+        raise VlsensError(f"{path}: {n.name} holds {int(a.get('bits', 4))}-bit values of type {data.data_type}: "
+                          "not a layout vlsens reads")
+    q = numpy_helper.to_array(data).astype(np.float32)
     scale = numpy_helper.to_array(inits[n.input[2]]).astype(np.float32)
     rows, cols = q.shape
     zp = (numpy_helper.to_array(inits[n.input[3]]).astype(np.float32) if len(n.input) > 3 and n.input[3]
-          else np.zeros_like(scale))
+          else np.full_like(scale, default))
     w = (q.reshape(rows, -1, bs) - zp.reshape(rows, -1, 1)) * scale.reshape(rows, -1, 1)
     return np.ascontiguousarray(w.reshape(rows, cols), np.float32)
 
@@ -157,10 +282,13 @@ def embedding_cases(reference: str | Path) -> Cases:
 
 
 def embedding_folder(decoder_dir: str | Path, reference: str | Path, out_dir: str | Path, block_size: int,
-                     symmetric: bool, image_token_id: int, exact_tolerance: dict, threads: int = 0) -> dict:
-    """``out_dir/embedding.onnx``: the decoder folder's embedding graph with an INT4 table, gated
-    on the embedding cases of ``reference`` against its own table at ``exact_tolerance`` (FP32's),
-    with the error against the checkpoint's table recorded; published with its record, or nothing."""
+                     symmetric: bool, image_token_id: int, exact_tolerance: dict, threads: int = 0,
+                     bits: int = 4) -> dict:
+    """``out_dir/embedding.onnx``: the decoder folder's embedding graph with an INT4 or INT8 table
+    (``bits``; ``block_size`` :data:`PER_CHANNEL`: one block a row, :func:`quantize_embedding`),
+    gated on the embedding cases of ``reference`` against its own table at ``exact_tolerance``
+    (FP32's), with the error against the checkpoint's table recorded; published with its record
+    (variant ``embedding-int<bits>``), or nothing."""
     from vlsens.core.artifacts import publish_models, verify
     from vlsens.core.fsutil import staging_dir
     from vlsens.export import parity
@@ -170,15 +298,15 @@ def embedding_folder(decoder_dir: str | Path, reference: str | Path, out_dir: st
     cases = embedding_cases(reference)
     with staging_dir(out_dir / EMBEDDING) as tmp:
         staged = {EMBEDDING: tmp / EMBEDDING}
-        facts = quantize_embedding(src, staged[EMBEDDING], block_size, symmetric)
+        facts = quantize_embedding(src, staged[EMBEDDING], block_size, symmetric, bits)
         own = embedding_reference(staged[EMBEDDING], cases, image_token_id)
         per_input, providers, vs_float = parity.measure(staged, own, threads, "cpu", also=cases)
         extra = {"source": str(src), "graphs": {EMBEDDING: facts},
-                 "float_reference": {"reference": cases.source, "note": "the INT4 table against the checkpoint's "
-                                     "own: the quantization error, measured, not gated",
+                 "float_reference": {"reference": cases.source, "note": f"the INT{bits} table against the "
+                                     "checkpoint's own: the quantization error, measured, not gated",
                                      **parity.summary(vs_float), "per_input": vs_float}}
-        record = parity.make_record(out_dir, "embedding-int4", per_input, exact_tolerance, own.source, providers,
-                                    extra)
+        record = parity.make_record(out_dir, f"embedding-int{bits}", per_input, exact_tolerance, own.source,
+                                    providers, extra)
         parity.gate(record)
         publish_models(staged, record, out_dir, main=EMBEDDING)
     log.info("embedding: %d -> %d bytes; against the checkpoint's table min cosine %.6f", facts["bytes"]["float32"],
@@ -463,50 +591,135 @@ def vision_weight_reference(checkpoint, graph: str | Path, cases: Cases, weights
     return out
 
 
-def quantize_vision(src: str | Path, staged: str | Path, settings, bits: int = 4) -> tuple[dict, dict[str, str]]:
+#: The block sizes ONNX Runtime's CPU ``MatMulNBits`` kernel loads (1.31: its constructor
+#: enforces 16, 32, 64, 128 or 256, at 4 and at 8 bits): a per-channel block of a wider K does not.
+MATMULNBITS_BLOCKS = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """A weight-only format of the vision graph's Linears: the variant folder's ``name``, ``bits``
+    (4 or 8), and where not None the ``algorithm``, ``block_size``, ``symmetric`` and
+    ``accuracy_level`` that replace the run's (``deploy.nbits``, :class:`~vlsens.quantize.nbits.NBitsSettings`).
+    ``block_size`` :data:`PER_CHANNEL`: one block per output channel where ``MatMulNBits`` has one
+    that wide (:meth:`block_for`)."""
+
+    name: str = "int4"
+    bits: int = 4
+    algorithm: str | None = None
+    block_size: int | None = None
+    symmetric: bool | None = None
+    accuracy_level: int | None = None
+
+    def __post_init__(self):
+        if self.bits not in (4, 8):
+            raise ValueError(f"weight format {self.name}: bits {self.bits}; 4 or 8")
+        if self.block_size not in (None, PER_CHANNEL, *MATMULNBITS_BLOCKS):
+            raise ValueError(f"weight format {self.name}: block size {self.block_size}; MatMulNBits runs "
+                             f"{list(MATMULNBITS_BLOCKS)} (or PER_CHANNEL)")
+
+    def block_for(self, k: int, run) -> int:
+        """The block of a Linear of ``k`` inputs: the format's, else the run's; per channel the
+        narrowest of :data:`MATMULNBITS_BLOCKS` that holds ``k`` (K padded to it, one scale a
+        column), past 256 blocks of 256 (Qwen2.5-VL's vision K: 1280, 3420 and 5120)."""
+        if self.block_size is None:
+            return run.block_size
+        if self.block_size != PER_CHANNEL:
+            return self.block_size
+        return next((b for b in MATMULNBITS_BLOCKS if b >= k), MATMULNBITS_BLOCKS[-1])
+
+    def settings(self, run, k: int):
+        """The :class:`~vlsens.quantize.nbits.NBitsSettings` a Linear of ``k`` inputs is quantized at."""
+        mine = {"algorithm": self.algorithm, "symmetric": self.symmetric, "accuracy_level": self.accuracy_level}
+        return replace(run, block_size=self.block_for(k, run), **{f: v for f, v in mine.items() if v is not None})
+
+
+#: Olive's Qwen2.5-VL CPU recipe for the vision graph: INT4 RTN in blocks of 128.
+INT4_RTN128 = WeightFormat("int4-rtn128", 4, algorithm="rtn", block_size=128)
+#: optimum-intel's default for vision and embeddings: INT8 weight-only, per channel, asymmetric
+#: (NNCF's INT8_ASYM); RTN, ``MatMulNBits`` zero points; float activations (``accuracy_level`` 0:
+#: OpenVINO's weight-only INT8 dequantizes the weights and keeps activations float, where the
+#: CPU's level 4 would quantize them to INT8 per block: 60x the KL on the tiny preset, 5.4e-5 against 9.1e-7).
+INT8_WO = WeightFormat("int8-wo", 8, algorithm="rtn", block_size=PER_CHANNEL, symmetric=False, accuracy_level=0)
+#: The formats by variant name (``int4``: the run's own settings).
+FORMATS = {f.name: f for f in (WeightFormat(), INT4_RTN128, INT8_WO)}
+
+
+def quantize_vision(src: str | Path, staged: str | Path, settings,
+                    fmt: WeightFormat | int | None = None) -> tuple[dict, dict[str, str]]:
     """``staged`` (+ data file): the FP32 vision graph ``src`` with every Linear weight-only
-    quantized to ``bits`` (:func:`gemm_to_matmul`, then :func:`vlsens.quantize.nbits.quantize`). Returns
-    ``(facts, {MatMul name: exported weight name})``."""
+    quantized in format ``fmt`` (None: the run's ``settings`` at INT4; an int: those bits) on
+    ``settings`` (:func:`gemm_to_matmul`, then :func:`vlsens.quantize.nbits.quantize`, once per
+    block size the format gives the Linears). Returns ``(facts, {MatMul name: exported weight name})``."""
+    import shutil
+
     import onnx
 
     from vlsens.core.onnxutil import save_with_external_data
-    from vlsens.quantize.nbits import quantize, quantized_nodes, weight_matmuls
+    from vlsens.quantize.nbits import quantize, weight_matmuls
 
+    fmt = fmt if isinstance(fmt, WeightFormat) else WeightFormat(bits=fmt or 4, name=f"int{fmt or 4}")
     staged = Path(staged)
     work = staged.parent / ".float"
     work.mkdir(exist_ok=True)
     model = onnx.load(str(src))
     weights = gemm_to_matmul(model)
-    rewritten = save_with_external_data(model, work / "model.onnx")
+    current = save_with_external_data(model, work / "model.onnx")
     del model
-    ops = [o["name"] for o in weight_matmuls(rewritten)]
-    quantize(rewritten, staged, dict.fromkeys(ops, bits), settings)
-    for f in work.iterdir():
-        f.unlink()
-    work.rmdir()
-    q = quantized_nodes(staged)
-    facts = {"linears": len(weights), "bits": bits, "settings": settings.as_dict(),
-             "weight_bytes": sum(v["bytes"] for v in q.values()),
-             "quantizer": f"{QUANTIZER} (vlsens.quantize.nbits.quantize) after vlsens.precision.weight_only.gemm_to_matmul",
-             "weights": weights}
-    return facts, weights
+    ops = weight_matmuls(current)
+    groups: dict = {}
+    for o in ops:
+        groups.setdefault(fmt.settings(settings, o["K"]), []).append(o["name"])
+    for i, (at, group) in enumerate(groups.items()):
+        dst = staged if i == len(groups) - 1 else work / f"step{i}.onnx"
+        current = quantize(current, dst, dict.fromkeys(group, fmt.bits), at)
+    shutil.rmtree(work)
+    return _vision_facts(staged, ops, fmt, settings, weights), weights
+
+
+def _vision_facts(staged: Path, ops: list[dict], fmt: WeightFormat, settings, weights: dict[str, str]) -> dict:
+    """The record's facts of a quantized vision graph: its format, the run's settings, and per K
+    (the Linears' input width) the block, the number of Linears and their weight bytes as stored
+    (values, scales, zero points) and in float32."""
+    from vlsens.quantize.nbits import float_bytes, quantized_nodes
+
+    q, fb = quantized_nodes(staged), float_bytes(ops)
+    by_k: dict[str, dict] = {}
+    for o in ops:
+        row = by_k.setdefault(str(o["K"]), {"block_size": fmt.block_for(o["K"], settings), "linears": 0,
+                                            "weight_bytes": 0, "float32_bytes": 0})
+        row["linears"] += 1
+        row["weight_bytes"] += q[o["name"]]["bytes"]
+        row["float32_bytes"] += fb[o["name"]]
+    at = fmt.settings(settings, max(o["K"] for o in ops)).as_dict()
+    blocks = {r["block_size"] for r in by_k.values()}
+    return {"format": fmt.name, "linears": len(weights), "bits": fmt.bits, "algorithm": at["algorithm"],
+            "symmetric": at["symmetric"], "accuracy_level": at["accuracy_level"],
+            "block_size": blocks.pop() if len(blocks) == 1 else "per-channel",
+            "per_channel": fmt.block_size == PER_CHANNEL, "by_k": by_k,
+            "weight_bytes": sum(r["weight_bytes"] for r in by_k.values()),
+            "float32_bytes": sum(r["float32_bytes"] for r in by_k.values()), "run_settings": settings.as_dict(),
+            "quantizer": f"{QUANTIZER} (vlsens.quantize.nbits.quantize) after vlsens.precision.weight_only.gemm_to_matmul",
+            "weights": weights}
 
 
 def vision_folder(checkpoint, src_dir: str | Path, reference: str | Path, out_dir: str | Path, settings,
-                  tolerance: dict, exact_tolerance: dict, threads: int = 0) -> dict:
-    """The dynamic vision graph with INT4 Linears as a variant folder (``int4``), gated against
+                  tolerance: dict, exact_tolerance: dict, threads: int = 0, fmt: WeightFormat | None = None) -> dict:
+    """The dynamic vision graph with weight-only Linears in format ``fmt`` (None: INT4 at the run's
+    ``settings``, variant ``int4``) as a variant folder named after the format, gated against
     transformers on its own weights (:func:`vlsens.variants.gate_own_weights`)."""
     from vlsens.variants import Gate, variant_folder
 
+    fmt = fmt or WeightFormat()
     found: dict[str, str] = {}
 
     def transform(src: Path, feeds, staged: Path) -> dict:
-        facts, weights = quantize_vision(src, staged, settings)
+        facts, weights = quantize_vision(src, staged, settings, fmt)
         found.update(weights)
         return facts
 
     def own(staged, cases):
         return vision_weight_reference(checkpoint, staged["model.onnx"], cases, found)
 
-    return variant_folder(src_dir, reference, out_dir, "int4", transform,
+    return variant_folder(src_dir, reference, out_dir, fmt.name, transform,
                           Gate(tolerance, threads, reference_for=own, exact_tolerance=exact_tolerance))

@@ -19,6 +19,7 @@ CATEGORIES = (
     ("FP16 fallback", ("fp16-fallback.png",)),
     ("Latency and size", ("latency.png",)),
     ("INT4 decoders", ("int4-pareto.png", "nbits-heatmap.png")),
+    ("Whole-VLM plan", ("front.png",)),
 )
 
 

@@ -1,0 +1,128 @@
+# The whole-VLM plan (vlsens.budget): every weight of a folder given a format, chosen on the
+# folders' measure. The decoder's evaluation set is the measure's cases run through the fp32
+# folder's own graphs (an ONNX Runtime chain proven equal to onnxruntime-genai's teacher forcing);
+# engine nbits measures every MatMul there; each vision and embedding format is measured end to end
+# in the fp32 folder; the search builds the front from these, and every picked plan is built into a
+# deploy folder (deploy/plan-p<i>/) and measured like every folder.
+
+
+# The measure's cases as the decoder's evaluation set (through the fp32 folder's own graphs), and
+# engine nbits on it: every decoder MatMul's INT4 / INT8 error where the folders are judged.
+rule budget_nbits:
+    input:
+        checkpoint=checkpoint_dir,
+        folder=paths.fill(DEPLOY, precision="fp32"),
+        reference=paths.MEASURE_REFERENCE,
+        cases=paths.MEASURE_CASES,
+        model=BUDGET_DECODER["model"],
+        parity=BUDGET_DECODER["parity"],
+    output:
+        **paths.BUDGET_NBITS,
+        feeds=paths.BUDGET_FEEDS,
+        engine=directory(paths.BUDGET_ENGINE),
+    params:
+        settings=nbits_settings(),
+        suffix_cuts=config["sensitivity"]["suffix_cuts"],
+        provenance=provenance("deploy", "budget_nbits.py"),
+    log:
+        paths.model_log("budget_nbits"),
+    benchmark:
+        paths.model_benchmark("budget_nbits")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("budget_nbits", threads=config["threads"]),
+    script:
+        "../workflow/scripts/budget_nbits.py"
+
+
+# Each vision and table format measured end to end in the fp32 folder, then the search. A
+# checkpoint: which plans the front holds is known once it is searched (the spread along the front,
+# and per anchor the plan within its bytes where no spread plan is that plan).
+checkpoint budget_front:
+    input:
+        unpack(anchor_folders),
+        unpack(budget_formats),
+        **paths.BUDGET_NBITS,
+        checkpoint=checkpoint_dir,
+        reference=paths.MEASURE_REFERENCE,
+        cases=paths.MEASURE_CASES,
+        fp32_folder=paths.fill(DEPLOY, precision="fp32"),
+        engine=paths.BUDGET_ENGINE,
+        eval=paths.BUDGET_FEEDS,
+    output:
+        components=paths.BUDGET_COMPONENTS,
+        front=paths.BUDGET_FRONT,
+        plans=directory(paths.BUDGET_PLANS),
+    params:
+        search={k: config["plan"][k] for k in ("points", "max_evals")},
+        provenance=provenance("deploy", "budget_front.py"),
+    log:
+        paths.model_log("budget_front"),
+    benchmark:
+        paths.model_benchmark("budget_front")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("budget_front", threads=config["threads"]),
+    script:
+        "../workflow/scripts/budget_front.py"
+
+
+rule plan_folder:
+    input:
+        unpack(budget_formats),
+        plan=f"{paths.BUDGET_PLANS}/{{plan}}.yaml",
+        checkpoint=checkpoint_dir,
+        decoder_reference=paths.fill(paths.REFERENCE, graph=_deploy.DECODER_GRAPH),
+        images=INPUTS["parity_images"],
+        fp32_folder=paths.fill(DEPLOY, precision="fp32"),
+        reference=paths.MEASURE_REFERENCE,
+        cases=paths.MEASURE_CASES,
+    output:
+        folder=directory(paths.fill(DEPLOY, precision="plan-{plan}")),
+        measure=paths.fill(paths.MEASURE_FOLDER, precision="plan-{plan}"),
+    wildcard_constraints:
+        plan=PLAN_NAME,
+    params:
+        **nbits_tolerances(),
+        max_new_tokens=config["deploy"]["max_new_tokens"],
+        provenance=provenance("deploy", "plan_folder.py"),
+    log:
+        f"{paths.MODEL}/logs/deploy/deploy-plan-{{plan}}.log",
+    benchmark:
+        f"{paths.MODEL}/benchmarks/deploy/deploy-plan-{{plan}}.tsv"
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("plan_folder", threads=config["threads"]),
+    script:
+        "../workflow/scripts/plan_folder.py"
+
+
+rule budget_measured:
+    input:
+        unpack(budget_measures),
+        front=paths.BUDGET_FRONT,
+    output:
+        json=paths.BUDGET_MEASURED["json"],
+        md=paths.BUDGET_MEASURED["md"],
+        png=report_item(
+            paths.BUDGET_MEASURED["png"], "budget.rst", CATEGORY["Whole-VLM plan"], "deploy folders", figure="front"
+        ),
+    params:
+        kl_budget=float(config["text"]["profile"]["target"]),
+        provenance=provenance("report", "budget_measured.py"),
+    log:
+        paths.model_log("budget_measured"),
+    benchmark:
+        paths.model_benchmark("budget_measured")
+    conda:
+        "../envs/report.yaml"
+    resources:
+        **cluster("budget_measured", gpu=False),
+    script:
+        "../workflow/scripts/budget_measured.py"

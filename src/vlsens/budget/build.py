@@ -1,0 +1,193 @@
+"""The jobs of the whole-VLM plan: what each part's formats cost on the folder's measure, and a
+plan built into a deploy folder.
+
+**Components** (:func:`measure_components`): the fp32 folder with one part changed -- its vision
+graph in one format, or its embedding table in one format -- assembled and measured end to end
+(:func:`vlsens.deploy.genai.measure.measure_folder`) on the same cases and reference as every
+folder. With the decoder's KL from the engine (:mod:`vlsens.budget.front`), these give the
+additive estimate the front is searched on; each built point says how far the sum is from the
+folder it built. The component folders are measurement vehicles, built in a temporary folder.
+
+**A plan's folder** (:func:`plan_folder`): the decoder quantized as the plan says
+(:func:`vlsens.budget.plan.build_decoder`) and gated like every INT4 decoder (against transformers
+run on its own dequantized weights), the plan's vision graph and table, assembled, checked and
+evaluated by the deploy job (:func:`vlsens.deploy.build.build_folder`), the plan file inside.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PLAN_FILE = "plan.yaml"
+
+
+def graph_bytes(model: str | Path) -> int:
+    """A graph file and its external data file, as shipped."""
+    model = Path(model)
+    data = Path(f"{model}.data")
+    return model.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+def _in_folder(folder: Path, part: str) -> int:
+    """A part's bytes as a deploy folder ships it (the vision graph with its preamble)."""
+    from vlsens.deploy.genai import folder as genai
+
+    return graph_bytes(folder / genai.GRAPHS[part])
+
+
+def _measure_one(name: str, parts: dict, checkpoint, reference, cases, work: Path) -> tuple[Path, dict]:
+    """One component folder assembled from ``parts`` (decoder, embedding, vision graphs) and measured."""
+    from vlsens.deploy.genai.assemble import assemble
+    from vlsens.deploy.genai.measure import measure_folder
+
+    folder = work / name
+    assemble(folder, checkpoint, parts["decoder"], parts["embedding"], parts["vision"], work / f"{name}-preamble")
+    m = measure_folder(folder, reference, cases, name)
+    return folder, {"kl": m["mean_kl"], "top1": m["top1"], "modalities": m["modalities"], "cases": m["cases"]}
+
+
+def measure_components(checkpoint, reference, cases, base: dict, formats: dict, fp32_folder) -> dict:
+    """``{"vision": {format: {bytes, kl, ...}}, "embedding": {...}}``: each format of a part in the
+    fp32 folder (``base``: its decoder, embedding and vision graphs; ``fp32_folder``: the folder
+    itself), measured end to end, its bytes as the folder ships it; the fp32 formats are the
+    reference itself (KL 0)."""
+    fp32_folder = Path(fp32_folder)
+    out = {part: {"fp32": {"bytes": _in_folder(fp32_folder, part), "kl": 0.0}} for part in ("vision", "embedding")}
+    with tempfile.TemporaryDirectory(prefix="vlsens-components-") as work:
+        for part in ("vision", "embedding"):
+            for fmt, graph in formats[part].items():
+                if fmt == "fp32":
+                    continue
+                folder, m = _measure_one(f"{part}-{fmt}", {**base, part: graph}, checkpoint, reference, cases,
+                                         Path(work))
+                out[part][fmt] = {"bytes": _in_folder(folder, part), **m, "graph": str(graph)}
+                log.info("component %s %s: %d bytes, KL %.4g", part, fmt, out[part][fmt]["bytes"], m["kl"])
+    return out
+
+
+def decoder_other_bytes(fp32_folder, rows) -> int:
+    """The folder decoder's bytes outside its weight MatMuls (norms, the graph itself), from the
+    fp32 folder's file and the sensitivity CSV's float bytes."""
+    return _in_folder(Path(fp32_folder), "decoder") - int(sum(r["bytes_float"] for r in rows))
+
+
+def write_components(checkpoint, reference, cases, base: dict, formats: dict, csv, out_json) -> dict:
+    """The job: :func:`measure_components` and the decoder's other bytes, as ``components.json``
+    (``base`` holds the fp32 folder as ``folder``)."""
+    import pandas as pd
+
+    from vlsens.core.fsutil import write_json
+
+    rows = pd.read_csv(csv).to_dict("records")
+    record = measure_components(checkpoint, reference, cases, base, formats, base["folder"])
+    record["decoder_other_bytes"] = decoder_other_bytes(base["folder"], rows)
+    record["note"] = ("each format's KL: the fp32 folder with that part alone changed, teacher-forced through "
+                      "onnxruntime-genai on the fp32 folder's tokens (the folders' measure)")
+    write_json(out_json, record)
+    return record
+
+
+def _gated_decoder(plan, decoder_dir: Path, reference, out_dir: Path, gate) -> Path:
+    """The plan's decoder as a gated variant folder of ``decoder_dir`` (the fp32 decoder)."""
+    from vlsens.budget.plan import build_decoder
+    from vlsens.core import paths
+    from vlsens.core.onnxutil import copy_model
+    from vlsens.variants import variant_folder
+
+    def transform(src: Path, feeds, staged: Path) -> dict:
+        if src.name != paths.MAIN:
+            copy_model(src, staged)
+            return {}
+        return {"plan": plan.name, **build_decoder(plan, src, staged)}
+
+    variant_folder(decoder_dir, reference, out_dir, f"plan-{plan.name}", transform, gate)
+    return out_dir / paths.MAIN
+
+
+def plan_folder(plan_file, out_dir, checkpoint, sources: dict, images, checks, gate) -> dict:
+    """The deploy folder of ``plan_file``: ``sources`` names the fp32 decoder folder
+    (``decoder_dir``), its reference cases (``reference``) and every vision and embedding format's
+    graph (``vision``, ``embedding``: format -> graph); ``checks``: the deploy job's
+    (:class:`vlsens.deploy.genai.evaluate.Checks`); ``gate``: the decoder's
+    (:class:`vlsens.variants.Gate`, with its own-weights reference)."""
+    from vlsens.budget.plan import Plan
+    from vlsens.core.errors import VlsensError
+    from vlsens.deploy.build import build_folder
+
+    plan = Plan.load(plan_file)
+    for part in ("vision", "embedding"):
+        if getattr(plan, part) not in sources[part]:
+            raise VlsensError(f"{plan_file}: {part} format {getattr(plan, part)!r} is not built by this run "
+                              f"(built: {sorted(sources[part])})")
+    with tempfile.TemporaryDirectory(prefix="vlsens-plan-") as work:
+        decoder = _gated_decoder(plan, Path(sources["decoder_dir"]), sources["reference"], Path(work) / "decoder",
+                                 gate)
+        record = build_folder(f"plan-{plan.name}", out_dir, checkpoint, decoder, sources["embedding"][plan.embedding],
+                              sources["vision"][plan.vision], images, checks, extra={PLAN_FILE: Path(plan_file)})
+    log.info("plan %s: %s", plan.name, json.dumps(plan.bits_summary()))
+    return record
+
+
+def formats_of(inputs: dict) -> dict:
+    """``{"vision": {format: graph}, "embedding": {format: graph}}`` from a job's named inputs
+    (``vision_<format>``, ``embedding_<format>``: rules/common.smk's ``budget_formats``)."""
+    out: dict = {"vision": {}, "embedding": {}}
+    for key, path in inputs.items():
+        part, _, fmt = key.partition("_")
+        if part in out and fmt:
+            out[part][fmt] = Path(path)
+    return out
+
+
+def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, settings: dict) -> dict:
+    """Per anchor (name -> its folder's bytes), the plan of lowest estimated KL within its bytes:
+    one of ``plans`` where the same (by digest), else a new plan ``at-<anchor>`` (appended)."""
+    from vlsens.budget.front import _plans, at_bytes
+
+    out = {}
+    for name, nbytes in anchors.items():
+        point = at_bytes(record["front"], nbytes)
+        if point is None:
+            out[name] = {"bytes": nbytes, "plan": None, "note": "no front point at or below the anchor's bytes"}
+            continue
+        plan = _plans(record["curve"], [point], ops, settings)[0]
+        same = [p for p in plans if p.digest() == plan.digest()]
+        if not same:
+            plan = replace(plan, name=f"at-{name}")
+            plans.append(plan)
+        out[name] = {"bytes": nbytes, "plan": (same[0] if same else plan).name}
+    return out
+
+
+def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_dir, search_settings: dict,
+                anchors: dict[str, str | Path] | None = None, threads: int = 0) -> dict:
+    """The job: :func:`vlsens.budget.front.search` for ``search_settings["points"]`` plans along
+    the front (``p1`` .. in increasing bytes) at most ``search_settings["max_evals"]`` assignments
+    per budget, and per anchor folder (name -> folder) the plan of lowest estimated KL within its
+    bytes (a plan already picked, or ``at-<anchor>``); each plan saved as ``plans_dir/<name>.yaml``,
+    the search's record as ``front.json``."""
+    from vlsens.budget.front import search
+    from vlsens.core.fsutil import atomic_dir, write_json
+    from vlsens.deploy.genai.measure import folder_weight_bytes
+    from vlsens.sensitivity import nbits as nb
+
+    parts = {p: {f: {k: v[k] for k in ("bytes", "kl")} for f, v in components[p].items()}
+             for p in ("vision", "embedding")}
+    plans, record = search(engine_dir, eval_npz, csv, parts, int(components["decoder_other_bytes"]),
+                           int(search_settings["points"]), int(search_settings["max_evals"]), threads)
+    eng = nb.Prepared(engine_dir)
+    sizes = {n: folder_weight_bytes(f) for n, f in (anchors or {}).items()}
+    record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict())
+    with atomic_dir(plans_dir) as tmp:
+        for plan in plans:
+            plan.save(Path(tmp) / f"{plan.name}.yaml")
+    record["plans"] = [{"name": p.name, "digest": p.digest(), **p.estimate, **p.bits_summary(), "vision": p.vision,
+                        "embedding": p.embedding} for p in plans]
+    write_json(out_front, record)
+    return record

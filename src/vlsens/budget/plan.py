@@ -1,0 +1,151 @@
+"""A plan: the file that rebuilds one deploy folder exactly, and the decoder it builds.
+
+A folder of the byte-budget front is decided by four things: the bits of every weight MatMul of
+the decoder (0: float, 4 or 8: ``MatMulNBits``), the settings the decoder is quantized with
+(:class:`~vlsens.quantize.nbits.NBitsSettings`), the vision graph's format and the embedding
+table's format. A :class:`Plan` holds exactly these, plus a name and the search's estimate
+(bytes and KL per part), and is saved as YAML, so the folder a search proposed can be built,
+measured and compared later from the file alone.
+
+Two plans with the same :meth:`Plan.digest` (everything but the name and the estimate, as
+canonical JSON) build the same folder. Every MatMul is listed, float ones as 0, so a plan that
+names a MatMul the graph lacks, or misses one it has, is caught when the decoder is built
+(:func:`build_decoder`) rather than silently left float.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vlsens.core.errors import ConfigError, VlsensError
+from vlsens.quantize.nbits import BITS, FLOAT, NBitsSettings
+
+#: The vision graph's formats a plan may name: the exported graphs (``fp32``, ``fp16``), the
+#: INT8 QDQ profile (``int8-mixed``) and the weight-only ones
+#: (:data:`vlsens.precision.weight_only.FORMATS`).
+VISION_FORMATS = ("fp32", "fp16", "int8-mixed", "int4", "int4-rtn128", "int8-wo")
+#: The embedding table's formats: the exported FP32 table and ``GatherBlockQuantized`` at 8 / 4 bits.
+EMBEDDING_FORMATS = ("fp32", "int8", "int4")
+#: The widths a decoder MatMul may take (0: float).
+PLAN_BITS = (FLOAT, *BITS)
+KEYS = ("name", "vision", "embedding", "decoder", "settings")
+HEADER = ("# A vlsens plan: one deploy folder (decoder bits per weight MatMul, 0 = float; vision and\n"
+          "# embedding formats; quantization settings). Rebuild: Plan.load(<this file>), then\n"
+          "# vlsens.budget.plan.build_decoder with the FP32 decoder, and the named vision and embedding graphs.\n")
+
+
+def _settings(d, where: str) -> dict:
+    """``d`` as complete :class:`NBitsSettings` (defaults filled), or a ConfigError naming ``where``."""
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where}: settings: a mapping of {sorted(NBitsSettings.__dataclass_fields__)}, got {d!r}")
+    extra = sorted(set(d) - set(NBitsSettings.__dataclass_fields__))
+    if extra:
+        raise ConfigError(f"{where}: settings: unknown keys {extra}; valid: {sorted(NBitsSettings.__dataclass_fields__)}")
+    try:
+        return NBitsSettings.from_config(d).as_dict()
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: settings: {e}") from e
+
+
+def _check(vision, embedding, decoder, where: str) -> None:
+    """A ConfigError naming ``where`` and the key for an unknown format or a bits value not 0/4/8."""
+    if vision not in VISION_FORMATS:
+        raise ConfigError(f"{where}: vision: unknown format {vision!r}; valid: {list(VISION_FORMATS)}")
+    if embedding not in EMBEDDING_FORMATS:
+        raise ConfigError(f"{where}: embedding: unknown format {embedding!r}; valid: {list(EMBEDDING_FORMATS)}")
+    if not isinstance(decoder, Mapping) or not decoder:
+        raise ConfigError(f"{where}: decoder: a mapping of every weight MatMul to its bits, got {decoder!r}")
+    bad = {n: b for n, b in decoder.items() if isinstance(b, bool) or b not in PLAN_BITS}
+    if bad:
+        raise ConfigError(f"{where}: decoder: bits must be one of {list(PLAN_BITS)} (0: float); got "
+                          f"{dict(list(bad.items())[:5])}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One folder: ``decoder`` (every weight MatMul -> 0 / 4 / 8), its quantization ``settings``
+    (completed to :meth:`NBitsSettings.as_dict`), the ``vision`` and ``embedding`` formats; ``name``
+    and ``estimate`` (free-form: bytes, KL, per part) do not change what is built."""
+
+    name: str
+    vision: str
+    embedding: str
+    decoder: dict[str, int]
+    settings: dict
+    estimate: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        where = f"plan {self.name!r}"
+        _check(self.vision, self.embedding, self.decoder, where)
+        object.__setattr__(self, "decoder", {str(n): int(b) for n, b in self.decoder.items()})
+        object.__setattr__(self, "settings", _settings(self.settings, where))
+        object.__setattr__(self, "estimate", dict(self.estimate or {}))
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "vision": self.vision, "embedding": self.embedding, "settings": self.settings,
+                "estimate": self.estimate, "decoder": self.decoder}
+
+    def save(self, path: str | Path) -> Path:
+        """The plan as YAML (atomically), a header saying what the file is and how to rebuild it."""
+        import yaml
+
+        from vlsens.core.fsutil import atomic_file
+
+        path = Path(path)
+        with atomic_file(path) as tmp:
+            tmp.write_text(HEADER + yaml.safe_dump(self.as_dict(), sort_keys=False, default_flow_style=False))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """The plan in ``path``; a ConfigError naming the file and the key for a missing key, an
+        unknown format or bits other than 0 / 4 / 8."""
+        import yaml
+
+        path = Path(path)
+        d = yaml.safe_load(path.read_text())
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{path}: not a plan (a mapping with keys {list(KEYS)})")
+        missing = [k for k in KEYS if k not in d]
+        if missing:
+            raise ConfigError(f"{path}: missing key {missing[0]!r} (a plan has {list(KEYS)})")
+        _check(d["vision"], d["embedding"], d["decoder"], str(path))
+        return cls(str(d["name"]), d["vision"], d["embedding"], dict(d["decoder"]), _settings(d["settings"], str(path)),
+                   dict(d.get("estimate") or {}))
+
+    def digest(self) -> str:
+        """sha256 of what is built (everything but ``name`` and ``estimate``), as canonical JSON."""
+        built = {"vision": self.vision, "embedding": self.embedding, "decoder": self.decoder, "settings": self.settings}
+        return hashlib.sha256(json.dumps(built, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def bits_summary(self) -> dict[str, int]:
+        """How many decoder MatMuls are INT4, INT8 and float."""
+        b = list(self.decoder.values())
+        return {"int4": b.count(4), "int8": b.count(8), "float": b.count(FLOAT)}
+
+
+def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path) -> dict:
+    """``out_model`` (+ its data file): ``float_model`` with every MatMul at the plan's bits, by
+    :func:`vlsens.quantize.nbits.quantize` at the plan's settings. The plan must list exactly the
+    graph's weight MatMuls (else a VlsensError naming the missing and extra ones); the built
+    graph's bits are read back and checked. Facts: plan, digest, counts, weight bytes."""
+    from vlsens.precision.nbits import weight_facts
+    from vlsens.quantize.nbits import quantize, weight_matmuls
+
+    graph = [o["name"] for o in weight_matmuls(float_model)]
+    missing, extra = sorted(set(graph) - set(plan.decoder)), sorted(set(plan.decoder) - set(graph))
+    if missing or extra:
+        raise VlsensError(f"plan {plan.name!r} does not list the weight MatMuls of {float_model}: "
+                          f"missing {missing[:5]} ({len(missing)}), extra {extra[:5]} ({len(extra)})")
+    model = quantize(float_model, out_model, {n: b for n, b in plan.decoder.items() if b},
+                     NBitsSettings.from_config(plan.settings))
+    facts = weight_facts(model)
+    if facts["bits"] != plan.decoder:
+        wrong = sorted(n for n in plan.decoder if facts["bits"].get(n) != plan.decoder[n])
+        raise VlsensError(f"{model}: the built bits differ from plan {plan.name!r} at {wrong[:5]}")
+    return {"plan": plan.name, "digest": plan.digest(), "model": str(model), "bits": plan.bits_summary(),
+            "weight_bytes": facts["weight_bytes"], "settings": plan.settings}

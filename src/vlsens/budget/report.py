@@ -1,0 +1,161 @@
+"""The measured front beside the anchors: ``results/<model>/budget/measured.json``, ``measured.md``
+and ``front.png``.
+
+Every plan's folder and every anchor (the int4 folders, the peers' folders) measured alike
+(:mod:`vlsens.deploy.genai.measure`): bytes, mean KL per generated step over all cases and per
+modality. Per plan, the search's estimate against its built folder's measure. Per anchor, the plan
+with the lowest measured KL among those with at most the anchor's bytes, and their ratio of mean
+KLs with its paired bootstrap interval over the cases, over all prompts and over the image prompts
+(:func:`vlsens.deploy.measure.paired`): the issue's goal, a ratio of at most 0.5 with an interval
+below 1, is checked per anchor. The recommended folder: the smallest plan whose measured KL meets
+the KL budget (``text.profile.target``), else the plan of lowest KL.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: A plan's measured KL at most this share of an anchor's, at equal or fewer bytes.
+GOAL = 0.5
+#: The estimate of a built plan within this share of its measured KL.
+ESTIMATE_GOAL = 0.10
+#: Below this KL per step a folder's measure is the rounding of two runtimes, not quantization
+#: (the fp16 folder: 4.5e-9 on the tiny preset); an estimate there is not held to the 10 %.
+NOISE_KL = 1e-7
+PLAN_PREFIX = "plan-"
+
+
+def _image_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["modality"] != "text"]
+
+
+def _plans(front: dict, measures: dict[str, dict]) -> list[dict]:
+    rows = []
+    for p in front.get("plans", front["picked"]):
+        m = measures.get(PLAN_PREFIX + p["name"])
+        if m is None:
+            continue
+        est = p["kl"]
+        rows.append({"plan": p["name"], "vision": p["vision"], "embedding": p["embedding"],
+                     "int4": p["int4"], "int8": p["int8"], "float": p["float"],
+                     "estimate_bytes": p["bytes"], "bytes": m["bytes"], "estimate_kl": est, "kl": m["mean_kl"],
+                     "estimate_error": (est - m["mean_kl"]) / m["mean_kl"] if m["mean_kl"] > NOISE_KL else None,
+                     "modalities": {k: v["mean_kl"] for k, v in m["modalities"].items()}, "top1": m["top1"]})
+    return rows
+
+
+def _versus(plans: list[dict], measures: dict[str, dict], anchor: str) -> dict | None:
+    """The best plan within ``anchor``'s bytes against it, paired, on all prompts and image prompts."""
+    from vlsens.deploy.measure import paired
+
+    a = measures[anchor]
+    fits = [p for p in plans if p["bytes"] <= a["bytes"]]
+    if not fits:
+        return {"anchor": anchor, "plan": None, "note": "no plan at or below the anchor's bytes"}
+    best = min(fits, key=lambda p: p["kl"])
+    mine = measures[PLAN_PREFIX + best["plan"]]["cases"]
+    out = {"anchor": anchor, "plan": best["plan"], "bytes_ratio": best["bytes"] / a["bytes"],
+           "all": paired(mine, a["cases"]), "image": paired(_image_rows(mine), _image_rows(a["cases"]))}
+    out["met"] = all(p["ratio"] is not None and p["ratio"] <= GOAL and p["better"] for p in (out["all"], out["image"]))
+    return out
+
+
+def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | None = None) -> dict:
+    """The record: plans (estimate and measure), anchors, the comparisons, the recommendation."""
+    measures = {n: json.loads(Path(f).read_text()) for n, f in measure_files.items()}
+    plans = _plans(front, measures)
+    anchors = {n: {"bytes": m["bytes"], "kl": m["mean_kl"], "top1": m["top1"],
+                   "modalities": {k: v["mean_kl"] for k, v in m["modalities"].items()}}
+               for n, m in measures.items() if not n.startswith(PLAN_PREFIX)}
+    versus = [_versus(plans, measures, n) for n in anchors]
+    meeting = [p for p in plans if kl_budget is not None and p["kl"] <= kl_budget]
+    pick = min(meeting, key=lambda p: p["bytes"]) if meeting else (min(plans, key=lambda p: p["kl"]) if plans else None)
+    within = [abs(p["estimate_error"]) <= ESTIMATE_GOAL for p in plans if p["estimate_error"] is not None]
+    return {"reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens",
+            "plans": plans, "anchors": anchors, "versus": versus,
+            "estimate": {"goal": ESTIMATE_GOAL, "within": sum(within), "of": len(within)},
+            "recommended": None if pick is None else {
+                "folder": PLAN_PREFIX + pick["plan"], "bytes": pick["bytes"], "kl": pick["kl"],
+                "why": (f"the smallest plan whose measured KL meets the KL budget {kl_budget:g}" if meeting
+                        else "no plan meets the KL budget: the plan of lowest KL")},
+            "search": {k: front.get(k) for k in ("evaluations", "seconds", "budgets")}}
+
+
+def markdown(result: dict) -> str:
+    from vlsens.deploy.peers import pair_cell
+
+    mods = ("text", "image", "images")
+    lines = ["| plan | vision | embedding | INT4 / INT8 / float MatMuls | MB | est. KL | KL | est. error | "
+             + " | ".join(f"KL {m}" for m in mods) + " | top-1 |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in mods) + " | ---: |"]
+    for p in result["plans"]:
+        err = "noise" if p["estimate_error"] is None else f"{p['estimate_error']:+.0%}"
+        lines.append(f"| {p['plan']} | {p['vision']} | {p['embedding']} | {p['int4']} / {p['int8']} / {p['float']} | "
+                     f"{p['bytes'] / 1e6:.3f} | {p['estimate_kl']:.3g} | {p['kl']:.3g} | {err} | "
+                     + " | ".join(f"{p['modalities'].get(m, float('nan')):.3g}" for m in mods) + f" | {p['top1']:.3f} |")
+    lines += ["", "| anchor | MB | KL | best plan within its bytes | plan / anchor, all prompts | image prompts | goal |",
+              "| --- | ---: | ---: | --- | --- | --- | --- |"]
+    for v in result["versus"]:
+        a = result["anchors"][v["anchor"]]
+        if v["plan"] is None:
+            lines.append(f"| {v['anchor']} | {a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | - | - | - | {v['note']} |")
+            continue
+        cells = " | ".join(pair_cell(v[k], wins=False) for k in ("all", "image"))
+        lines.append(f"| {v['anchor']} | {a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | {v['plan']} "
+                     f"({v['bytes_ratio']:.2f}x bytes) | {cells} | {'met' if v['met'] else 'not met'} |")
+    e, r = result["estimate"], result["recommended"]
+    lines += ["", f"KL per generated step against {result['reference']}; ratios with the 95 % paired bootstrap "
+                  "interval over the cases (resampled within each modality); goal: at most "
+                  f"{GOAL}x the anchor's KL on all prompts and on image prompts, the interval below 1.",
+              "", f"Estimate vs built: {e['within']} of {e['of']} plans within {e['goal']:.0%} of their measured KL "
+                  f"(the others' error is printed with its sign); the plans measured below {NOISE_KL:g} per step "
+                  "(\"noise\") are at the rounding of two runtimes, where a relative error says nothing."]
+    if r:
+        lines += ["", f"Recommended: `{r['folder']}` ({r['bytes'] / 1e6:.3f} MB, KL {r['kl']:.3g}): {r['why']}."]
+    return "\n".join(lines) + "\n"
+
+
+def figure(result: dict, out: str | Path) -> None:
+    """Bytes against mean KL: the plans as measured (a line) and as estimated, the anchors as points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vlsens.core.fsutil import atomic_file
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    plans = result["plans"]
+    floor = min([p["kl"] for p in plans if p["kl"] > 0] + [a["kl"] for a in result["anchors"].values() if a["kl"] > 0]
+                + [1e-12]) / 10
+    ax.plot([p["bytes"] / 1e6 for p in plans], [max(p["kl"], floor) for p in plans], "o-", color="C0",
+            label="plans, measured")
+    ax.plot([p["estimate_bytes"] / 1e6 for p in plans], [max(p["estimate_kl"], floor) for p in plans], "x",
+            color="C0", alpha=0.6, label="plans, estimated")
+    for p in plans:
+        ax.annotate(p["plan"], (p["bytes"] / 1e6, max(p["kl"], floor)), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)
+    colors, markers = plt.get_cmap("tab10").colors, "sD^vP*Xh"
+    for i, (name, a) in enumerate(result["anchors"].items()):
+        ax.plot(a["bytes"] / 1e6, max(a["kl"], floor), markers[i % len(markers)], color=colors[(i + 1) % 10],
+                label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("folder weights (MB: graphs and data files)")
+    ax.set_ylabel("mean KL per generated step vs fp32")
+    ax.set_title("The measured front: plans and anchors on the same cases")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    with atomic_file(out, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+
+
+def write(front: dict, measure_files: dict[str, str | Path], out_json, out_md, out_png,
+          kl_budget: float | None = None) -> dict:
+    from vlsens.deploy.compare import write_pair
+
+    result = write_pair(table(front, measure_files, kl_budget), markdown, out_json, out_md)
+    figure(result, out_png)
+    return result

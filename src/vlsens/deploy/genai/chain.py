@@ -1,0 +1,228 @@
+"""The end-to-end measure (:mod:`vlsens.deploy.genai.measure`) as one ONNX Runtime graph's
+evaluation set: what a search over decoder weight assignments runs instead of building a folder
+for each.
+
+The measure teacher-forces a folder through onnxruntime-genai step by step with its KV cache: a
+prefill of the prompt, then one token at a time. The decoder computes the same logits in one
+prefill of the whole sequence (the prompt and the reference tokens but the last) with an empty
+cache, read at the positions the runtime returns logits for: the prompt's last position and each
+appended token's. :func:`decoder_feeds` writes those prefills with the fp32 folder's own pieces --
+its multimodal processor, ``vision.onnx`` (one image per call, as the runtime calls it),
+``embedding.onnx`` -- and the 3-D mRoPE positions of transformers' ``get_rope_index`` over the
+whole sequence (the runtime's decode positions continue its prompt's the same way), as a
+:class:`~vlsens.data.samples.Samples` file the decoder graph (or the nbits engine built on it)
+evaluates. :func:`chain_kl` runs a decoder graph on it and scores it like the measure: KL against
+the reference's log-probabilities per generated step, top-1 against the reference token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vlsens.core.errors import VlsensError
+from vlsens.deploy.genai import folder as genai
+from vlsens.deploy.genai.measure import _check_cases, _paths, load_reference
+from vlsens.deploy.measure import kl_steps
+
+_NUMPY = {1: np.float32, 6: np.int32, 7: np.int64, 10: np.float16, 11: np.float64}
+
+
+def _signature(model: str | Path) -> tuple[list[tuple[str, int]], list[str]]:
+    """``([(input, element type)], [output names])`` of a graph (its weights not loaded)."""
+    import onnx
+
+    m = onnx.load(str(model), load_external_data=False)
+    return [(i.name, i.type.tensor_type.elem_type) for i in m.graph.input], [o.name for o in m.graph.output]
+
+
+def _source_decoder(folder: Path) -> Path:
+    """The decoder variant graph a deploy folder's ``decoder.onnx`` was copied from (its record)."""
+    from vlsens.core import paths
+
+    record = folder / paths.RECORD
+    if not record.is_file():
+        raise VlsensError(f"{record}: no record naming the decoder graph {folder} was built from")
+    src = json.loads(record.read_text()).get("sources", {}).get("decoder")
+    if not src:
+        raise VlsensError(f"{record} names no decoder source graph")
+    return Path(src)
+
+
+def check_same_graph(folder: str | Path, decoder_graph: str | Path | None = None) -> dict[str, int]:
+    """The deploy folder's decoder inputs ``{name: element type}``, after checking that
+    ``decoder_graph`` (default: the variant graph the folder's record names as its source) takes
+    the same inputs and gives the same outputs: an evaluation set written for the folder runs on it."""
+    folder = Path(folder)
+    src = Path(decoder_graph) if decoder_graph is not None else _source_decoder(folder)
+    if not src.is_file():
+        raise VlsensError(f"{src}: the decoder graph of {folder} is not there")
+    mine, theirs = _signature(folder / genai.GRAPHS["decoder"]), _signature(src)
+    if mine != theirs:
+        raise VlsensError(f"{folder}/{genai.GRAPHS['decoder']} and {src} differ in their inputs or outputs: "
+                          f"{mine} against {theirs}")
+    return dict(mine[0])
+
+
+def _processed(folder: Path, cases: list[dict]) -> list[dict[str, np.ndarray]]:
+    """The folder's own multimodal processor on each case's chat text and images (``input_ids``,
+    and ``pixel_values`` / ``image_grid_thw`` where it has images). The folder's sessions are
+    released before the caller's open."""
+    from vlsens.deploy.genai.runtime import Chat
+
+    chat = Chat(folder, prepack=False)
+    out = []
+    try:
+        for case in cases:
+            paths = _paths(case)
+            inputs = chat.inputs(chat.prompt(case["prompt"], len(paths)), paths)
+            p = {"input_ids": np.asarray(inputs["input_ids"].as_numpy(), np.int64)}
+            if paths:
+                p["pixel_values"] = np.asarray(inputs["pixel_values"].as_numpy())
+                p["image_grid_thw"] = np.asarray(inputs["image_grid_thw"].as_numpy(), np.int64).reshape(-1, 3)
+            out.append(p)
+    finally:
+        chat.close()
+    return out
+
+
+def _image_patches(pixels: np.ndarray, grid: np.ndarray) -> list[np.ndarray]:
+    """Each image's patches of the processor's ``pixel_values``: with several images it pads each
+    image's patches with zero rows to the largest image's count (``(images x most patches, 1176)``);
+    patches simply concatenated are read too."""
+    counts = [int(n) for n in grid.prod(-1)]
+    pixels = pixels.reshape(-1, pixels.shape[-1])
+    if len(pixels) == len(counts) * max(counts):
+        starts = [k * max(counts) for k in range(len(counts))]
+    elif len(pixels) == sum(counts):
+        starts = [int(s) for s in np.cumsum([0, *counts[:-1]])]
+    else:
+        raise VlsensError(f"{len(pixels)} patch rows for image grids {grid.tolist()}: neither padded per image nor "
+                          "concatenated")
+    return [pixels[s:s + n] for s, n in zip(starts, counts)]
+
+
+def _features(session, processed: dict, hidden: int) -> np.ndarray:
+    """``vision.onnx`` one image per call (its ``image_grid_thw`` is (1, 3)), features concatenated
+    in image order; (0, hidden) without images."""
+    if "image_grid_thw" not in processed:
+        return np.zeros((0, hidden), np.float32)
+    grid = processed["image_grid_thw"]
+    types = {i.name: i.type for i in session.get_inputs()}
+    dtype = np.float16 if types["pixel_values"] == "tensor(float16)" else np.float32
+    feats = [session.run(None, {"pixel_values": p.astype(dtype), "image_grid_thw": grid[k:k + 1]})[0]
+             for k, p in enumerate(_image_patches(processed["pixel_values"], grid))]
+    return np.concatenate(feats).astype(np.float32)
+
+
+def _empty_past(decoder: dict, types: dict[str, int]) -> dict[str, np.ndarray]:
+    """The decoder's past key values of length 0, named and sized as ``genai_config.json`` says."""
+    shape = (1, int(decoder["num_key_value_heads"]), 0, int(decoder["head_size"]))
+    names = [decoder["inputs"][k] % i for i in range(int(decoder["num_hidden_layers"]))
+             for k in ("past_key_names", "past_value_names")]
+    missing = [n for n in names if n not in types]
+    if missing:
+        raise VlsensError(f"the decoder has no input {missing[0]} (genai_config.json names it)")
+    return {n: np.zeros(shape, _NUMPY[types[n]]) for n in names}
+
+
+def _sequence_feed(sequence: np.ndarray, processed: dict, pieces: dict, checkpoint) -> dict[str, np.ndarray]:
+    """The decoder's prefill inputs of one whole sequence (1, S): embeddings with the image
+    features, 3-D positions, mask; the past key values are the caller's."""
+    from vlsens.deploy.genai.runtime import rope_positions
+
+    feats = _features(pieces["vision"], processed, pieces["hidden"])
+    embeds = pieces["embedding"].run(None, {"input_ids": sequence, "image_features": feats})[0]
+    mask = np.ones_like(sequence, dtype=np.int64)
+    rope = {"input_ids": sequence, "attention_mask": mask,
+            "mm_token_type_ids": (sequence == pieces["image_token_id"]).astype(np.int64)}
+    if "image_grid_thw" in processed:
+        rope["image_grid_thw"] = processed["image_grid_thw"]
+    return {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": rope_positions(checkpoint, rope)}
+
+
+def _pieces(folder: Path, threads: int) -> dict:
+    """The folder's vision and embedding sessions and what the feeds need of its configuration."""
+    from vlsens.core.onnxutil import make_session
+
+    model = json.loads((folder / "genai_config.json").read_text())["model"]
+    return {"vision": make_session(folder / genai.GRAPHS["vision"], threads=threads),
+            "embedding": make_session(folder / genai.GRAPHS["embedding"], threads=threads),
+            "hidden": int(model["decoder"]["hidden_size"]), "image_token_id": int(model["image_token_id"]),
+            "decoder": model["decoder"]}
+
+
+def _typed(feed: dict[str, np.ndarray], types: dict[str, int]) -> dict[str, np.ndarray]:
+    """``feed`` in the decoder's input types; VlsensError unless it holds exactly its inputs."""
+    if set(feed) != set(types):
+        raise VlsensError(f"the decoder takes inputs {sorted(types)}, the feed holds {sorted(feed)}")
+    return {k: np.asarray(v, _NUMPY[types[k]]) for k, v in feed.items()}
+
+
+def decoder_feeds(folder: str | Path, reference_npz: str | Path, cases: list[dict], checkpoint: str | Path,
+                  out_npz: str | Path, decoder_graph: str | Path | None = None, threads: int = 0) -> dict:
+    """The measure's cases as the decoder graph's evaluation set, written atomically to
+    ``out_npz`` (:meth:`Samples.save <vlsens.data.samples.Samples.save>`, one feed per case in the
+    reference's order, named by case): the prefill of the prompt and the reference tokens but the
+    last, computed with the fp32 deploy ``folder``'s own processor, vision and embedding graphs,
+    an empty cache, and ``valid`` at the positions whose logits the runtime's teacher forcing
+    returns (one per reference token). ``decoder_graph``: the graph the set is for (default: the
+    one the folder's record names), checked to take the inputs of the folder's decoder. Returns
+    facts: cases, positions, per case its prompt, sequence and step counts."""
+    t0 = time.perf_counter()
+    folder = Path(folder)
+    types = check_same_graph(folder, decoder_graph)
+    index, _ = load_reference(reference_npz)
+    ordered = _check_cases(index, cases, reference_npz)
+    processed = _processed(folder, ordered)
+    pieces = _pieces(folder, threads)
+    past = _empty_past(pieces["decoder"], types)
+    feeds, valid, rows = [], [], []
+    for ref, proc in zip(index["cases"], processed):
+        prompt = proc["input_ids"].reshape(1, -1)
+        tokens = np.asarray(ref["tokens"], np.int64)
+        sequence = np.concatenate([prompt, tokens[None, :-1]], axis=1)
+        feed = {**_sequence_feed(sequence, proc, pieces, checkpoint), **past}
+        feeds.append(_typed(feed, types))
+        mask = np.zeros(sequence.shape, bool)
+        mask[0, prompt.shape[1] - 1:] = True
+        valid.append(mask)
+        rows.append({"name": ref["name"], "prompt": int(prompt.shape[1]), "sequence": int(sequence.shape[1]),
+                     "steps": int(tokens.size)})
+    from vlsens.data.samples import Samples
+
+    Samples(feeds, valid, [r["name"] for r in rows]).save(out_npz)
+    return {"folder": str(folder), "reference": str(reference_npz), "cases": len(rows),
+            "positions": int(sum(r["steps"] for r in rows)), "per_case": rows, "seconds": time.perf_counter() - t0}
+
+
+def chain_kl(decoder_graph: str | Path, feeds_npz: str | Path, reference_npz: str | Path, threads: int = 0) -> list[dict]:
+    """``decoder_graph`` (a plain ONNX Runtime session) on every feed of :func:`decoder_feeds`:
+    per case (the feeds' order) its logits at the valid positions against the reference's
+    log-probabilities, as :func:`~vlsens.deploy.genai.measure.measure_folder`'s rows (mean and max
+    KL over the steps, top-1 agreement with the reference token, steps) plus the seconds it took."""
+    from vlsens.core.onnxutil import make_session
+    from vlsens.data.samples import Samples
+
+    samples = Samples.load(feeds_npz)
+    index, logps = load_reference(reference_npz)
+    refs = {c["name"]: (c, logp) for c, logp in zip(index["cases"], logps)}
+    if sorted(samples.names) != sorted(refs):
+        raise VlsensError(f"{feeds_npz} holds cases {samples.names}, the reference {reference_npz} {sorted(refs)}")
+    session = make_session(decoder_graph, threads=threads)
+    output = session.get_outputs()[0].name
+    rows = []
+    for feed, valid, name in zip(samples.feeds, samples.valid, samples.names):
+        t0 = time.perf_counter()
+        q = session.run([output], feed)[0][valid]
+        case, logp = refs[name]
+        if q.shape[0] != len(case["tokens"]):
+            raise VlsensError(f"case {name}: {q.shape[0]} valid positions for {len(case['tokens'])} reference tokens")
+        kl = kl_steps(logp, q)
+        rows.append({"name": name, "modality": case["modality"], "kl": float(kl.mean()), "max_kl": float(kl.max()),
+                     "top1": float(np.mean(q.argmax(-1) == np.asarray(case["tokens"]))), "steps": int(kl.size),
+                     "seconds": time.perf_counter() - t0})
+    return rows

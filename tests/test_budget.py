@@ -1,0 +1,290 @@
+"""The whole-VLM byte budget: plans rebuild their folder exactly, the front is the Pareto set of
+the parts' combinations, and on the tiny decoder the searched curve, the plans and the built
+decoders agree with the engine."""
+
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from vlsens.budget import front as fr
+from vlsens.budget.plan import Plan, build_decoder
+from vlsens.core.errors import ConfigError, VlsensError
+from vlsens.quantize.nbits import NBitsSettings, quantized_nodes, weight_matmuls
+from vlsens.sensitivity import nbits as nb
+
+
+def _plan(**changes) -> Plan:
+    d = {"name": "p1", "vision": "int8-mixed", "embedding": "int4",
+         "decoder": {"/a/MatMul": 4, "/b/MatMul": 8, "/c/MatMul": 0, "/lm_head/MatMul": 8},
+         "settings": NBitsSettings().as_dict(), "estimate": {"bytes": 1234, "kl": 0.01}}
+    return Plan(**{**d, **changes})
+
+
+def test_plan_round_trip_and_digest(tmp_path):
+    p = _plan()
+    path = p.save(tmp_path / "p1.yaml")
+    text = path.read_text()
+    assert text.startswith("# ") and "Rebuild" in text
+    assert Plan.load(path) == p
+    assert Plan.load(path).digest() == p.digest()
+    assert p.bits_summary() == {"int4": 1, "int8": 2, "float": 1}
+    # the name and the estimate do not change what is built
+    assert _plan(name="other", estimate={"kl": 9.0}).digest() == p.digest()
+    # settings completed: the defaults given or left out are the same folder
+    assert _plan(settings={}).digest() == p.digest()
+    # one bit, one format or one setting is another folder
+    assert _plan(decoder={**p.decoder, "/c/MatMul": 4}).digest() != p.digest()
+    assert _plan(vision="fp16").digest() != p.digest()
+    assert _plan(settings={**p.settings, "block_size": 64}).digest() != p.digest()
+
+
+@pytest.mark.parametrize("change, key", [
+    (lambda d: d["decoder"].update({"/b/MatMul": 3}), "decoder"),
+    (lambda d: d.update(vision="int2"), "vision"),
+    (lambda d: d.update(embedding="fp8"), "embedding"),
+    (lambda d: d.pop("decoder"), "decoder"),
+    (lambda d: d["settings"].update(block_size=24), "settings"),
+])
+def test_a_bad_plan_file_names_the_file_and_the_key(tmp_path, change, key):
+    path = _plan().save(tmp_path / "bad.yaml")
+    d = yaml.safe_load(path.read_text())
+    change(d)
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError, match=key) as e:
+        Plan.load(path)
+    assert str(path) in str(e.value)
+
+
+def _curve():
+    """Decoder points (bytes, KL); the third is dominated by the second."""
+    pts = [(100, 1.0), (200, 0.3), (250, 0.35), (400, 0.1), (800, 0.0)]
+    return [{"budget": b, "bytes": b, "kl": k, "bits": {"op": i}} for i, (b, k) in enumerate(pts)]
+
+
+COMPONENTS = {"vision": {"fp16": {"bytes": 300, "kl": 0.0}, "int4": {"bytes": 80, "kl": 0.2}},
+              "embedding": {"fp32": {"bytes": 200, "kl": 0.0}, "int4": {"bytes": 30, "kl": 0.05}}}
+
+
+def _brute_pareto(points):
+    return sorted((p for p in points if not any(q["bytes"] <= p["bytes"] and q["kl"] <= p["kl"] and
+                                                (q["bytes"] < p["bytes"] or q["kl"] < p["kl"]) for q in points)),
+                  key=lambda p: p["bytes"])
+
+
+def test_combine_is_the_pareto_set_of_the_additive_estimates():
+    front = fr.combine(_curve(), COMPONENTS, other_bytes=10)
+    every = [{"bytes": d["bytes"] + 10 + v["bytes"] + e["bytes"], "kl": d["kl"] + v["kl"] + e["kl"]}
+             for d in _curve() for v in COMPONENTS["vision"].values() for e in COMPONENTS["embedding"].values()]
+    want = _brute_pareto(every)
+    assert [(p["bytes"], p["kl"]) for p in front] == [(p["bytes"], p["kl"]) for p in want]
+    assert all(p["decoder"] != 2 for p in front)  # the dominated decoder point is in no front point
+    assert len(front) < len(every)
+    one = front[0]
+    assert (one["vision"], one["embedding"], one["decoder"]) == ("int4", "int4", 0)
+    assert one["bytes"] == sum(part["bytes"] for part in one["parts"].values())
+    assert front[-1]["kl"] == 0.0 and [p["bytes"] for p in front] == sorted(p["bytes"] for p in front)
+    with pytest.raises(ConfigError, match="vision"):
+        fr.combine(_curve(), {**COMPONENTS, "vision": {"int3": {"bytes": 1, "kl": 0.0}}}, 0)
+
+
+def test_pick_spreads_distinct_points_over_the_front():
+    front = [{"bytes": b, "kl": 1.0 / b} for b in (100, 101, 102, 103, 150, 300, 1000, 1010, 5000, 10000)]
+    got = fr.pick(front, 5)
+    b = [p["bytes"] for p in got]
+    assert len(b) == 5 == len(set(b)) and b == sorted(b)
+    assert b[0] == 100 and b[-1] == 10000
+    # targets 100, 316, 1000, 3162, 10000: the largest point at or below each
+    assert b == [100, 300, 1000, 1010, 10000]
+    # crowded at the bottom: the ties go to the nearest unpicked points
+    crowded = [{"bytes": x, "kl": 1.0 / x} for x in (100, 101, 102, 103, 10000)]
+    assert [p["bytes"] for p in fr.pick(crowded, 4)] == [100, 102, 103, 10000]
+    assert fr.pick(front[:3], 8) == front[:3]
+    with pytest.raises(ValueError):
+        fr.pick(front, 1)
+
+
+# -- the tiny decoder ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine(graph_builder, tmp_path_factory):
+    """The tiny decoder's nbits engine and its sensitivity CSV, as tests/test_nbits.py prepares them."""
+    b = graph_builder("decoder")
+    folder = tmp_path_factory.mktemp("budget")
+    settings = NBitsSettings(algorithm="k_quant", block_size=32, accuracy_level=4)
+    nb.prepare(b.model("fp32"), b.calib / "eval.npz", folder / "engine", settings, threads=2, logits=True)
+    nb.sensitivity(folder / "engine", b.calib / "eval.npz", folder / "nbits.csv", folder / "nbits.json", 2)
+    return b, folder
+
+
+def _rows(folder):
+    import pandas as pd
+
+    return pd.read_csv(folder / "nbits.csv").to_dict("records")
+
+
+def _components(rows):
+    """Vision and embedding formats whose bytes are comparable with the tiny decoder's."""
+    full = sum(r["bytes_float"] for r in rows)
+    return {"vision": {"fp16": {"bytes": full // 4, "kl": 0.0}, "int8-mixed": {"bytes": full // 8, "kl": 2e-4},
+                       "int4": {"bytes": full // 16, "kl": 1e-3}},
+            "embedding": {"fp32": {"bytes": full // 3, "kl": 0.0}, "int4": {"bytes": full // 24, "kl": 5e-4}}}
+
+
+@pytest.fixture(scope="module")
+def searched(engine):
+    """:func:`vlsens.budget.front.search` on the tiny decoder, components comparable with it."""
+    b, folder = engine
+    rows = _rows(folder)
+    t0 = time.perf_counter()
+    plans, record = fr.search(folder / "engine", b.calib / "eval.npz", folder / "nbits.csv", _components(rows),
+                              other_bytes=1000, points=8, max_evals=60, threads=2)
+    print(f"\nsearch: {record['evaluations']} in {time.perf_counter() - t0:.1f} s; front {len(record['front'])}")
+    for p in record["curve"]:
+        print(f"  budget {p['budget']:>9}  bytes {p['bytes']:>9}  KL {p['kl']:.4g}  ({p['from']}, searched "
+              f"{p['searched']})")
+    for p in plans:
+        print(f"  {p.name}: {p.estimate['bytes']} bytes, KL {p.estimate['kl']:.4g}, vision {p.vision}, "
+              f"embedding {p.embedding}, {p.bits_summary()}")
+    return plans, record
+
+
+def test_decoder_curve_falls_with_bytes_between_its_measured_ends(engine, searched):
+    """The search's curve (:func:`vlsens.budget.front.decoder_curve` at its budgets)."""
+    b, folder = engine
+    _, record = searched
+    curve = record["curve"]
+    rows = fr.shipped_rows(nb.Prepared(folder / "engine"), _rows(folder))  # bytes as a graph file ships them
+    low, high = fr.assignment_bytes(rows, {r["op"]: 4 for r in rows}), fr.assignment_bytes(rows, {})
+    assert record["budgets"] == fr.budgets_between(low, high) and low < min(record["budgets"])
+    assert len(curve) == len(record["budgets"]) + 2 == 14
+    assert curve[0]["bytes"] == low and set(curve[0]["bits"].values()) == {4}
+    assert curve[-1]["bytes"] == high and set(curve[-1]["bits"].values()) == {0} and curve[-1]["kl"] < 1e-9
+    assert curve[0]["kl"] == max(p["kl"] for p in curve) > 1e-6
+    assert all(p["bytes"] <= p["budget"] for p in curve[:-1])
+    kl = [p["kl"] for p in curve]
+    assert all(b <= a for a, b in zip(kl, kl[1:], strict=False))  # the best-so-far envelope
+    # the search's own result: above the envelope by noise at most (a thousandth of all INT4's KL)
+    assert all(p["searched"] - p["kl"] <= 1e-3 * kl[0] for p in curve[1:-1])
+    assert kl[len(kl) // 2] < kl[0] / 2  # half-way in log bytes: most of the error is gone
+    assert record["evaluations"]["measured"] < record["evaluations"]["asked"]  # asked again: not run again
+    # each point measured again equals what the curve says
+    eng_dir = nb.Prepared(folder / "engine")
+    eng, ref = eng_dir.session(b.calib / "eval.npz", threads=2), eng_dir.reference()
+    for p in curve[1:-1:4]:
+        assert nb.error(eng.evaluate(p["bits"], ref), True) == p["kl"]
+
+
+def test_curve_keeps_a_smaller_budgets_better_point():
+    """A budget whose search does worse than a smaller budget's point takes that point."""
+    rows = [{"op": o, "bytes_float": 400, "bytes_int8": 200, "bytes_int4": 100, "error_int4": e, "error_int8": e / 10}
+            for o, e in (("a", 1.0), ("b", 0.5))]
+    kl = {(4, 4): 1.0, (8, 4): 0.4, (4, 8): 0.6, (8, 8): 0.5, (0, 4): 0.45, (4, 0): 0.55, (0, 8): 0.3,
+          (8, 0): 0.2, (0, 0): 0.0}
+    measured = fr.Measured(lambda a: kl[(a.get("a", 0), a.get("b", 0))])
+    curve = fr.decoder_curve(measured, rows, [300, 400], max_evals=2)  # the fills only
+    assert [(p["budget"], p["bytes"], p["kl"]) for p in curve] == [(200, 200, 1.0), (300, 300, 0.4),
+                                                                   (400, 300, 0.4), (800, 800, 0.0)]
+    assert curve[2]["from"] == "budget 300" and curve[2]["searched"] == 0.5
+    with pytest.raises(ValueError, match="below"):
+        fr.decoder_curve(measured, rows, [150], 20)
+    with pytest.raises(VlsensError, match="all-float"):
+        fr.decoder_curve(fr.Measured(lambda a: 1.0), rows, [300], 20)
+
+
+def test_search_returns_plans_spread_over_the_front(searched, engine, tmp_path):
+    plans, record = searched
+    b, folder = engine
+    assert min(8, len(record["front"])) == len(plans) >= 6
+    assert [p.name for p in plans] == [f"p{i}" for i in range(1, len(plans) + 1)]
+    sizes = [p.estimate["bytes"] for p in plans]
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+    assert sizes[0] == record["front"][0]["bytes"] and sizes[-1] == record["front"][-1]["bytes"]
+    assert len({p.digest() for p in plans}) == len(plans)
+    ops = [o["name"] for o in weight_matmuls(b.model("fp32"))]
+    assert all(list(p.decoder) == nb.Prepared(folder / "engine").ops and sorted(p.decoder) == sorted(ops)
+               for p in plans)
+    assert record["evaluations"]["measured"] <= record["evaluations"]["asked"]
+    assert record["curve"][-1]["kl"] < 1e-9
+    import json
+
+    json.dumps(record)  # the record is plain JSON
+    for p in plans:  # each plan saves and loads unchanged
+        assert Plan.load(p.save(tmp_path / f"{p.name}.yaml")) == p
+
+
+def test_a_built_plan_is_the_engine_assignment(searched, engine, tmp_path):
+    from vlsens.core.metrics import Metrics
+    from vlsens.core.onnxutil import make_session
+
+    plans, _ = searched
+    b, folder = engine
+    plan = next(p for p in plans if len(set(p.decoder.values())) == 3) if \
+        any(len(set(p.decoder.values())) == 3 for p in plans) else plans[len(plans) // 2]
+    eng_dir = nb.Prepared(folder / "engine")
+    facts = build_decoder(plan, eng_dir.folder / nb.FILES["float"], tmp_path / "model.onnx")
+    nodes = quantized_nodes(tmp_path / "model.onnx")
+    assert {n: v["bits"] for n, v in nodes.items()} == {n: bt for n, bt in plan.decoder.items() if bt}
+    assert facts["bits"] == plan.bits_summary() and facts["digest"] == plan.digest()
+    # the weights as the CSV counts them; the graph file as the estimate counts it (the per-node
+    # bytes of MatMulNBits spread evenly over the MatMuls: within 0.2 % of the file)
+    assert facts["weight_bytes"] == fr.assignment_bytes(_rows(folder), plan.decoder)
+    float_model = eng_dir.folder / nb.FILES["float"]
+    other = fr._file_bytes(float_model) - sum(r["bytes_float"] for r in _rows(folder))
+    built = fr._file_bytes(tmp_path / "model.onnx") - other
+    assert abs(built - plan.estimate["parts"]["decoder"]["bytes"]) <= 2e-3 * built, (built, plan.estimate)
+    eng, ref = eng_dir.session(b.calib / "eval.npz", threads=2), eng_dir.reference()
+    want = nb.error(eng.evaluate(plan.decoder, ref), True)
+    sess, acc = make_session(tmp_path / "model.onnx", threads=2), Metrics(True)
+    for i, feed in enumerate(eng.samples.feeds):
+        acc.add(sess.run(["logits"], feed)[0], ref[i], eng.samples.valid[i])
+    got = acc.result()["kl"]
+    assert np.isclose(got, want, rtol=1e-6, atol=0), (got, want)
+    assert np.isclose(want, plan.estimate["parts"]["decoder"]["kl"], rtol=1e-6, atol=0)
+
+
+def test_build_decoder_names_the_matmuls_a_plan_misses(engine, tmp_path):
+    b, folder = engine
+    ops = nb.Prepared(folder / "engine").ops
+    plan = _plan(decoder={**dict.fromkeys(ops[1:], 4), "/nowhere/MatMul": 8})
+    with pytest.raises(VlsensError, match="missing") as e:
+        build_decoder(plan, b.model("fp32"), tmp_path / "model.onnx")
+    assert ops[0] in str(e.value) and "/nowhere/MatMul" in str(e.value)
+
+
+def test_a_plan_file_rebuilds_its_decoder_byte_for_byte(searched, engine, tmp_path):
+    """The plan file is all a rebuild reads: saved, loaded and built twice, the graph and its data
+    file are the same bytes."""
+    import hashlib
+
+    plans, _ = searched
+    _, folder = engine
+    src = nb.Prepared(folder / "engine").folder / nb.FILES["float"]
+    plan = plans[len(plans) // 2]
+    digests = []
+    for k in range(2):
+        loaded = Plan.load(plan.save(tmp_path / f"copy{k}.yaml"))
+        (tmp_path / f"b{k}").mkdir()
+        build_decoder(loaded, src, tmp_path / f"b{k}" / "model.onnx")
+        files = sorted(p.name for p in (tmp_path / f"b{k}").iterdir())
+        assert files == ["model.onnx", "model.onnx.data"], files
+        digests.append([hashlib.sha256((tmp_path / f"b{k}" / f).read_bytes()).hexdigest() for f in files])
+    assert digests[0] == digests[1]
+
+
+def test_each_anchor_gets_the_best_plan_within_its_bytes():
+    """An anchor's plan: the front point of lowest estimated KL at or below its bytes, one already
+    picked when it is that plan (by digest), else a new ``at-<anchor>``; none below the front."""
+    from vlsens.budget.build import _anchor_plans
+
+    curve = [{"budget": b, "bits": bits} for b, bits in ((90, {"a": 4, "b": 4}), (140, {"a": 8, "b": 4}),
+                                                         (190, {"a": 8, "b": 8}))]
+    front = [{"bytes": 100, "kl": 3e-3, "decoder": 0, "vision": "int4", "embedding": "int4", "parts": {}},
+             {"bytes": 150, "kl": 1e-3, "decoder": 1, "vision": "int4", "embedding": "int4", "parts": {}},
+             {"bytes": 200, "kl": 1e-4, "decoder": 2, "vision": "int4", "embedding": "int8", "parts": {}}]
+    picked = fr._plans(curve, [front[0], front[2]], ["a", "b"], {})
+    record = {"front": front, "curve": curve}
+    out = _anchor_plans(picked, record, {"big": 210, "mid": 160, "tiny": 50}, ["a", "b"], {})
+    assert out["big"]["plan"] == "p2" and out["mid"]["plan"] == "at-mid" and out["tiny"]["plan"] is None
+    assert [p.name for p in picked] == ["p1", "p2", "at-mid"] and picked[-1].decoder == {"a": 8, "b": 4}

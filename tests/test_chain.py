@@ -1,0 +1,141 @@
+"""The end-to-end measure as one decoder graph's evaluation set (vlsens.deploy.genai.chain): the
+decoder's prefill of every case's whole sequence gives, at the valid positions, the logits
+onnxruntime-genai's teacher forcing gives step by step with its KV cache -- for the fp32 folder
+exactly, for an all-INT4 decoder within the kernels' rounding; and the nbits engine, evaluating
+the same assignment on that set, gives the measure's KL."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import TOL_FP32
+
+from vlsens.quantize.nbits import NBitsSettings
+
+SETTINGS = NBitsSettings(algorithm="k_quant", block_size=32, accuracy_level=4)
+#: One INT4 decoder's KL per case, the runtime's step-by-step decode (MatMulNBits at M = 1 for
+#: each appended token, the past from its cache) against one prefill of the sequence. Measured on
+#: the tiny preset: at most 9e-8 relative. The prompt's step is bit-identical (a causal prefill's
+#: prefix), the decode steps differ by a few float32 ulps of the logits (at most 2.4e-7 of logits
+#: up to 0.63), as much as the fp32 folder's decode steps (1.8e-7): the INT4 kernel at accuracy
+#: level 4 adds no difference of its own between M = 1 and the prefill. 1e-4 keeps a thousandfold
+#: margin and is still far inside the 2 % a search over assignments relies on.
+CASE_REL = 1e-4
+#: The nbits engine's pooled KL against the measure's. Measured: 1.7e-4 relative, all of it the
+#: engine's float32 log-softmax (:class:`vlsens.core.metrics.Metrics`): the same logits scored in
+#: float64 give the measure's KL to 4e-8. Tenfold margin, inside the 2 % a search relies on.
+ENGINE_REL = 2e-3
+
+
+@pytest.fixture(scope="module")
+def chain(graph_builder, parity_refs, tmp_path_factory):
+    """The fp32 folder of the tiny preset (built like the DAG builds it), its reference on
+    3 cases per modality (8 tokens), and the decoder evaluation set of those cases."""
+    from vlsens.deploy.build import build_folder
+    from vlsens.deploy.cases import folder_cases
+    from vlsens.deploy.genai.chain import decoder_feeds
+    from vlsens.deploy.genai.evaluate import Checks
+    from vlsens.deploy.genai.measure import reference
+
+    root = tmp_path_factory.mktemp("chain")
+    dec, vis = graph_builder("decoder"), graph_builder("vision/dynamic")
+    fp32 = root / "fp32"
+    build_folder("fp32", fp32, decoder=dec.model("fp32"), embedding=dec.folder("fp32") / "embedding.onnx",
+                 vision=vis.model("fp32"), checks=Checks(8, TOL_FP32), checkpoint=dec.ckpt, images=parity_refs)
+    cases = folder_cases(parity_refs, root / "cases", per_modality=3)
+    index = reference(fp32, cases, 8, root / "reference.npz")
+    facts = decoder_feeds(fp32, root / "reference.npz", cases, dec.ckpt, root / "feeds.npz")
+    return {"dec": dec, "fp32": fp32, "cases": cases, "index": index, "ref": root / "reference.npz",
+            "feeds": root / "feeds.npz", "facts": facts, "root": root}
+
+
+def test_feeds_are_the_decoder_graphs_evaluation_set(chain):
+    from vlsens.data.samples import Samples
+
+    facts, index = chain["facts"], chain["index"]
+    samples = Samples.load(chain["feeds"], chain["dec"].model("fp32"))
+    assert samples.names == [c["name"] for c in index["cases"]] and facts["cases"] == 9
+    assert facts["positions"] == sum(len(c["tokens"]) for c in index["cases"])
+    for feed, valid, row, case in zip(samples.feeds, samples.valid, facts["per_case"], index["cases"]):
+        s = row["sequence"]
+        assert s == row["prompt"] + len(case["tokens"]) - 1
+        assert valid.shape == (1, s) and int(valid.sum()) == len(case["tokens"]) and valid[0, -1]
+        assert not valid[0, :row["prompt"] - 1].any()
+        assert feed["inputs_embeds"].shape[:2] == (1, s) and feed["position_ids"].shape == (3, 1, s)
+        assert feed["past_key_values.0.key"].shape[2] == 0
+    images = [r for r, c in zip(facts["per_case"], index["cases"]) if c["modality"] != "text"]
+    text = [r for r, c in zip(facts["per_case"], index["cases"]) if c["modality"] == "text"]
+    assert min(r["prompt"] for r in images) > max(r["prompt"] for r in text)  # the image tokens are in
+
+
+def test_fp32_chain_equals_the_runtimes_teacher_forcing(chain):
+    from vlsens.deploy.genai.chain import chain_kl
+
+    rows = chain_kl(chain["fp32"] / "decoder.onnx", chain["feeds"], chain["ref"], threads=2)
+    assert [r["name"] for r in rows] == [c["name"] for c in chain["index"]["cases"]]
+    for row, case in zip(rows, chain["index"]["cases"]):
+        assert abs(row["kl"]) < 1e-9 and abs(row["max_kl"]) < 1e-9 and row["top1"] == 1.0, row
+        assert row["steps"] == len(case["tokens"]) and row["modality"] == case["modality"]
+
+
+def test_another_decoder_graph_is_refused(chain, tmp_path):
+    from vlsens.core.errors import VlsensError
+    from vlsens.deploy.genai.chain import check_same_graph
+
+    assert check_same_graph(chain["fp32"])["inputs_embeds"] == 1  # the folder's record: its source graph
+    with pytest.raises(VlsensError, match="differ in their inputs"):
+        check_same_graph(chain["fp32"], chain["fp32"] / "embedding.onnx")
+
+
+@pytest.fixture(scope="module")
+def int4(chain):
+    """The all-INT4 decoder (every weight MatMul) in a copy of the fp32 folder as its decoder, the
+    folder through the measure, and the decoder on the chain."""
+    from vlsens.core.onnxutil import copy_model
+    from vlsens.deploy.genai import folder as genai
+    from vlsens.deploy.genai.chain import chain_kl
+    from vlsens.deploy.genai.measure import measure_folder
+    from vlsens.quantize.nbits import quantize, weight_matmuls
+
+    root, fp32 = chain["root"], chain["dec"].model("fp32")
+    ops = [o["name"] for o in weight_matmuls(fp32)]
+    (root / "q4").mkdir()
+    q = quantize(fp32, root / "q4" / "model.onnx", dict.fromkeys(ops, 4), SETTINGS)
+    folder = root / "int4"
+    shutil.copytree(chain["fp32"], folder, ignore=shutil.ignore_patterns(genai.GRAPHS["decoder"] + "*"))
+    copy_model(q, folder / genai.GRAPHS["decoder"])
+    return {"model": q, "folder": folder, "ops": ops,
+            "measure": measure_folder(folder, chain["ref"], chain["cases"], "int4"),
+            "chain": chain_kl(q, chain["feeds"], chain["ref"], threads=2)}
+
+
+def _pooled(rows) -> float:
+    """The mean KL over all steps of all cases."""
+    return sum(r["kl"] * r["steps"] for r in rows) / sum(r["steps"] for r in rows)
+
+
+def test_int4_chain_equals_the_measure(int4):
+    from vlsens.quantize.nbits import quantized_nodes
+
+    assert {v["bits"] for v in quantized_nodes(int4["folder"] / "decoder.onnx").values()} == {4}
+    rows, measured = int4["chain"], int4["measure"]["cases"]
+    for a, b in zip(rows, measured, strict=True):
+        assert a["name"] == b["name"] and a["steps"] == b["steps"] and b["kl"] > 1e-6, (a, b)
+        assert a["kl"] == pytest.approx(b["kl"], rel=CASE_REL), (a, b)
+        assert a["max_kl"] == pytest.approx(b["max_kl"], rel=CASE_REL) and a["top1"] == b["top1"], (a, b)
+    assert any(r["top1"] < 1 for r in measured)  # INT4 changes the tokens somewhere: not a trivial pass
+    assert _pooled(rows) == pytest.approx(_pooled(measured), rel=CASE_REL)
+
+
+def test_nbits_engine_on_the_chain_equals_the_measure(chain, int4, tmp_path):
+    from vlsens.sensitivity import nbits as nb
+
+    nb.prepare(chain["dec"].model("fp32"), chain["feeds"], tmp_path / "engine", SETTINGS, threads=2, logits=True)
+    eng_dir = nb.Prepared(tmp_path / "engine")
+    eng = eng_dir.session(chain["feeds"], threads=2)
+    assert eng_dir.ops == int4["ops"]
+    got = nb.error(eng.evaluate(dict.fromkeys(eng_dir.ops, 4), eng_dir.reference()), eng.logits)
+    assert got == pytest.approx(_pooled(int4["chain"]), rel=ENGINE_REL)
+    assert got == pytest.approx(_pooled(int4["measure"]["cases"]), rel=ENGINE_REL)
+    assert nb.error(eng.evaluate({}, eng_dir.reference()), eng.logits) == 0.0  # its float pass is the fp32 chain

@@ -1,0 +1,17 @@
+"""The measured front beside the anchors: every plan's folder and every anchor on the folders' measure, the
+estimate against the built folder, the goals with their paired intervals (vlsens.budget.report)."""
+import json
+
+import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
+
+from vlsens.budget.report import write
+from vlsens.core.scripting import run
+
+
+def main(sm):
+    measures = {k: v for k, v in sm.input.items() if k not in ("front", "components")}
+    write(json.loads(open(sm.input.front).read()), measures, sm.output.json, sm.output.md, sm.output.png,
+          kl_budget=sm.params.kl_budget)
+
+
+run(snakemake, main)  # noqa: F821
