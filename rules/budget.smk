@@ -56,7 +56,7 @@ checkpoint budget_front:
         front=paths.BUDGET_FRONT,
         plans=directory(paths.BUDGET_PLANS),
     params:
-        search={k: config["plan"][k] for k in ("points", "max_evals")},
+        search={k: config["plan"][k] for k in ("points", "max_evals", "budgets")},
         provenance=provenance("deploy", "budget_front.py"),
     log:
         paths.model_log("budget_front"),

@@ -91,7 +91,7 @@ wildcard_constraints:
     # the variants vlsens.config knows, and those onnxsim simplifies ({base}-sim)
     base="|".join(v.removesuffix("-sim") for v in VARIANTS if v.endswith("-sim")),
     variant="|".join(VARIANTS),
-    precision="|".join(_deploy.FOLDERS) + r"|plan-(?:p[0-9]+|at-[A-Za-z0-9_.-]+)",
+    precision="|".join(_deploy.FOLDERS) + r"|plan-[A-Za-z0-9_.-]+",
     engine="ort|inc",
 
 
@@ -123,7 +123,7 @@ def measured_folders(wildcards):
 
 PLAN_ON = config["plan"]["enabled"] and config["deploy"]["enabled"]
 # plan names: p1.. along the front, at-<anchor> at an anchor's bytes
-PLAN_NAME = r"p[0-9]+|at-[A-Za-z0-9_.-]+"
+PLAN_NAME = r"p[0-9]+|at-[A-Za-z0-9_.-]+|[a-z][a-z0-9_-]*"  # and plan.budgets' names
 BUDGET_DECODER = {
     k: paths.fill(f"{paths.VARIANT}/{f}", graph=_deploy.DECODER_GRAPH, variant="fp32")
     for k, f in (("model", paths.MAIN), ("parity", paths.RECORD))

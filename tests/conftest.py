@@ -34,7 +34,7 @@ def default_config(**changes) -> dict:
         cur = cfg
         *parents, last = dotted.split(".")
         for p in parents:
-            cur = cur[p]
+            cur = cur.setdefault(p, {})  # a section config.yaml leaves to the schema's defaults
         cur[last] = value
     return with_defaults(cfg)
 

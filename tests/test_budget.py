@@ -288,3 +288,34 @@ def test_each_anchor_gets_the_best_plan_within_its_bytes():
     out = _anchor_plans(picked, record, {"big": 210, "mid": 160, "tiny": 50}, ["a", "b"], {})
     assert out["big"]["plan"] == "p2" and out["mid"]["plan"] == "at-mid" and out["tiny"]["plan"] is None
     assert [p.name for p in picked] == ["p1", "p2", "at-mid"] and picked[-1].decoder == {"a": 8, "b": 4}
+
+
+def test_a_requested_budget_picks_its_point_and_is_refused_when_badly_named():
+    """plan.budgets: bytes and bits per weight pick the lowest estimated KL within the limit, a KL
+    the fewest bytes meeting it; none when nothing meets it. Names are checked by the schema and
+    the DAG build (not p<i> or at-..., no repeat)."""
+    from conftest import default_config
+
+    from vlsens.budget.build import budget_point
+    from vlsens.config import schema_errors, with_defaults
+    from vlsens.deploy import check_config
+
+    front = [{"bytes": 100, "kl": 3e-3}, {"bytes": 150, "kl": 1e-3}, {"bytes": 200, "kl": 1e-4}]
+    assert budget_point(front, {"bytes": 180}, 800) == (front[1], 180)
+    assert budget_point(front, {"bits_per_weight": 7.2}, 800) == (front[1], 180)  # 7.2 x 800 / 32
+    assert budget_point(front, {"kl": 2e-3}, 800) == (front[1], None)
+    assert budget_point(front, {"kl": 1e-5}, 800) == (None, None)
+    assert budget_point(front, {"bytes": 50}, 800) == (None, 50)
+    def errors(budgets):
+        cfg = default_config()
+        cfg["plan"]["budgets"] = budgets
+        return schema_errors(with_defaults(cfg))
+
+    for bad in ({"name": "p3", "bytes": 1}, {"name": "at-x", "kl": 1e-3}, {"name": "small"},
+                {"name": "small", "bytes": 1, "kl": 1e-3}):
+        assert any("budgets" in e for e in errors([bad])), bad
+    assert not errors([{"name": "small", "bits_per_weight": 4.5}, {"name": "q", "kl": 1e-4}])
+    cfg = default_config()
+    cfg["plan"]["budgets"] = [{"name": "small", "bytes": 10**6}, {"name": "small", "kl": 1e-4}]
+    with pytest.raises(ConfigError, match="plan.budgets: names"):
+        check_config(cfg)

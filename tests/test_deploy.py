@@ -91,7 +91,7 @@ def test_config_check_names_the_missing_graph():
         check_config(default_config(**{"vision.dynamic.enabled": False}))
     # the int4 folders' vision graph (deploy.nbits.vision): fp16 needs the dynamic graph's fp16 variant
     fp16_vision = {"deploy.precisions": ["fp32", "int4-mixed"], "deploy.nbits.vision": "fp16",
-                   "vision.dynamic.sensitivity_variants": []}
+                   "vision.dynamic.sensitivity_variants": [], "plan.vision": ["fp16", "int4"]}
     check_config(default_config(**fp16_vision))
     with pytest.raises(ConfigError, match=r"int4-mixed.*'fp16' in vision\.dynamic\.variants"):
         check_config(default_config(**fp16_vision, **{"vision.dynamic.variants": ["fp32"]}))

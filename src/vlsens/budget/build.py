@@ -134,6 +134,12 @@ def plan_folder(plan_file, out_dir, checkpoint, sources: dict, images, checks, g
     return record
 
 
+def _csv_rows(csv) -> list[dict]:
+    import pandas as pd
+
+    return pd.read_csv(csv).to_dict("records")
+
+
 def formats_of(inputs: dict) -> dict:
     """``{"vision": {format: graph}, "embedding": {format: graph}}`` from a job's named inputs
     (``vision_<format>``, ``embedding_<format>``: rules/common.smk's ``budget_formats``)."""
@@ -165,13 +171,47 @@ def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, setti
     return out
 
 
+def budget_point(front: list, request: dict, fp32_bytes: int) -> tuple[dict | None, int | None]:
+    """``(front point, byte limit)`` for a ``plan.budgets`` entry: ``bytes`` (the folder's graphs
+    and data files), ``bits_per_weight`` (bits per parameter of the fp32 folder, whose graphs hold
+    ``fp32_bytes / 4`` float32 values: the byte limit ``bits x fp32_bytes / 32``) -- the point of
+    lowest estimated KL within the limit; ``kl`` (mean KL per generated step) -- the point of fewest
+    bytes whose estimated KL meets it. None where no front point does."""
+    from vlsens.budget.front import at_bytes
+
+    if "kl" in request:
+        meets = [p for p in front if p["kl"] <= float(request["kl"])]
+        return (dict(min(meets, key=lambda p: p["bytes"])) if meets else None), None
+    limit = int(request["bytes"]) if "bytes" in request else int(float(request["bits_per_weight"]) * fp32_bytes / 32)
+    return at_bytes(front, limit), limit
+
+
+def _budget_plans(plans: list, record: dict, budgets: list[dict], fp32_bytes: int, eng) -> dict:
+    """Each requested budget as a plan of its own name (appended to ``plans``), and its record."""
+    from vlsens.budget.front import _plans
+
+    out = {}
+    for request in budgets:
+        point, limit = budget_point(record["front"], request, fp32_bytes)
+        entry = {"request": {k: v for k, v in request.items() if k != "name"}, "byte_limit": limit,
+                 "plan": None if point is None else request["name"]}
+        if point is None:
+            entry["note"] = "no front point meets the request"
+        else:
+            plans.append(replace(_plans(record["curve"], [point], eng.ops, eng.settings.as_dict())[0],
+                                 name=request["name"]))
+        out[request["name"]] = entry
+    return out
+
+
 def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_dir, search_settings: dict,
                 anchors: dict[str, str | Path] | None = None, threads: int = 0) -> dict:
     """The job: :func:`vlsens.budget.front.search` for ``search_settings["points"]`` plans along
     the front (``p1`` .. in increasing bytes) at most ``search_settings["max_evals"]`` assignments
-    per budget, and per anchor folder (name -> folder) the plan of lowest estimated KL within its
-    bytes (a plan already picked, or ``at-<anchor>``); each plan saved as ``plans_dir/<name>.yaml``,
-    the search's record as ``front.json``."""
+    per budget, per anchor folder (name -> folder) the plan of lowest estimated KL within its
+    bytes (a plan already picked, or ``at-<anchor>``), and each of ``search_settings["budgets"]``
+    (:func:`budget_point`) under its own name; each plan saved as ``plans_dir/<name>.yaml``, the
+    search's record as ``front.json``."""
     from vlsens.budget.front import search
     from vlsens.core.fsutil import atomic_dir, write_json
     from vlsens.deploy.genai.measure import folder_weight_bytes
@@ -184,6 +224,10 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     eng = nb.Prepared(engine_dir)
     sizes = {n: folder_weight_bytes(f) for n, f in (anchors or {}).items()}
     record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict())
+    fp32_bytes = sum(int(components[p]["fp32"]["bytes"]) for p in ("vision", "embedding")) + \
+        int(components["decoder_other_bytes"]) + sum(c["bytes_float"] for c in _csv_rows(csv))
+    record["requested"] = _budget_plans(plans, record, list(search_settings.get("budgets") or []), fp32_bytes, eng)
+    record["fp32_bytes"] = fp32_bytes
     with atomic_dir(plans_dir) as tmp:
         for plan in plans:
             plan.save(Path(tmp) / f"{plan.name}.yaml")

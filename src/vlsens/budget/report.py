@@ -72,6 +72,7 @@ def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | 
     meeting = [p for p in plans if kl_budget is not None and p["kl"] <= kl_budget]
     pick = min(meeting, key=lambda p: p["bytes"]) if meeting else (min(plans, key=lambda p: p["kl"]) if plans else None)
     within = [abs(p["estimate_error"]) <= ESTIMATE_GOAL for p in plans if p["estimate_error"] is not None]
+    requested = _requested(front.get("requested") or {}, {p["plan"]: p for p in plans})
     return {"reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens",
             "plans": plans, "anchors": anchors, "versus": versus,
             "estimate": {"goal": ESTIMATE_GOAL, "within": sum(within), "of": len(within)},
@@ -79,7 +80,22 @@ def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | 
                 "folder": PLAN_PREFIX + pick["plan"], "bytes": pick["bytes"], "kl": pick["kl"],
                 "why": (f"the smallest plan whose measured KL meets the KL budget {kl_budget:g}" if meeting
                         else "no plan meets the KL budget: the plan of lowest KL")},
+            "requested": requested,
             "search": {k: front.get(k) for k in ("evaluations", "seconds", "budgets")}}
+
+
+def _requested(requested: dict, plans: dict) -> dict:
+    """Each ``plan.budgets`` request against its built folder's measure: met when the folder's
+    bytes are within the byte limit, or its measured KL within the KL asked for."""
+    out = {}
+    for name, r in requested.items():
+        p = plans.get(r["plan"]) if r["plan"] else None
+        if p is None:
+            out[name] = {**r, "met": False}
+            continue
+        met = p["kl"] <= float(r["request"]["kl"]) if "kl" in r["request"] else p["bytes"] <= r["byte_limit"]
+        out[name] = {**r, "bytes": p["bytes"], "kl": p["kl"], "met": bool(met)}
+    return out
 
 
 def markdown(result: dict) -> str:
@@ -111,6 +127,10 @@ def markdown(result: dict) -> str:
               "", f"Estimate vs built: {e['within']} of {e['of']} plans within {e['goal']:.0%} of their measured KL "
                   f"(the others' error is printed with its sign); the plans measured below {NOISE_KL:g} per step "
                   "(\"noise\") are at the rounding of two runtimes, where a relative error says nothing."]
+    for name, q in result.get("requested", {}).items():
+        asked = ", ".join(f"{k} {v:g}" for k, v in q["request"].items())
+        got = f"{q['bytes'] / 1e6:.3f} MB, KL {q['kl']:.3g}" if "kl" in q else q.get("note", "not built")
+        lines += ["", f"Requested `plan-{name}` ({asked}): {got}: {'met' if q['met'] else 'NOT met'}."]
     if r:
         lines += ["", f"Recommended: `{r['folder']}` ({r['bytes'] / 1e6:.3f} MB, KL {r['kl']:.3g}): {r['why']}."]
     return "\n".join(lines) + "\n"

@@ -231,6 +231,9 @@ def _check_plan(config: dict) -> None:
     """The vision formats ``plan.vision`` names are built by this config."""
     if not config["plan"]["enabled"]:
         return
+    names = [b["name"] for b in config["plan"]["budgets"]]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"plan.budgets: names {names} repeat one; each names its folder deploy/plan-<name>/")
     dyn = config["vision"]["dynamic"]
     for fmt in config["plan"]["vision"]:
         key, have, want = {"int8-mixed": ("vision.dynamic.sensitivity_variants", dyn["sensitivity_variants"], "fp32"),
