@@ -294,7 +294,9 @@ def test_peer_vision_formats_pass_their_gates_at_their_bytes(peer_vision, fmt):
     facts = rec["extra"]["graphs"]["model.onnx"]
     nodes = _nbits_nodes(out / "model.onnx")
     assert len(nodes) == facts["linears"] > 0 and {n[2] for n in nodes} == {fmt.bits}
-    assert facts["bits"] == fmt.bits and facts["algorithm"] == "rtn" and facts["accuracy_level"] == 4
+    # int8-wo: float activations (OpenVINO's weight-only INT8), int4-rtn128: the run's INT8 activations
+    assert facts["bits"] == fmt.bits and facts["algorithm"] == "rtn"
+    assert facts["accuracy_level"] == (0 if fmt is INT8_WO else 4)
     ks = sorted({k for k, *_ in nodes})
     assert ks == [64, 128, 256] and any(k % 128 for k in ks)
     if fmt is INT4_RTN128:
@@ -369,7 +371,7 @@ def test_formats_pick_their_blocks_and_keep_the_runs_other_settings():
 
     run = NBitsSettings(algorithm="k_quant", block_size=32, symmetric=True, accuracy_level=4)
     assert [INT8_WO.block_for(k, run) for k in (64, 100, 256, 1280, 3420, 5120)] == [64, 128, 256, 256, 256, 256]
-    assert INT8_WO.settings(run, 1280) == NBitsSettings("rtn", 256, False, 4)
+    assert INT8_WO.settings(run, 1280) == NBitsSettings("rtn", 256, False, 0)
     assert INT4_RTN128.settings(run, 64) == NBitsSettings("rtn", 128, True, 4)
     assert FORMATS["int4"].settings(run, 1280) == run and set(FORMATS) == {"int4", "int4-rtn128", "int8-wo"}
     with pytest.raises(ValueError, match="block size 512"):
