@@ -146,16 +146,16 @@ def figure(result: dict, out: str | Path) -> None:
     from vlsens.core.fsutil import atomic_file
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    plans = result["plans"]
+    plans = sorted(result["plans"], key=lambda p: p["bytes"])  # the line runs along the front
     floor = min([p["kl"] for p in plans if p["kl"] > 0] + [a["kl"] for a in result["anchors"].values() if a["kl"] > 0]
                 + [1e-12]) / 10
     ax.plot([p["bytes"] / 1e6 for p in plans], [max(p["kl"], floor) for p in plans], "o-", color="C0",
             label="plans, measured")
     ax.plot([p["estimate_bytes"] / 1e6 for p in plans], [max(p["estimate_kl"], floor) for p in plans], "x",
             color="C0", alpha=0.6, label="plans, estimated")
-    for p in plans:
-        ax.annotate(p["plan"], (p["bytes"] / 1e6, max(p["kl"], floor)), textcoords="offset points", xytext=(4, 4),
-                    fontsize=8)
+    for i, p in enumerate(plans):  # labels alternate above and below: neighbours sit close in bytes
+        ax.annotate(p["plan"], (p["bytes"] / 1e6, max(p["kl"], floor)), textcoords="offset points",
+                    xytext=(4, 6 if i % 2 else -11), fontsize=7)
     colors, markers = plt.get_cmap("tab10").colors, "sD^vP*Xh"
     for i, (name, a) in enumerate(result["anchors"].items()):
         ax.plot(a["bytes"] / 1e6, max(a["kl"], floor), markers[i % len(markers)], color=colors[(i + 1) % 10],
