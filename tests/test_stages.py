@@ -151,8 +151,9 @@ def test_calibration_set(built):
         assert samples.count == man["counts"][s] and samples.names == [e["name"] for e in by[s]]
         sess_inputs = {i.name for i in onnx.load(str(model), load_external_data=False).graph.input}
         assert all(set(f) == sess_inputs for f in samples.feeds)
-        if _logits(built):  # real tokens only count
-            assert all(v is not None and v.sum() == e["tokens"] for v, e in zip(samples.valid, by[s]))
+        if _logits(built):  # the positions a user reads count: real tokens not predicting an image placeholder
+            assert all(v is not None and v.sum() == e["measured"] for v, e in zip(samples.valid, by[s]))
+            assert all((e["measured"] < e["tokens"]) == bool(e["images"]) for e in by[s]), by[s]
 
 
 @pytest.fixture(scope="module")
