@@ -3,6 +3,7 @@ the parts' combinations, and on the tiny decoder the searched curve, the plans a
 decoders agree with the engine."""
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import yaml
 from vlsens.budget import front as fr
 from vlsens.budget.plan import Plan, build_decoder
 from vlsens.core.errors import ConfigError, VlsensError
+from vlsens.core.onnxutil import model_bytes
 from vlsens.quantize.nbits import NBitsSettings, quantized_nodes, weight_matmuls
 from vlsens.sensitivity import nbits as nb
 
@@ -231,8 +233,8 @@ def test_a_built_plan_is_the_engine_assignment(searched, engine, tmp_path):
     # bytes of MatMulNBits spread evenly over the MatMuls: within 0.2 % of the file)
     assert facts["weight_bytes"] == fr.assignment_bytes(_rows(folder), plan.decoder)
     float_model = eng_dir.folder / nb.FILES["float"]
-    other = fr._file_bytes(float_model) - sum(r["bytes_float"] for r in _rows(folder))
-    built = fr._file_bytes(tmp_path / "model.onnx") - other
+    other = model_bytes(float_model) - sum(r["bytes_float"] for r in _rows(folder))
+    built = model_bytes(tmp_path / "model.onnx") - other
     assert abs(built - plan.estimate["parts"]["decoder"]["bytes"]) <= 2e-3 * built, (built, plan.estimate)
     eng, ref = eng_dir.session(b.calib / "eval.npz", threads=2), eng_dir.reference()
     want = nb.error(eng.evaluate(plan.decoder, ref), True)
@@ -319,3 +321,13 @@ def test_a_requested_budget_picks_its_point_and_is_refused_when_badly_named():
     cfg["plan"]["budgets"] = [{"name": "small", "bytes": 10**6}, {"name": "small", "kl": 1e-4}]
     with pytest.raises(ConfigError, match="plan.budgets: names"):
         check_config(cfg)
+
+
+def test_a_jobs_named_inputs_give_the_formats_and_the_anchors():
+    from vlsens.budget.build import formats_of, named
+
+    inputs = {"vision_fp32": "v32.onnx", "vision_int8-wo": "v8.onnx", "embedding_int4": "e4.onnx",
+              "decoder_model": "d.onnx", "anchor_peer-olive": "deploy/peer-olive", "reference": "r.npz"}
+    assert formats_of(inputs) == {"vision": {"fp32": Path("v32.onnx"), "int8-wo": Path("v8.onnx")},
+                                  "embedding": {"int4": Path("e4.onnx")}}
+    assert named(inputs, "anchor_") == {"peer-olive": Path("deploy/peer-olive")}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,18 +28,12 @@ log = logging.getLogger(__name__)
 PLAN_FILE = "plan.yaml"
 
 
-def graph_bytes(model: str | Path) -> int:
-    """A graph file and its external data file, as shipped."""
-    model = Path(model)
-    data = Path(f"{model}.data")
-    return model.stat().st_size + (data.stat().st_size if data.is_file() else 0)
-
-
 def _in_folder(folder: Path, part: str) -> int:
     """A part's bytes as a deploy folder ships it (the vision graph with its preamble)."""
+    from vlsens.core.onnxutil import model_bytes
     from vlsens.deploy.genai import folder as genai
 
-    return graph_bytes(folder / genai.GRAPHS[part])
+    return model_bytes(folder / genai.GRAPHS[part])
 
 
 def _measure_one(name: str, parts: dict, checkpoint, reference, cases, work: Path) -> tuple[Path, dict]:
@@ -80,11 +75,9 @@ def decoder_other_bytes(fp32_folder, rows) -> int:
 def write_components(checkpoint, reference, cases, base: dict, formats: dict, csv, out_json) -> dict:
     """The job: :func:`measure_components` and the decoder's other bytes, as ``components.json``
     (``base`` holds the fp32 folder as ``folder``)."""
-    import pandas as pd
-
     from vlsens.core.fsutil import write_json
 
-    rows = pd.read_csv(csv).to_dict("records")
+    rows = _csv_rows(csv)
     record = measure_components(checkpoint, reference, cases, base, formats, base["folder"])
     record["decoder_other_bytes"] = decoder_other_bytes(base["folder"], rows)
     record["note"] = ("each format's KL: the fp32 folder with that part alone changed, teacher-forced through "
@@ -140,15 +133,59 @@ def _csv_rows(csv) -> list[dict]:
     return pd.read_csv(csv).to_dict("records")
 
 
-def formats_of(inputs: dict) -> dict:
+def named(inputs: Mapping, prefix: str) -> dict[str, Path]:
+    """``{name: path}`` of a job's inputs named ``<prefix><name>`` (rules/common.smk's
+    ``budget_formats`` and ``anchor_folders``)."""
+    return {k.removeprefix(prefix): Path(v) for k, v in inputs.items() if k.startswith(prefix) and k != prefix}
+
+
+def formats_of(inputs: Mapping) -> dict:
     """``{"vision": {format: graph}, "embedding": {format: graph}}`` from a job's named inputs
-    (``vision_<format>``, ``embedding_<format>``: rules/common.smk's ``budget_formats``)."""
-    out: dict = {"vision": {}, "embedding": {}}
-    for key, path in inputs.items():
-        part, _, fmt = key.partition("_")
-        if part in out and fmt:
-            out[part][fmt] = Path(path)
-    return out
+    (``vision_<format>``, ``embedding_<format>``)."""
+    return {part: named(inputs, f"{part}_") for part in ("vision", "embedding")}
+
+
+def front_job(inputs: Mapping, outputs: Mapping, search_settings: dict, threads: int = 0) -> dict:
+    """The ``budget_front`` job on its named inputs and outputs: each vision and table format
+    measured in the fp32 folder (``components``), then :func:`write_front` with the anchors'
+    folders (``anchor_<name>``)."""
+    from vlsens.data.inputs import checkpoint_dir
+    from vlsens.deploy.cases import load_cases
+
+    decoder = Path(inputs["decoder_model"])
+    base = {"decoder": decoder, "embedding": decoder.with_name("embedding.onnx"), "vision": inputs["vision_fp32"],
+            "folder": inputs["fp32_folder"]}
+    components = write_components(checkpoint_dir(inputs["checkpoint"]), inputs["reference"],
+                                  load_cases(inputs["cases"]), base, formats_of(inputs), inputs["csv"],
+                                  outputs["components"])
+    return write_front(inputs["engine"], inputs["eval"], inputs["csv"], components, outputs["front"],
+                       outputs["plans"], search_settings, named(inputs, "anchor_"), threads)
+
+
+def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 0) -> dict:
+    """The ``plan_folder`` job: the plan's folder (:func:`plan_folder`; its decoder gated like every
+    INT4 decoder, its vision graph measured, not gated, in the folder: each format passed its gate
+    on its own weights) and its measure, written in the same process."""
+    from vlsens.core.fsutil import write_json
+    from vlsens.data.inputs import checkpoint_dir, image_refs
+    from vlsens.deploy.cases import load_cases
+    from vlsens.deploy.genai.evaluate import Checks
+    from vlsens.deploy.genai.measure import measure_folder
+    from vlsens.export.towers.decoder import weight_reference_for
+    from vlsens.variants import Gate
+
+    ckpt, decoder = checkpoint_dir(inputs["checkpoint"]), Path(inputs["decoder_model"])
+    formats = formats_of(inputs)
+    formats["embedding"]["fp32"] = decoder.with_name("embedding.onnx")
+    sources = {"decoder_dir": decoder.parent, "reference": inputs["decoder_reference"], **formats}
+    gate = Gate(params["tolerance"], threads, reference_for=weight_reference_for(ckpt),
+                exact_tolerance=params["exact_tolerance"])
+    checks = Checks(params["max_new_tokens"], None, fp32_folder=inputs["fp32_folder"])
+    plan_folder(inputs["plan"], outputs["folder"], ckpt, sources, image_refs(inputs["images"]), checks, gate)
+    record = measure_folder(outputs["folder"], inputs["reference"], load_cases(inputs["cases"]),
+                            f"plan-{Path(inputs['plan']).stem}")
+    write_json(outputs["measure"], record)
+    return record
 
 
 def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, settings: dict) -> dict:

@@ -202,21 +202,17 @@ def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[st
     return plans
 
 
-def _file_bytes(model: Path) -> int:
-    data = Path(f"{model}.data")
-    return model.stat().st_size + (data.stat().st_size if data.is_file() else 0)
-
-
 def shipped_rows(eng_dir, rows: Sequence[Mapping]) -> list[dict]:
     """``rows`` with each quantized MatMul's bytes as a graph file ships it: the CSV counts the
     weights' bytes; a ``MatMulNBits`` node and its initializers' entries add about 340 bytes of
     graph each on the tiny preset, measured here per width from the engine's all-INT4 / all-INT8
     graphs against its float one (spread evenly over the MatMuls)."""
+    from vlsens.core.onnxutil import model_bytes
     from vlsens.sensitivity import nbits as nb
 
     folder, n = Path(eng_dir.folder), len(rows)
-    base = _file_bytes(folder / nb.FILES["float"]) - sum(r["bytes_float"] for r in rows)
-    extra = {b: (_file_bytes(folder / nb.FILES[f"q{b}"]) - sum(r[f"bytes_int{b}"] for r in rows) - base) / n
+    base = model_bytes(folder / nb.FILES["float"]) - sum(r["bytes_float"] for r in rows)
+    extra = {b: (model_bytes(folder / nb.FILES[f"q{b}"]) - sum(r[f"bytes_int{b}"] for r in rows) - base) / n
              for b in (4, 8)}
     return [{**r, **{f"bytes_int{b}": int(round(r[f"bytes_int{b}"] + extra[b])) for b in (4, 8)}} for r in rows]
 

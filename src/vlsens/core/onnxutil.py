@@ -24,6 +24,12 @@ def data_path(model_path: str | Path) -> Path:
     return model_path.with_name(model_path.name + DATA_SUFFIX)
 
 
+def model_bytes(model_path: str | Path) -> int:
+    """A graph file and its external data file (where it has one), as shipped."""
+    data = data_path(model_path)
+    return Path(model_path).stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
 #: Tensors below this many bytes stay inline: ORT needs small shape/axes constants inline, and
 #: every real weight matrix is far larger.
 INLINE_MAX_BYTES = 1024

@@ -42,11 +42,9 @@ def folder_bytes(folder: Path) -> int:
 
 def graph_bytes(folder: Path) -> dict[str, int]:
     """Each graph of a deploy folder with its data file: ``{decoder, embedding, vision}``."""
-    out = {}
-    for key, name in genai.GRAPHS.items():
-        g = Path(folder) / name
-        out[key] = g.stat().st_size + (Path(f"{g}.data").stat().st_size if Path(f"{g}.data").is_file() else 0)
-    return out
+    from vlsens.core.onnxutil import model_bytes
+
+    return {key: model_bytes(Path(folder) / name) for key, name in genai.GRAPHS.items()}
 
 
 def table(folders: dict[str, str | Path]) -> dict:
