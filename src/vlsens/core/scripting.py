@@ -72,6 +72,26 @@ def threads(snakemake: Any) -> int:
     return int(getattr(getattr(snakemake, "resources", None), "compute_threads", None) or snakemake.threads)
 
 
+def _profiled(main: Callable[[Any], Any], snakemake: Any, rule: str) -> None:
+    """``main(snakemake)``; with ``VLSENS_PROFILE=<dir>`` in the environment, under cProfile, its
+    statistics written to ``<dir>/<rule>-<wildcards>.prof`` (read with ``python -m pstats``)."""
+    import os
+
+    where = os.environ.get("VLSENS_PROFILE")
+    if not where:
+        main(snakemake)
+        return
+    import cProfile
+
+    name = "-".join([rule, *(str(v) for v in dict(snakemake.wildcards).values())]).replace("/", "_")
+    Path(where).mkdir(parents=True, exist_ok=True)
+    with cProfile.Profile() as prof:
+        try:
+            main(snakemake)
+        finally:
+            prof.dump_stats(str(Path(where) / f"{name}.prof"))
+
+
 def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
     from vlsens.core import job
 
@@ -107,7 +127,7 @@ def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
             checked = verify_inputs(list(getattr(snakemake, "input", [])))
             if checked:
                 log.info("%d ONNX input(s) match their records", checked)
-            main(snakemake)
+            _profiled(main, snakemake, rule)
             for out in getattr(snakemake, "output", []):  # whatever wrote them (ORT, onnx, tempfile)
                 if Path(out).exists():
                     normal_mode(out)
