@@ -37,6 +37,36 @@ rule budget_nbits:
         "../workflow/scripts/budget_nbits.py"
 
 
+# Each vision Linear alone at INT4 in the fp32 folder, measured end to end: the mixed vision
+# graph's curve (plan.vision: mixed).
+rule budget_vision:
+    input:
+        checkpoint=checkpoint_dir,
+        reference=paths.MEASURE_REFERENCE,
+        cases=paths.MEASURE_CASES,
+        fp32_folder=paths.fill(DEPLOY, precision="fp32"),
+        decoder_model=BUDGET_DECODER["model"],
+        vision_fp32=_deploy.vision_source("fp32"),
+        vision_int4=_deploy.vision_source("int4"),
+        **{"vision_int8-wo": _deploy.vision_source("int8-wo")},
+    output:
+        **paths.BUDGET_VISION,
+    params:
+        settings=nbits_settings(),
+        provenance=provenance("deploy", "budget_vision.py"),
+    log:
+        paths.model_log("budget_vision"),
+    benchmark:
+        paths.model_benchmark("budget_vision")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("budget_vision", threads=config["threads"]),
+    script:
+        "../workflow/scripts/budget_vision.py"
+
+
 # Each vision and table format measured end to end in the fp32 folder, then the search. A
 # checkpoint: which plans the front holds is known once it is searched (the spread along the front,
 # and per anchor the plan within its bytes where no spread plan is that plan).
@@ -44,6 +74,7 @@ checkpoint budget_front:
     input:
         unpack(anchor_folders),
         unpack(budget_formats),
+        unpack(mixed_vision_ops),
         **paths.BUDGET_NBITS,
         checkpoint=checkpoint_dir,
         reference=paths.MEASURE_REFERENCE,
@@ -74,11 +105,13 @@ checkpoint budget_front:
 rule plan_folder:
     input:
         unpack(budget_formats),
+        unpack(mixed_vision_reference),
         plan=f"{paths.BUDGET_PLANS}/{{plan}}.yaml",
         checkpoint=checkpoint_dir,
         decoder_reference=paths.fill(paths.REFERENCE, graph=_deploy.DECODER_GRAPH),
         images=INPUTS["parity_images"],
         fp32_folder=paths.fill(DEPLOY, precision="fp32"),
+        vision_features=paths.DEPLOY_VISION_FEATURES,
         reference=paths.MEASURE_REFERENCE,
         cases=paths.MEASURE_CASES,
     output:

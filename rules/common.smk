@@ -135,11 +135,27 @@ def budget_formats(wildcards):
     graph in each of ``plan.vision``'s formats and fp32, the table in each of ``plan.embedding``'s."""
     fill = lambda p: paths.fill(p, model=wildcards.model)  # noqa: E731
     out = {"decoder_model": fill(BUDGET_DECODER["model"]), "decoder_parity": fill(BUDGET_DECODER["parity"])}
-    for fmt in ("fp32", *config["plan"]["vision"]):
+    for fmt in ("fp32", *(f for f in config["plan"]["vision"] if f != "mixed")):
         out[f"vision_{fmt}"] = fill(_deploy.vision_source(fmt))
     for fmt in config["plan"]["embedding"]:
         out[f"embedding_{fmt}"] = fill(_deploy.embedding_source(fmt))
     return out
+
+
+def mixed_vision_ops(wildcards):
+    """With ``mixed`` in plan.vision: the vision Linears' table the front's search draws the mixed
+    vision curve from."""
+    if "mixed" not in config["plan"]["vision"]:
+        return {}
+    return {"vision_ops": paths.fill(paths.BUDGET_VISION["csv"], model=wildcards.model)}
+
+
+def mixed_vision_reference(wildcards):
+    """With ``mixed`` in plan.vision: the dynamic vision graph's reference cases (a plan folder
+    gates its mixed vision graph on them)."""
+    if "mixed" not in config["plan"]["vision"]:
+        return {}
+    return {"vision_reference": paths.fill(paths.REFERENCE, model=wildcards.model, graph=_deploy.VISION_GRAPH)}
 
 
 def anchors():
@@ -291,12 +307,14 @@ def shard_csvs(wildcards):
 
 def deploy_inputs(wildcards):
     """A deploy folder's graphs (vlsens.deploy.sources), the checkpoint, the evaluation images,
-    and (fp16, int8-mixed) the fp32 folder it is measured against."""
+    and (every folder but fp32) the fp32 folder it is measured against and transformers' features
+    of the evaluation images (the vision parity's reference, computed once)."""
     src = {k: paths.fill(v, model=wildcards.model) for k, v in DEPLOY_SOURCES[wildcards.precision].items()}
     src["checkpoint"] = checkpoint_dir(wildcards)
     src["images"] = INPUTS["parity_images"]
     if wildcards.precision != "fp32":
         src["fp32_folder"] = paths.fill(DEPLOY, model=wildcards.model, precision="fp32")
+        src["vision_features"] = paths.fill(paths.DEPLOY_VISION_FEATURES, model=wildcards.model)
     return src
 
 

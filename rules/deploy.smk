@@ -87,6 +87,28 @@ rule deploy:
         "../workflow/scripts/deploy.py"
 
 
+rule vision_features:
+    input:
+        fp32_folder=paths.fill(DEPLOY, precision="fp32"),
+        checkpoint=checkpoint_dir,
+        images=INPUTS["parity_images"],
+    output:
+        paths.DEPLOY_VISION_FEATURES,
+    params:
+        provenance=provenance("deploy", "vision_features.py"),
+    log:
+        paths.model_log("vision_features"),
+    benchmark:
+        paths.model_benchmark("vision_features")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("vision_features", threads=config["threads"]),
+    script:
+        "../workflow/scripts/vision_features.py"
+
+
 rule deploy_int4:
     input:
         unpack(int4_folders),

@@ -327,7 +327,67 @@ def test_a_jobs_named_inputs_give_the_formats_and_the_anchors():
     from vlsens.budget.build import formats_of, named
 
     inputs = {"vision_fp32": "v32.onnx", "vision_int8-wo": "v8.onnx", "embedding_int4": "e4.onnx",
-              "decoder_model": "d.onnx", "anchor_peer-olive": "deploy/peer-olive", "reference": "r.npz"}
+              "decoder_model": "d.onnx", "anchor_peer-olive": "deploy/peer-olive", "reference": "r.npz",
+              "vision_features": "f.npz", "vision_reference": "vr.npz", "vision_ops": "vision.csv"}  # not formats
     assert formats_of(inputs) == {"vision": {"fp32": Path("v32.onnx"), "int8-wo": Path("v8.onnx")},
                                   "embedding": {"int4": Path("e4.onnx")}}
     assert named(inputs, "anchor_") == {"peer-olive": Path("deploy/peer-olive")}
+
+
+MIXED_OPS = {"/v/0/MatMul": 4, "/v/1/MatMul": 8, "/v/2/MatMul": 0}
+
+
+def test_a_mixed_vision_plan_names_every_linear_and_rebuilds_from_its_file(tmp_path):
+    p = _plan(vision="mixed", vision_ops=MIXED_OPS)
+    path = p.save(tmp_path / "m.yaml")
+    assert Plan.load(path) == p and Plan.load(path).digest() == p.digest()
+    assert p.vision_label() == "mixed 1/1/1" and _plan().vision_label() == "int8-mixed"
+    # one Linear's width is another folder; a plan without vision_ops keeps the digest it had
+    assert _plan(vision="mixed", vision_ops={**MIXED_OPS, "/v/2/MatMul": 8}).digest() != p.digest()
+    assert "vision_ops" not in _plan().as_dict()
+    for bad, match in (({"vision": "mixed"}, "vision_ops"), ({"vision": "mixed", "vision_ops": {"/v/0/MatMul": 3}},
+                                                               "vision_ops: bits"),
+                       ({"vision_ops": MIXED_OPS}, "vision_ops is for vision: mixed")):
+        with pytest.raises(ConfigError, match=match):
+            _plan(**bad)
+    d = yaml.safe_load(path.read_text())
+    d["vision_opz"] = d.pop("vision_ops")
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError, match="unknown key 'vision_opz'"):
+        Plan.load(path)
+
+
+def test_the_mixed_vision_curve_moves_the_cheapest_linears_per_byte_first():
+    from vlsens.budget.vision import mixed_curve
+
+    rows = [{"op": "a", "bytes_int4": 10, "bytes_int8": 20, "kl_int4": 3e-4},   # 3e-5 a byte saved
+            {"op": "b", "bytes_int4": 50, "bytes_int8": 100, "kl_int4": 1e-4},  # 2e-6
+            {"op": "c", "bytes_int4": 5, "bytes_int8": 10, "kl_int4": 1e-5},    # 2e-6, after b (graph order)
+            {"op": "d", "bytes_int4": 20, "bytes_int8": 40, "kl_int4": -1e-9}]  # measured at the noise: 0
+    curve = mixed_curve(rows, {"bytes": 1000, "kl": 1e-6})
+    assert [p["name"] for p in curve] == ["mixed:1", "mixed:2", "mixed:3"]  # 0 and 4 moved: int8-wo and int4
+    assert [sorted(op for op, b in p["ops"].items() if b == 4) for p in curve] == [["d"], ["b", "d"], ["b", "c", "d"]]
+    assert [p["bytes"] for p in curve] == [980, 930, 925]
+    assert curve[0]["kl"] == pytest.approx(1e-6) and curve[2]["kl"] == pytest.approx(1e-6 + 1e-4 + 1e-5)
+    assert all(set(p["ops"]) == {"a", "b", "c", "d"} and set(p["ops"].values()) <= {4, 8} for p in curve)
+    # the sum scaled so that it meets the measured INT4 graph: here the Linears cost 2x together
+    int4 = {"bytes": 900, "kl": 1e-6 + 2 * (3e-4 + 1e-4 + 1e-5)}
+    scaled = mixed_curve(rows, {"bytes": 1000, "kl": 1e-6}, int4)
+    assert scaled[0]["interaction"] == pytest.approx(2.0)
+    assert scaled[2]["kl"] == pytest.approx(1e-6 + 2 * (1e-4 + 1e-5))
+    assert [p["bytes"] for p in scaled] == [p["bytes"] for p in curve]  # bytes are exact: not scaled
+    assert mixed_curve(rows, {"bytes": 1000, "kl": 1e-3}, int4)[0]["interaction"] == 1.0  # INT4 below INT8: none
+
+
+def test_a_front_point_on_the_mixed_curve_becomes_a_mixed_plan():
+    comps = {"vision": {**COMPONENTS["vision"], "mixed:1": {"bytes": 120, "kl": 0.01}},
+             "embedding": COMPONENTS["embedding"]}
+    front = fr.combine(_curve(), comps, other_bytes=10)
+    point = next(p for p in front if p["vision"] == "mixed:1")
+    plan = fr._plans(_curve(), [point], ["op"], NBitsSettings().as_dict(), {"mixed:1": MIXED_OPS})[0]
+    assert plan.vision == "mixed" and plan.vision_ops == MIXED_OPS
+    assert plan.estimate["vision_option"] == "mixed:1" and plan.estimate["parts"]["vision"]["bytes"] == 120
+    with pytest.raises(VlsensError, match="mixed:1"):
+        fr._plans(_curve(), [point], ["op"], NBitsSettings().as_dict(), {})
+    with pytest.raises(ConfigError, match="vision"):
+        fr.combine(_curve(), {**comps, "vision": {"mixed-1": {"bytes": 1, "kl": 0.0}}}, 0)

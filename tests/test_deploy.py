@@ -148,7 +148,7 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
 
     from vlsens import variants
     from vlsens.deploy.build import build_folder
-    from vlsens.deploy.genai.evaluate import Checks
+    from vlsens.deploy.genai.evaluate import Checks, write_vision_features
     from vlsens.precision.int8 import ProfileSettings, build_profile
     from vlsens.sensitivity.stages import gather, prepare, run_shard
 
@@ -173,14 +173,17 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
     out["fp32"] = root / "fp32"
     build_folder("fp32", out["fp32"], decoder=dec.model("fp32"), embedding=dec.folder("fp32") / "embedding.onnx",
                  vision=vis.model("fp32"), checks=Checks(16, TOL_FP32), **common)
+    out["vision_features"] = root / "vision-features.npz"  # the rule vision_features
+    write_vision_features(out["fp32"], dec.ckpt, parity_refs, out["vision_features"])
     out["fp16"] = root / "fp16"
     build_folder("fp16", out["fp16"], decoder=dec.model("fp16"), embedding=dec.folder("fp16") / "embedding.onnx",
-                 vision=vis.model("fp16"), checks=Checks(16, TOL_FP16, fp32_folder=out["fp32"]), **common)
+                 vision=vis.model("fp16"), checks=Checks(16, TOL_FP16, fp32_folder=out["fp32"],
+                                                         vision_features=out["vision_features"]), **common)
     out["int8-mixed"] = root / "int8-mixed"
     build_folder("int8-mixed", out["int8-mixed"], decoder=profiles["decoder"],
                  embedding=dec.folder("fp32") / "embedding.onnx", vision=profiles["vision"],
                  checks=Checks(16, cfg["deploy"]["int8_tolerance"], fp32_folder=out["fp32"],
-                               target=cfg["text"]["profile"]), **common)
+                               target=cfg["text"]["profile"], vision_features=out["vision_features"]), **common)
     return out
 
 
@@ -194,6 +197,39 @@ def _chat(processor, case):
     content = [{"type": "image"} for _ in case["images"]] + [{"type": "text", "text": case["prompt"]}]
     return processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                          add_generation_prompt=True)
+
+
+def test_vision_parity_reads_transformers_features_computed_once(folders, tiny_ckpt, parity_refs, tmp_path):
+    """The folders' vision parity reference (transformers' image features) is computed once, on the
+    fp32 folder's preprocessing: a folder's parity read from it equals the one computed in PyTorch
+    image by image; an image whose pixel values differ from the stored ones is recomputed, not
+    compared with another image's features."""
+    import numpy as np
+
+    from vlsens.core.fsutil import savez
+    from vlsens.deploy.genai.evaluate import vision_parity
+
+    for name in ("fp16", "int8-mixed"):  # the folders the fixture built read the stored features
+        rows = json.loads((folders[name] / "parity.json").read_text())["images"]
+        assert rows and all(r["stored_reference"] for r in rows), rows
+    cases = _cases(parity_refs, tmp_path / "cases")
+    computed = vision_parity(folders["fp16"], tiny_ckpt, cases, None)
+    stored = vision_parity(folders["fp16"], tiny_ckpt, cases, None, features=folders["vision_features"])
+    assert len(computed["images"]) == 2 and not any(r["stored_reference"] for r in computed["images"])
+    assert all(r["stored_reference"] for r in stored["images"]) and "reference_file" in stored
+    for a, b in zip(computed["images"], stored["images"], strict=True):
+        assert a["image"] == b["image"] and a["grid_thw"] == b["grid_thw"]
+        assert b["cosine"] == pytest.approx(a["cosine"], abs=1e-9)
+        assert b["max_rel_error"] == pytest.approx(a["max_rel_error"], rel=1e-6, abs=1e-9)
+        assert a["cosine"] < 1.0  # fp16 weights: a measured difference, not the graph against itself
+    with np.load(folders["vision_features"], allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["pixels_sha256"] = np.array(["0" * 64] * len(arrays["pixels_sha256"]))  # other preprocessing
+    arrays["features_0"], arrays["features_1"] = arrays["features_1"], arrays["features_0"]
+    savez(tmp_path / "other.npz", arrays)
+    other = vision_parity(folders["fp16"], tiny_ckpt, cases, None, features=tmp_path / "other.npz")
+    assert not any(r["stored_reference"] for r in other["images"])
+    assert [r["cosine"] for r in other["images"]] == pytest.approx([r["cosine"] for r in computed["images"]], abs=1e-9)
 
 
 def test_fp32_folder_generates_what_transformers_generates(folders, tiny_ckpt, parity_refs, tmp_path):

@@ -128,6 +128,11 @@ def _measured():
             "search": {"evaluations": {"measured": 3, "asked": 5}, "seconds": None, "budgets": [50]}}
 
 
+def _vision():
+    return {"linears": 2, "sum_kl_int4": 3e-4, "top": [{"op": "/v/qkv/MatMul", "kl_int4": 2e-4}], "top1_share": 0.67,
+            "note": "each Linear alone at INT4"}
+
+
 #: schema -> (a path it is found at, a minimal valid record, a required key, a key given a wrong type,
 #: a path into the record and a value out of its range)
 NEW = {
@@ -140,6 +145,7 @@ NEW = {
     "budget_front": ("budget/front.json", _front, "curve", "plans", ("curve", 0, "bits", "a"), 3),
     "budget_measured": ("budget/measured.json", _measured, "versus", "recommended",
                         ("versus", 1, "note"), None),
+    "budget_vision": ("budget/vision.json", _vision, "top", "linears", ("linears",), 0),
 }
 
 
@@ -193,5 +199,5 @@ def test_plan_formats_match_the_schema():
     from vlsens.core.records import SCHEMAS
 
     defs = yaml.safe_load((SCHEMAS / "budget_components.schema.yaml").read_text())["$defs"]
-    assert defs["vision_format"]["enum"] == list(VISION_FORMATS)
+    assert defs["vision_format"]["anyOf"][0]["enum"] == list(VISION_FORMATS)
     assert defs["embedding_format"]["enum"] == list(EMBEDDING_FORMATS)

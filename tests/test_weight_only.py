@@ -114,8 +114,8 @@ def test_int4_vision_gate_catches_a_wrong_weight(graph_builder, tmp_path, monkey
     b = graph_builder("vision/dynamic")
     real = weight_only.quantize_vision
 
-    def swapped(src, staged, settings, fmt=None):
-        facts, weights = real(src, staged, settings, fmt)
+    def swapped(src, staged, settings, fmt=None, per_op=None):
+        facts, weights = real(src, staged, settings, fmt, per_op)
         qkv = sorted(k for k in weights if "attn/qkv" in k)
         weights[qkv[0]], weights[qkv[1]] = weights[qkv[1]], weights[qkv[0]]
         return facts, weights
@@ -316,6 +316,43 @@ def test_peer_vision_formats_pass_their_gates_at_their_bytes(peer_vision, fmt):
     assert lo < facts["weight_bytes"] / facts["float32_bytes"] < hi
     src = (b.folder("fp32") / "model.onnx.data").stat().st_size
     assert (out / "model.onnx.data").stat().st_size < (0.4 if fmt.bits == 4 else 0.5) * src
+
+
+def test_a_mixed_vision_graph_gives_each_linear_its_own_format(peer_vision, tmp_path):
+    """A plan's mixed vision graph: every Linear at its own format (INT4 blocks of 128, INT8 per
+    channel, float), gated on its own weights like the uniform graphs, each quantized Linear
+    byte for byte the node its format's uniform graph holds; a Linear left out is refused."""
+    from vlsens.precision.weight_only import MIXED, gemm_to_matmul, linears, quantize_vision
+    from vlsens.quantize.nbits import quantized_nodes, weight_matmuls
+
+    b, built = peer_vision
+    names = sorted(quantized_nodes(built["int8-wo"][0] / "model.onnx"))
+    # the Linears read from the graph alone are the MatMuls gemm_to_matmul makes of it
+    model = onnx.load(str(b.folder("fp32") / "model.onnx"))
+    gemm_to_matmul(model)
+    assert linears(b.folder("fp32") / "model.onnx") == [{k: o[k] for k in ("name", "K", "N")}
+                                                       for o in weight_matmuls(model)]
+    assert sorted(o["name"] for o in linears(b.folder("fp32") / "model.onnx")) == names
+    per_op = {n: (INT4_RTN128, INT8_WO, None)[i % 3] for i, n in enumerate(names)}
+    run = NBitsSettings(algorithm="k_quant", block_size=32, symmetric=True)
+    rec = vision_folder(b.ckpt, b.folder("fp32"), b.reference, tmp_path / "mixed", run, TOL_INT4, TOL_FP32,
+                        threads=2, fmt=per_op)
+    assert rec["passed"] and rec["extra"]["exact"]["passed"] and rec["variant"] == MIXED
+    facts = rec["extra"]["graphs"]["model.onnx"]
+    assert facts["formats"] == {"float": len(names[2::3]), "int4-rtn128": len(names[0::3]),
+                                "int8-wo": len(names[1::3])}
+    got = quantized_nodes(tmp_path / "mixed" / "model.onnx")
+    assert sorted(got) == sorted(n for n, f in per_op.items() if f is not None)
+    for fmt in (INT4_RTN128, INT8_WO):
+        uniform = quantized_nodes(built[fmt.name][0] / "model.onnx")
+        for n in (n for n, f in per_op.items() if f is fmt):
+            assert got[n]["bits"] == fmt.bits and got[n]["bytes"] == uniform[n]["bytes"]
+            assert facts["by_linear"][n]["weight_bytes"] == uniform[n]["bytes"]
+    m = onnx.load(str(tmp_path / "mixed" / "model.onnx"), load_external_data=False)
+    assert sum(n.op_type == "MatMul" and n.name in per_op for n in m.graph.node) == len(names[2::3])
+    with pytest.raises(VlsensError, match="missing"):
+        quantize_vision(b.folder("fp32") / "model.onnx", tmp_path / "bad" / "model.onnx", run,
+                        per_op=dict(list(per_op.items())[1:]))
 
 
 def test_int8_vision_is_nearer_the_checkpoint_than_int4(peer_vision):

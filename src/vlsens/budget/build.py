@@ -103,27 +103,50 @@ def _gated_decoder(plan, decoder_dir: Path, reference, out_dir: Path, gate) -> P
     return out_dir / paths.MAIN
 
 
+def _mixed_vision(plan, build: Mapping, checkpoint, out_dir: Path) -> Path:
+    """The plan's mixed vision graph (every Linear at its ``vision_ops`` width: INT4 in the run's
+    ``int4`` format, INT8 as ``int8-wo``, 0 float) as a variant folder of the fp32 dynamic vision
+    graph, gated against transformers on its own weights like every weight-only vision graph.
+    ``build``: ``fp32`` (the graph), ``reference`` (its reference cases), ``tolerance``,
+    ``exact_tolerance``, ``threads``."""
+    from vlsens.core import paths
+    from vlsens.precision.weight_only import FORMATS, INT8_WO, vision_folder
+    from vlsens.quantize.nbits import NBitsSettings
+
+    per_op = {n: {4: FORMATS["int4"], 8: INT8_WO}.get(b) for n, b in plan.vision_ops.items()}
+    vision_folder(checkpoint, Path(build["fp32"]).parent, build["reference"], out_dir,
+                  NBitsSettings.from_config(plan.settings), build["tolerance"], build["exact_tolerance"],
+                  build.get("threads", 0), fmt=per_op)
+    return out_dir / paths.MAIN
+
+
 def plan_folder(plan_file, out_dir, checkpoint, sources: dict, images, checks, gate) -> dict:
     """The deploy folder of ``plan_file``: ``sources`` names the fp32 decoder folder
     (``decoder_dir``), its reference cases (``reference``) and every vision and embedding format's
-    graph (``vision``, ``embedding``: format -> graph); ``checks``: the deploy job's
+    graph (``vision``, ``embedding``: format -> graph), and for a mixed vision graph what it is
+    built and gated from (``vision_mixed``, :func:`_mixed_vision`); ``checks``: the deploy job's
     (:class:`vlsens.deploy.genai.evaluate.Checks`); ``gate``: the decoder's
     (:class:`vlsens.variants.Gate`, with its own-weights reference)."""
-    from vlsens.budget.plan import Plan
+    from vlsens.budget.plan import MIXED, Plan
     from vlsens.core.errors import VlsensError
     from vlsens.deploy.build import build_folder
 
     plan = Plan.load(plan_file)
+    have = {"vision": [*sources["vision"], *([MIXED] if sources.get("vision_mixed") else [])],
+            "embedding": list(sources["embedding"])}
     for part in ("vision", "embedding"):
-        if getattr(plan, part) not in sources[part]:
+        if getattr(plan, part) not in have[part]:
             raise VlsensError(f"{plan_file}: {part} format {getattr(plan, part)!r} is not built by this run "
-                              f"(built: {sorted(sources[part])})")
+                              f"(built: {sorted(have[part])})")
     with tempfile.TemporaryDirectory(prefix="vlsens-plan-") as work:
         decoder = _gated_decoder(plan, Path(sources["decoder_dir"]), sources["reference"], Path(work) / "decoder",
                                  gate)
+        vision = _mixed_vision(plan, sources["vision_mixed"], checkpoint, Path(work) / "vision") \
+            if plan.vision == MIXED else sources["vision"][plan.vision]
         record = build_folder(f"plan-{plan.name}", out_dir, checkpoint, decoder, sources["embedding"][plan.embedding],
-                              sources["vision"][plan.vision], images, checks, extra={PLAN_FILE: Path(plan_file)})
-    log.info("plan %s: %s", plan.name, json.dumps(plan.bits_summary()))
+                              vision, images, checks, extra={PLAN_FILE: Path(plan_file)})
+    log.info("plan %s: decoder %s, vision %s, embedding %s", plan.name, json.dumps(plan.bits_summary()),
+             plan.vision_label(), plan.embedding)
     return record
 
 
@@ -141,8 +164,13 @@ def named(inputs: Mapping, prefix: str) -> dict[str, Path]:
 
 def formats_of(inputs: Mapping) -> dict:
     """``{"vision": {format: graph}, "embedding": {format: graph}}`` from a job's named inputs
-    (``vision_<format>``, ``embedding_<format>``)."""
-    return {part: named(inputs, f"{part}_") for part in ("vision", "embedding")}
+    (``vision_<format>``, ``embedding_<format>``; other inputs of those prefixes, such as
+    ``vision_features``, are not formats)."""
+    from vlsens.budget.plan import EMBEDDING_FORMATS, VISION_FORMATS
+
+    known = {"vision": VISION_FORMATS, "embedding": EMBEDDING_FORMATS}
+    return {part: {f: p for f, p in named(inputs, f"{part}_").items() if f in known[part]}
+            for part in ("vision", "embedding")}
 
 
 def front_job(inputs: Mapping, outputs: Mapping, search_settings: dict, threads: int = 0) -> dict:
@@ -159,7 +187,8 @@ def front_job(inputs: Mapping, outputs: Mapping, search_settings: dict, threads:
                                   load_cases(inputs["cases"]), base, formats_of(inputs), inputs["csv"],
                                   outputs["components"])
     return write_front(inputs["engine"], inputs["eval"], inputs["csv"], components, outputs["front"],
-                       outputs["plans"], search_settings, named(inputs, "anchor_"), threads)
+                       outputs["plans"], search_settings,
+                       {"anchors": named(inputs, "anchor_"), "vision_csv": inputs.get("vision_ops")}, threads)
 
 
 def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 0) -> dict:
@@ -178,9 +207,14 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
     formats = formats_of(inputs)
     formats["embedding"]["fp32"] = decoder.with_name("embedding.onnx")
     sources = {"decoder_dir": decoder.parent, "reference": inputs["decoder_reference"], **formats}
+    if "vision_reference" in inputs:  # a mixed vision graph can be built (plan.vision has mixed)
+        sources["vision_mixed"] = {"fp32": inputs["vision_fp32"], "reference": inputs["vision_reference"],
+                                   "tolerance": params["tolerance"], "exact_tolerance": params["exact_tolerance"],
+                                   "threads": threads}
     gate = Gate(params["tolerance"], threads, reference_for=weight_reference_for(ckpt),
                 exact_tolerance=params["exact_tolerance"])
-    checks = Checks(params["max_new_tokens"], None, fp32_folder=inputs["fp32_folder"])
+    checks = Checks(params["max_new_tokens"], None, fp32_folder=inputs["fp32_folder"],
+                    vision_features=inputs["vision_features"])
     plan_folder(inputs["plan"], outputs["folder"], ckpt, sources, image_refs(inputs["images"]), checks, gate)
     record = measure_folder(outputs["folder"], inputs["reference"], load_cases(inputs["cases"]),
                             f"plan-{Path(inputs['plan']).stem}")
@@ -188,7 +222,7 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
     return record
 
 
-def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, settings: dict) -> dict:
+def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, settings: dict, mixed=None) -> dict:
     """Per anchor (name -> its folder's bytes), the plan of lowest estimated KL within its bytes:
     one of ``plans`` where the same (by digest), else a new plan ``at-<anchor>`` (appended)."""
     from vlsens.budget.front import _plans, at_bytes
@@ -199,13 +233,30 @@ def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, setti
         if point is None:
             out[name] = {"bytes": nbytes, "plan": None, "note": "no front point at or below the anchor's bytes"}
             continue
-        plan = _plans(record["curve"], [point], ops, settings)[0]
+        plan = _plans(record["curve"], [point], ops, settings, mixed)[0]
         same = [p for p in plans if p.digest() == plan.digest()]
         if not same:
             plan = replace(plan, name=f"at-{name}")
             plans.append(plan)
         out[name] = {"bytes": nbytes, "plan": (same[0] if same else plan).name}
     return out
+
+
+def _mixed_options(vision: dict, vision_csv) -> tuple[dict[str, dict], float]:
+    """The mixed vision curve's points (:func:`vlsens.budget.vision.mixed_curve`) added to the
+    vision options ``vision`` (bytes, KL) under ``mixed:<k>``; returns each one's Linears' bits
+    and the curve's interaction factor."""
+    from vlsens.budget.vision import interaction, mixed_curve, read_ops
+    from vlsens.core.errors import VlsensError
+
+    if "int8-wo" not in vision:
+        raise VlsensError(f"{vision_csv}: the mixed vision curve starts from the int8-wo graph, which the components "
+                          "do not hold (plan.vision needs int8-wo and int4 beside mixed)")
+    out, scale = {}, interaction(rows := read_ops(vision_csv), vision["int8-wo"], vision.get("int4"))
+    for p in mixed_curve(rows, vision["int8-wo"], vision.get("int4")):
+        vision[p["name"]] = {"bytes": p["bytes"], "kl": p["kl"]}
+        out[p["name"]] = p["ops"]
+    return out, scale
 
 
 def budget_point(front: list, request: dict, fp32_bytes: int) -> tuple[dict | None, int | None]:
@@ -223,7 +274,7 @@ def budget_point(front: list, request: dict, fp32_bytes: int) -> tuple[dict | No
     return at_bytes(front, limit), limit
 
 
-def _budget_plans(plans: list, record: dict, budgets: list[dict], fp32_bytes: int, eng) -> dict:
+def _budget_plans(plans: list, record: dict, budgets: list[dict], fp32_bytes: int, eng, mixed=None) -> dict:
     """Each requested budget as a plan of its own name (appended to ``plans``), and its record."""
     from vlsens.budget.front import _plans
 
@@ -235,20 +286,22 @@ def _budget_plans(plans: list, record: dict, budgets: list[dict], fp32_bytes: in
         if point is None:
             entry["note"] = "no front point meets the request"
         else:
-            plans.append(replace(_plans(record["curve"], [point], eng.ops, eng.settings.as_dict())[0],
+            plans.append(replace(_plans(record["curve"], [point], eng.ops, eng.settings.as_dict(), mixed)[0],
                                  name=request["name"]))
         out[request["name"]] = entry
     return out
 
 
 def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_dir, search_settings: dict,
-                anchors: dict[str, str | Path] | None = None, threads: int = 0) -> dict:
+                extra: Mapping | None = None, threads: int = 0) -> dict:
     """The job: :func:`vlsens.budget.front.search` for ``search_settings["points"]`` plans along
     the front (``p1`` .. in increasing bytes) at most ``search_settings["max_evals"]`` assignments
     per budget, per anchor folder (name -> folder) the plan of lowest estimated KL within its
     bytes (a plan already picked, or ``at-<anchor>``), and each of ``search_settings["budgets"]``
     (:func:`budget_point`) under its own name; each plan saved as ``plans_dir/<name>.yaml``, the
-    search's record as ``front.json``."""
+    search's record as ``front.json``. ``extra``: ``anchors`` (name -> folder) and ``vision_csv``
+    (the vision Linears' table, :mod:`vlsens.budget.vision`, whose mixed curve joins the vision
+    formats; ``int4`` and ``int8-wo`` among ``components``)."""
     from vlsens.budget.front import search
     from vlsens.core.fsutil import atomic_dir, write_json
     from vlsens.deploy.genai.measure import folder_weight_bytes
@@ -256,19 +309,25 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
 
     parts = {p: {f: {k: v[k] for k in ("bytes", "kl")} for f, v in components[p].items()}
              for p in ("vision", "embedding")}
+    extra = extra or {}
+    anchors, vision_csv = extra.get("anchors") or {}, extra.get("vision_csv")
+    mixed, scale = _mixed_options(parts["vision"], vision_csv) if vision_csv else ({}, None)
     plans, record = search(engine_dir, eval_npz, csv, parts, int(components["decoder_other_bytes"]),
-                           int(search_settings["points"]), int(search_settings["max_evals"]), threads)
+                           int(search_settings["points"]), int(search_settings["max_evals"]), threads, mixed)
+    record["mixed_vision"] = mixed
+    record["mixed_vision_interaction"] = scale
     eng = nb.Prepared(engine_dir)
-    sizes = {n: folder_weight_bytes(f) for n, f in (anchors or {}).items()}
-    record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict())
+    sizes = {n: folder_weight_bytes(f) for n, f in anchors.items()}
+    record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict(), mixed)
     fp32_bytes = sum(int(components[p]["fp32"]["bytes"]) for p in ("vision", "embedding")) + \
         int(components["decoder_other_bytes"]) + sum(c["bytes_float"] for c in _csv_rows(csv))
-    record["requested"] = _budget_plans(plans, record, list(search_settings.get("budgets") or []), fp32_bytes, eng)
+    record["requested"] = _budget_plans(plans, record, list(search_settings.get("budgets") or []), fp32_bytes, eng,
+                                        mixed)
     record["fp32_bytes"] = fp32_bytes
     with atomic_dir(plans_dir) as tmp:
         for plan in plans:
             plan.save(Path(tmp) / f"{plan.name}.yaml")
-    record["plans"] = [{"name": p.name, "digest": p.digest(), **p.estimate, **p.bits_summary(), "vision": p.vision,
-                        "embedding": p.embedding} for p in plans]
+    record["plans"] = [{"name": p.name, "digest": p.digest(), **p.estimate, **p.bits_summary(),
+                        "vision": p.vision_label(), "embedding": p.embedding} for p in plans]
     write_json(out_front, record)
     return record

@@ -108,13 +108,15 @@ def decoder_curve(measure, rows: Sequence[Mapping], budgets: Sequence[float], ma
 
 def _components(components: Mapping) -> tuple[dict, dict]:
     """The vision and embedding tables of ``components``, checked: known formats, bytes and KL each."""
+    from vlsens.budget.vision import MIXED_PREFIX
+
     out = []
     for part, known in (("vision", VISION_FORMATS), ("embedding", EMBEDDING_FORMATS)):
         table = components.get(part) or {}
         if not table:
             raise ConfigError(f"components: no {part} format (valid: {list(known)})")
         for fmt, c in table.items():
-            if fmt not in known:
+            if fmt not in known and not (part == "vision" and fmt.startswith(MIXED_PREFIX)):
                 raise ConfigError(f"components: {part}: unknown format {fmt!r}; valid: {list(known)}")
             if "bytes" not in c or "kl" not in c:
                 raise ConfigError(f"components: {part}: {fmt}: needs bytes and kl, has {sorted(c)}")
@@ -190,15 +192,27 @@ def budgets_between(low: int, high: int, count: int = BUDGETS) -> list[int]:
     return [int(round(low * ratio ** k)) for k in range(1, count + 1)]
 
 
-def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[str], settings: dict) -> list[Plan]:
+def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[str], settings: dict,
+           mixed: Mapping[str, Mapping] | None = None) -> list[Plan]:
     """The picked points as plans ``p1``.. (increasing bytes; the decoder's MatMuls in ``ops``'
-    order), the estimate of each part in them."""
+    order), the estimate of each part in them. ``mixed``: the mixed vision options by name
+    (``mixed:<k>`` -> its Linears' bits, :func:`vlsens.budget.vision.mixed_curve`)."""
+    from vlsens.budget.plan import MIXED
+    from vlsens.budget.vision import MIXED_PREFIX
+
     plans = []
     for k, p in enumerate(picked, 1):
         d = curve[p["decoder"]]
         estimate = {"bytes": int(p["bytes"]), "kl": float(p["kl"]), "decoder_budget": int(d["budget"]),
                     "parts": {part: dict(v) for part, v in p["parts"].items()}}
-        plans.append(Plan(f"p{k}", p["vision"], p["embedding"], {n: d["bits"][n] for n in ops}, settings, estimate))
+        vision, vision_ops = p["vision"], {}
+        if vision.startswith(MIXED_PREFIX):
+            if not mixed or vision not in mixed:
+                raise VlsensError(f"front point names vision {vision!r}, which the search was not given")
+            estimate["vision_option"] = vision
+            vision, vision_ops = MIXED, dict(mixed[vision])
+        plans.append(Plan(f"p{k}", vision, p["embedding"], {n: d["bits"][n] for n in ops}, settings, estimate,
+                          vision_ops))
     return plans
 
 
@@ -218,12 +232,14 @@ def shipped_rows(eng_dir, rows: Sequence[Mapping]) -> list[dict]:
 
 
 def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, components: Mapping, other_bytes: int,
-           points: int = 8, max_evals: int = 60, threads: int = 0) -> tuple[list[Plan], dict]:
+           points: int = 8, max_evals: int = 60, threads: int = 0,
+           mixed: Mapping[str, Mapping] | None = None) -> tuple[list[Plan], dict]:
     """The plans of the measured front and the search's record. On the ``nbits`` engine folder
     (its session on ``eval_npz``, ``threads``) and its sensitivity ``csv``: the decoder's curve at
     :data:`BUDGETS` budgets geometric between the all-INT4 and all-float weight bytes (at most
     ``max_evals`` measured assignments each, :func:`decoder_curve`), combined with ``components``
-    and ``other_bytes`` (:func:`combine`), ``points`` plans picked (:func:`pick`)."""
+    and ``other_bytes`` (:func:`combine`), ``points`` plans picked (:func:`pick`). ``mixed``: the
+    Linears' bits of each ``mixed:<k>`` vision option ``components`` holds."""
     import pandas as pd
 
     from vlsens.sensitivity import nbits as nb
@@ -245,12 +261,12 @@ def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, compon
     # the all-float point with the fp32 vision graph and table is the fp32 folder, the reference
     front = [p for p in combine(curve, components, other_bytes)
              if not (p["vision"] == "fp32" and p["embedding"] == "fp32" and not any(curve[p["decoder"]]["bits"].values()))]
-    plans = _plans(curve, pick(front, points), eng_dir.ops, eng_dir.settings.as_dict())
+    plans = _plans(curve, pick(front, points), eng_dir.ops, eng_dir.settings.as_dict(), mixed)
     record = {"engine_dir": str(engine_dir), "metric": "kl", "settings": eng_dir.settings.as_dict(),
               "budgets": budgets, "max_evals": max_evals, "other_bytes": int(other_bytes),
               "components": {k: dict(v) for k, v in components.items()}, "curve": curve, "front": front,
               "picked": [{"name": p.name, "digest": p.digest(), **p.estimate, **p.bits_summary(),
-                          "vision": p.vision, "embedding": p.embedding} for p in plans],
+                          "vision": p.vision_label(), "embedding": p.embedding} for p in plans],
               "evaluations": {"measured": measured.evaluations, "asked": measured.calls},
               "seconds": {"curve": t_curve - t0, "total": time.perf_counter() - t0}}
     log.info("front: %d decoder points, %d front points, %d plans; %d assignments measured (%d asked) in %.0f s",

@@ -25,17 +25,22 @@ from vlsens.core.errors import ConfigError, VlsensError
 from vlsens.quantize.nbits import BITS, FLOAT, NBitsSettings
 
 #: The vision graph's formats a plan may name: the exported graphs (``fp32``, ``fp16``), the
-#: INT8 QDQ profile (``int8-mixed``) and the weight-only ones
-#: (:data:`vlsens.precision.weight_only.FORMATS`).
-VISION_FORMATS = ("fp32", "fp16", "int8-mixed", "int4", "int4-rtn128", "int8-wo")
+#: INT8 QDQ profile (``int8-mixed``), the weight-only ones
+#: (:data:`vlsens.precision.weight_only.FORMATS`), and ``mixed``: every Linear its own width
+#: (the plan's ``vision_ops``: INT4 in the run's ``int4`` format, INT8 as ``int8-wo``, 0 float;
+#: :mod:`vlsens.budget.vision`).
+VISION_FORMATS = ("fp32", "fp16", "int8-mixed", "int4", "int4-rtn128", "int8-wo", "mixed")
+#: The mixed vision format (the graph is built from the plan's ``vision_ops``).
+MIXED = "mixed"
 #: The embedding table's formats: the exported FP32 table and ``GatherBlockQuantized`` at 8 / 4 bits.
 EMBEDDING_FORMATS = ("fp32", "int8", "int4")
 #: The widths a decoder MatMul may take (0: float).
 PLAN_BITS = (FLOAT, *BITS)
-KEYS = ("name", "vision", "embedding", "decoder", "settings")
+KEYS = ("name", "vision", "embedding", "decoder", "settings")  # and vision_ops where vision is mixed
 HEADER = ("# A vlsens plan: one deploy folder (decoder bits per weight MatMul, 0 = float; vision and\n"
-          "# embedding formats; quantization settings). Rebuild: Plan.load(<this file>), then\n"
-          "# vlsens.budget.plan.build_decoder with the FP32 decoder, and the named vision and embedding graphs.\n")
+          "# embedding formats, a mixed vision graph's bits per Linear; quantization settings). Rebuild:\n"
+          "# Plan.load(<this file>), then vlsens.budget.plan.build_decoder with the FP32 decoder, the named\n"
+          "# vision and embedding graphs (mixed: vlsens.precision.weight_only.vision_folder with its per_op).\n")
 
 
 def _settings(d, where: str) -> dict:
@@ -51,10 +56,21 @@ def _settings(d, where: str) -> dict:
         raise ConfigError(f"{where}: settings: {e}") from e
 
 
-def _check(vision, embedding, decoder, where: str) -> None:
-    """A ConfigError naming ``where`` and the key for an unknown format or a bits value not 0/4/8."""
+def _check(vision, embedding, decoder, where: str, vision_ops=None) -> None:
+    """A ConfigError naming ``where`` and the key for an unknown format or a bits value not 0/4/8,
+    and for ``vision_ops`` missing where the vision format is mixed (or given where it is not)."""
     if vision not in VISION_FORMATS:
         raise ConfigError(f"{where}: vision: unknown format {vision!r}; valid: {list(VISION_FORMATS)}")
+    if vision == MIXED:
+        if not isinstance(vision_ops, Mapping) or not vision_ops:
+            raise ConfigError(f"{where}: vision_ops: a mixed vision graph names every Linear's MatMul with its bits "
+                              f"({list(PLAN_BITS)}), got {vision_ops!r}")
+        bad = {n: b for n, b in vision_ops.items() if isinstance(b, bool) or b not in PLAN_BITS}
+        if bad:
+            raise ConfigError(f"{where}: vision_ops: bits must be one of {list(PLAN_BITS)} (0: float); got "
+                              f"{dict(list(bad.items())[:5])}")
+    elif vision_ops:
+        raise ConfigError(f"{where}: vision_ops is for vision: {MIXED}; this plan's vision is {vision!r}")
     if embedding not in EMBEDDING_FORMATS:
         raise ConfigError(f"{where}: embedding: unknown format {embedding!r}; valid: {list(EMBEDDING_FORMATS)}")
     if not isinstance(decoder, Mapping) or not decoder:
@@ -77,17 +93,23 @@ class Plan:
     decoder: dict[str, int]
     settings: dict
     estimate: dict = field(default_factory=dict)
+    #: a mixed vision graph's Linears (MatMul name -> 0 / 4 / 8); empty for every other format
+    vision_ops: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
         where = f"plan {self.name!r}"
-        _check(self.vision, self.embedding, self.decoder, where)
+        _check(self.vision, self.embedding, self.decoder, where, self.vision_ops)
         object.__setattr__(self, "decoder", {str(n): int(b) for n, b in self.decoder.items()})
+        object.__setattr__(self, "vision_ops", {str(n): int(b) for n, b in (self.vision_ops or {}).items()})
         object.__setattr__(self, "settings", _settings(self.settings, where))
         object.__setattr__(self, "estimate", dict(self.estimate or {}))
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "vision": self.vision, "embedding": self.embedding, "settings": self.settings,
-                "estimate": self.estimate, "decoder": self.decoder}
+        d = {"name": self.name, "vision": self.vision, "embedding": self.embedding, "settings": self.settings,
+             "estimate": self.estimate, "decoder": self.decoder}
+        if self.vision_ops:
+            d["vision_ops"] = self.vision_ops
+        return d
 
     def save(self, path: str | Path) -> Path:
         """The plan as YAML (atomically), a header saying what the file is and how to rebuild it."""
@@ -113,19 +135,31 @@ class Plan:
         missing = [k for k in KEYS if k not in d]
         if missing:
             raise ConfigError(f"{path}: missing key {missing[0]!r} (a plan has {list(KEYS)})")
-        _check(d["vision"], d["embedding"], d["decoder"], str(path))
+        extra = sorted(set(d) - {*KEYS, "estimate", "vision_ops"})
+        if extra:
+            raise ConfigError(f"{path}: unknown key {extra[0]!r} (a plan has {[*KEYS, 'estimate', 'vision_ops']})")
+        _check(d["vision"], d["embedding"], d["decoder"], str(path), d.get("vision_ops"))
         return cls(str(d["name"]), d["vision"], d["embedding"], dict(d["decoder"]), _settings(d["settings"], str(path)),
-                   dict(d.get("estimate") or {}))
+                   dict(d.get("estimate") or {}), dict(d.get("vision_ops") or {}))
 
     def digest(self) -> str:
         """sha256 of what is built (everything but ``name`` and ``estimate``), as canonical JSON."""
         built = {"vision": self.vision, "embedding": self.embedding, "decoder": self.decoder, "settings": self.settings}
+        if self.vision_ops:  # (absent for the other formats: their digests are what they were)
+            built["vision_ops"] = self.vision_ops
         return hashlib.sha256(json.dumps(built, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def bits_summary(self) -> dict[str, int]:
         """How many decoder MatMuls are INT4, INT8 and float."""
         b = list(self.decoder.values())
         return {"int4": b.count(4), "int8": b.count(8), "float": b.count(FLOAT)}
+
+    def vision_label(self) -> str:
+        """The vision format as a table shows it (a mixed graph with its INT4 / INT8 / float Linears)."""
+        if self.vision != MIXED:
+            return self.vision
+        b = list(self.vision_ops.values())
+        return f"{MIXED} {b.count(4)}/{b.count(8)}/{b.count(FLOAT)}"
 
 
 def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path) -> dict:

@@ -69,6 +69,9 @@ DEPLOY_INT4 = {"json": MODEL + "/deploy/int4.json", "md": MODEL + "/deploy/int4.
 MEASURE = MODEL + "/measure"
 MEASURE_CASES, MEASURE_REFERENCE, MEASURE_FOLDER = (f"{MEASURE}/{n}" for n in ("cases", "reference.npz",
                                                                                "{precision}.json"))
+#: transformers' image features of the deploy evaluation images, on the fp32 folder's preprocessing
+#: (the deploy folders' vision parity reference, computed once).
+DEPLOY_VISION_FEATURES = f"{MEASURE}/vision-features.npz"
 MEASURE_COMPARE = {k: f"{MEASURE}/compare.{k}" for k in ("json", "md")}
 #: The whole-VLM plan (vlsens.budget): the decoder's evaluation set made of the measure's cases, its
 #: weight-only sensitivity there, each part's formats measured end to end, the front's search and
@@ -76,6 +79,8 @@ MEASURE_COMPARE = {k: f"{MEASURE}/compare.{k}" for k in ("json", "md")}
 BUDGET = MODEL + "/budget"
 BUDGET_FEEDS, BUDGET_ENGINE, BUDGET_COMPONENTS, BUDGET_FRONT, BUDGET_PLANS = (
     f"{BUDGET}/{n}" for n in ("decoder.npz", "nbits-engine", "components.json", "front.json", "plans"))
+#: The vision Linears each at INT4, measured on the folders' measure (vlsens.budget.vision).
+BUDGET_VISION = {k: f"{BUDGET}/{n}" for k, n in (("csv", "vision.csv"), ("summary", "vision.json"))}
 BUDGET_NBITS = {k: f"{BUDGET}/{n}" for k, n in (("csv", "nbits.csv"), ("summary", "nbits.json"))}
 BUDGET_MEASURED = {k: f"{BUDGET}/{n}" for k, n in (("json", "measured.json"), ("md", "measured.md"),
                                                     ("png", "front.png"))}

@@ -26,6 +26,7 @@ record                 where                                                 sch
 ``front.json``         ``budget/``                                           ``budget_front``
 ``measured.json``      ``budget/``                                           ``budget_measured``
 ``nbits.json``         ``budget/``                                           ``nbits``
+``vision.json``        ``budget/``                                           ``budget_vision``
 ``engine.json``        ``budget/nbits-engine/``                              ``nbits_engine``
 =====================  ====================================================  ===================
 
@@ -44,7 +45,8 @@ BY_NAME = {"parity.json": "parity", "manifest.json": "manifest", "engine.json": 
            "inc.json": "inc", "compare.json": "compare", "eval.json": "eval", "nbits.json": "nbits",
            "parts.json": "parts"}
 #: The whole-VLM plan's records in ``budget/`` (its ``nbits.json`` and ``nbits-engine/engine.json``: BY_NAME's).
-BUDGET = {"components.json": "budget_components", "front.json": "budget_front", "measured.json": "budget_measured"}
+BUDGET = {"components.json": "budget_components", "front.json": "budget_front", "measured.json": "budget_measured",
+          "vision.json": "budget_vision"}
 
 
 def schema_name(path: str | Path) -> str | None:

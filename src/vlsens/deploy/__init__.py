@@ -235,7 +235,12 @@ def _check_plan(config: dict) -> None:
     if len(set(names)) < len(names):
         raise ConfigError(f"plan.budgets: names {names} repeat one; each names its folder deploy/plan-<name>/")
     dyn = config["vision"]["dynamic"]
-    for fmt in config["plan"]["vision"]:
+    if "mixed" in config["plan"]["vision"]:
+        lack = [f for f in ("int4", "int8-wo") if f not in config["plan"]["vision"]]
+        if lack:
+            raise ConfigError(f"plan.vision has 'mixed', whose Linears are INT4 (int4) or INT8 (int8-wo): add {lack} to "
+                              f"plan.vision (it has {list(config['plan']['vision'])}) or drop 'mixed'")
+    for fmt in (f for f in config["plan"]["vision"] if f != "mixed"):
         key, have, want = {"int8-mixed": ("vision.dynamic.sensitivity_variants", dyn["sensitivity_variants"], "fp32"),
                            "fp16": ("vision.dynamic.variants", dyn["variants"], "fp16")}.get(
             fmt, ("vision.dynamic.variants", dyn["variants"], "fp32"))

@@ -57,7 +57,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         runtime = Chat(tmp, prepack=prepacked(precision))  # loaded once for both checks
         log.info("deploy %s: onnxruntime-genai loaded the folder in %.1f s; vision parity", precision,
                  time.perf_counter() - t0)
-        parity = vision_parity(tmp, checkpoint, cases, checks.tolerance, runtime)
+        parity = vision_parity(tmp, checkpoint, cases, checks.tolerance, runtime, checks.vision_features)
         parity["files"] = file_entries(files.values(), single_file=True)
         if embedding_gate is not None:
             parity["embedding"] = {k: embedding_gate[k] for k in ("passed", "metrics", "tolerance", "reference")}

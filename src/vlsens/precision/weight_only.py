@@ -47,6 +47,8 @@ import contextlib
 import io
 import logging
 import re
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -55,6 +57,7 @@ import numpy as np
 from vlsens.core.errors import VlsensError
 from vlsens.data.cases import Case, Cases
 from vlsens.export.towers import names
+from vlsens.quantize.nbits import FLOAT
 
 log = logging.getLogger(__name__)
 
@@ -550,6 +553,28 @@ def gemm_to_matmul(model) -> dict[str, str]:
     return names
 
 
+def linears(model) -> list[dict]:
+    """The Linears :func:`gemm_to_matmul` and :func:`quantize_vision` reach, read from the graph
+    alone (a path or ModelProto; no weight loaded): ``{"name": MatMul name, "K", "N"}`` in graph
+    order (a ``Gemm`` by the name its MatMul will have, a ``MatMul`` on a 2-D initializer by its own)."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load(str(model), load_external_data=False) if not hasattr(model, "graph") else model
+    inits = {i.name: i for i in m.graph.initializer}
+    out = []
+    for n in m.graph.node:
+        if len(n.input) < 2 or n.input[1] not in inits or len(inits[n.input[1]].dims) != 2:
+            continue
+        rows, cols = (int(d) for d in inits[n.input[1]].dims)
+        if n.op_type == "Gemm":
+            trans = int({x.name: helper.get_attribute_value(x) for x in n.attribute}.get("transB", 0))
+            out.append({"name": _matmul_name(n.name), "K": cols if trans else rows, "N": rows if trans else cols})
+        elif n.op_type == "MatMul":
+            out.append({"name": n.name, "K": rows, "N": cols})
+    return out
+
+
 def linear_module(model, weight_name: str):
     """transformers' Linear behind an exported weight ``<module path>.weight`` (the checkpoint's
     names; transformers 5 nests the towers under ``model.``)."""
@@ -643,38 +668,75 @@ INT4_RTN128 = WeightFormat("int4-rtn128", 4, algorithm="rtn", block_size=128)
 INT8_WO = WeightFormat("int8-wo", 8, algorithm="rtn", block_size=PER_CHANNEL, symmetric=False, accuracy_level=0)
 #: The formats by variant name (``int4``: the run's own settings).
 FORMATS = {f.name: f for f in (WeightFormat(), INT4_RTN128, INT8_WO)}
+#: A vision graph whose Linears each have their own format (a plan's ``vision_ops``).
+MIXED = "mixed"
 
 
 def quantize_vision(src: str | Path, staged: str | Path, settings,
-                    fmt: WeightFormat | int | None = None) -> tuple[dict, dict[str, str]]:
+                    fmt: WeightFormat | int | None = None,
+                    per_op: Mapping[str, WeightFormat | None] | None = None) -> tuple[dict, dict[str, str]]:
     """``staged`` (+ data file): the FP32 vision graph ``src`` with every Linear weight-only
     quantized in format ``fmt`` (None: the run's ``settings`` at INT4; an int: those bits) on
     ``settings`` (:func:`gemm_to_matmul`, then :func:`vlsens.quantize.nbits.quantize`, once per
-    block size the format gives the Linears). Returns ``(facts, {MatMul name: exported weight name})``."""
+    block size and width the formats give the Linears). ``per_op`` (a mixed graph): every Linear's
+    own format by MatMul name (None: left float), instead of ``fmt`` for all; a Linear it misses,
+    or a name the graph lacks, is a VlsensError. Returns ``(facts, {MatMul name: exported weight name})``."""
     import shutil
 
     import onnx
 
-    from vlsens.core.onnxutil import save_with_external_data
+    from vlsens.core.onnxutil import copy_model, save_with_external_data
     from vlsens.quantize.nbits import quantize, weight_matmuls
 
     fmt = fmt if isinstance(fmt, WeightFormat) else WeightFormat(bits=fmt or 4, name=f"int{fmt or 4}")
     staged = Path(staged)
     work = staged.parent / ".float"
-    work.mkdir(exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     model = onnx.load(str(src))
     weights = gemm_to_matmul(model)
     current = save_with_external_data(model, work / "model.onnx")
     del model
     ops = weight_matmuls(current)
+    if per_op is not None:
+        names = {o["name"] for o in ops}
+        missing, extra = sorted(names - set(per_op)), sorted(set(per_op) - names)
+        if missing or extra:
+            shutil.rmtree(work)
+            raise VlsensError(f"{src}: a mixed vision graph names every Linear's MatMul: missing {missing[:5]} "
+                              f"({len(missing)}), extra {extra[:5]} ({len(extra)})")
+    formats = {o["name"]: (per_op[o["name"]] if per_op is not None else fmt) for o in ops}
     groups: dict = {}
     for o in ops:
-        groups.setdefault(fmt.settings(settings, o["K"]), []).append(o["name"])
-    for i, (at, group) in enumerate(groups.items()):
+        f = formats[o["name"]]
+        if f is not None:
+            groups.setdefault((f.settings(settings, o["K"]), f.bits), []).append(o["name"])
+    for i, ((at, bits), group) in enumerate(groups.items()):
         dst = staged if i == len(groups) - 1 else work / f"step{i}.onnx"
-        current = quantize(current, dst, dict.fromkeys(group, fmt.bits), at)
+        current = quantize(current, dst, dict.fromkeys(group, bits), at)
+    if not groups:
+        copy_model(current, staged)
     shutil.rmtree(work)
+    if per_op is not None:
+        return _mixed_facts(staged, ops, formats, settings, weights), weights
     return _vision_facts(staged, ops, fmt, settings, weights), weights
+
+
+def _mixed_facts(staged: Path, ops: list[dict], formats: Mapping, settings, weights: dict[str, str]) -> dict:
+    """The record's facts of a mixed vision graph: per Linear its format, bits and bytes as stored."""
+    from vlsens.quantize.nbits import float_bytes, quantized_nodes
+
+    q, fb = quantized_nodes(staged), float_bytes(ops)
+    linears = {o["name"]: {"format": formats[o["name"]].name if formats[o["name"]] else "float",
+                           "bits": formats[o["name"]].bits if formats[o["name"]] else FLOAT,
+                           "weight_bytes": q[o["name"]]["bytes"] if o["name"] in q else fb[o["name"]],
+                           "float32_bytes": fb[o["name"]]} for o in ops}
+    count = Counter(v["format"] for v in linears.values())
+    return {"format": MIXED, "linears": len(weights), "formats": dict(sorted(count.items())),
+            "weight_bytes": sum(v["weight_bytes"] for v in linears.values()),
+            "float32_bytes": sum(v["float32_bytes"] for v in linears.values()), "run_settings": settings.as_dict(),
+            "by_linear": linears,
+            "quantizer": f"{QUANTIZER} (vlsens.quantize.nbits.quantize) after vlsens.precision.weight_only.gemm_to_matmul",
+            "weights": weights}
 
 
 def _vision_facts(staged: Path, ops: list[dict], fmt: WeightFormat, settings, weights: dict[str, str]) -> dict:
@@ -704,22 +766,25 @@ def _vision_facts(staged: Path, ops: list[dict], fmt: WeightFormat, settings, we
 
 
 def vision_folder(checkpoint, src_dir: str | Path, reference: str | Path, out_dir: str | Path, settings,
-                  tolerance: dict, exact_tolerance: dict, threads: int = 0, fmt: WeightFormat | None = None) -> dict:
+                  tolerance: dict, exact_tolerance: dict, threads: int = 0,
+                  fmt: WeightFormat | Mapping[str, WeightFormat | None] | None = None) -> dict:
     """The dynamic vision graph with weight-only Linears in format ``fmt`` (None: INT4 at the run's
-    ``settings``, variant ``int4``) as a variant folder named after the format, gated against
-    transformers on its own weights (:func:`vlsens.variants.gate_own_weights`)."""
+    ``settings``, variant ``int4``), or each in its own (``fmt`` a mapping MatMul name -> format or
+    None for float, variant :data:`MIXED`), as a variant folder named after the format, gated
+    against transformers on its own weights (:func:`vlsens.variants.gate_own_weights`)."""
     from vlsens.variants import Gate, variant_folder
 
-    fmt = fmt or WeightFormat()
+    per_op = fmt if isinstance(fmt, Mapping) else None
+    fmt = WeightFormat() if per_op is not None or fmt is None else fmt
     found: dict[str, str] = {}
 
     def transform(src: Path, feeds, staged: Path) -> dict:
-        facts, weights = quantize_vision(src, staged, settings, fmt)
+        facts, weights = quantize_vision(src, staged, settings, fmt, per_op)
         found.update(weights)
         return facts
 
     def own(staged, cases):
         return vision_weight_reference(checkpoint, staged["model.onnx"], cases, found)
 
-    return variant_folder(src_dir, reference, out_dir, fmt.name, transform,
+    return variant_folder(src_dir, reference, out_dir, MIXED if per_op is not None else fmt.name, transform,
                           Gate(tolerance, threads, reference_for=own, exact_tolerance=exact_tolerance))

@@ -99,6 +99,8 @@ class Checks:
     ``tolerance``: the vision graph's parity tolerance (None: measured, not gated); ``fp32_folder``:
     the published fp32 folder a lower precision is compared with (None for fp32 itself, which is
     compared with transformers); ``target``: the text profile's target, measured end to end;
+    ``vision_features``: transformers' features of the evaluation images
+    (:func:`write_vision_features`, the vision parity's reference without running PyTorch);
     ``tied`` (``{"reference": the decoder's reference.npz, "exact_tolerance": FP32's}``): the
     embedding graph reads the decoder's lm_head weight, gated on the reference's embedding cases
     (:func:`vlsens.precision.weight_only.gate_tied`)."""
@@ -108,6 +110,7 @@ class Checks:
     fp32_folder: str | Path | None = None
     target: dict | None = None
     tied: dict | None = None
+    vision_features: str | Path | None = None
 
 
 class _Timed:
@@ -218,37 +221,121 @@ def _against_fp32(folder, precision: str, processor, cases: list[dict], gen: _Ti
 
 
 
-def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict], tolerance: dict | None,
-                  runtime: Chat | None = None) -> dict:
-    """``vision.onnx`` against transformers' ``get_image_features`` on every evaluation image at the
-    size the runtime's own preprocessing gives it (ORT-GenAI's processor output fed to both).
-    ``runtime``: the folder already loaded."""
-    import onnxruntime as ort
-    import torch
+def _image_inputs(rt: Chat, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """The runtime's own preprocessing of one image: ``(pixel_values, image_grid_thw)``."""
+    inputs = rt.inputs("<|vision_start|><|image_pad|><|vision_end|>", [path])
+    return (np.asarray(inputs["pixel_values"].as_numpy(), np.float32),
+            np.asarray(inputs["image_grid_thw"].as_numpy(), np.int64))
 
-    from vlsens.core.metrics import compare
-    from vlsens.model.loading import load_model
 
-    model = load_model(checkpoint, attn_implementation="eager", part="vision")
-    rt = runtime or Chat(folder)
-    sess = ort.InferenceSession(str(Path(folder) / genai.GRAPHS["vision"]), providers=["CPUExecutionProvider"])
-    seen, rows = set(), []
+def _digest(pixels: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(pixels).tobytes()).hexdigest()
+
+
+class _TorchFeatures:
+    """transformers' ``get_image_features`` (float32, eager), the vision tower loaded on first use."""
+
+    def __init__(self, checkpoint):
+        self.checkpoint, self.model = checkpoint, None
+
+    def __call__(self, pixels: np.ndarray, grid: np.ndarray) -> np.ndarray:
+        import torch
+
+        if self.model is None:
+            from vlsens.model.loading import load_model
+
+            self.model = load_model(self.checkpoint, attn_implementation="eager", part="vision")
+        with torch.no_grad():
+            ref = self.model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(grid), return_dict=True)
+        return torch.cat(list(ref.pooler_output), 0).numpy()
+
+
+def _unique_images(cases: list[dict]) -> list[dict]:
+    seen, out = set(), []
     for case in cases:
         for f in case["images"]:
-            if f["path"] in seen:
-                continue
-            seen.add(f["path"])
-            inputs = rt.inputs("<|vision_start|><|image_pad|><|vision_end|>", [f["path"]])
-            pixels = np.asarray(inputs["pixel_values"].as_numpy(), np.float32)
-            grid = np.asarray(inputs["image_grid_thw"].as_numpy(), np.int64)
-            got = sess.run(None, {"pixel_values": pixels, "image_grid_thw": grid})[0]
-            with torch.no_grad():
-                ref = model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(grid), return_dict=True)
-                ref = torch.cat(list(ref.pooler_output), 0).numpy()
-            m = compare(got, ref)
-            rows.append({"image": f["source"], "grid_thw": grid.tolist(), **m})
-    record = {"graph": genai.GRAPHS["vision"], "reference": "transformers get_image_features (float32, eager) on "
-              "onnxruntime-genai's own preprocessing", "images": rows}
+            if f["path"] not in seen:
+                seen.add(f["path"])
+                out.append(f)
+    return out
+
+
+#: what the vision parity compares with
+VISION_REFERENCE = "transformers get_image_features (float32, eager) on onnxruntime-genai's own preprocessing"
+
+
+def write_vision_features(folder: str | Path, checkpoint: str | Path, images, out_npz: str | Path) -> dict:
+    """transformers' image features of every evaluation image (:func:`eval_cases` of ``images``),
+    computed once on ``folder``'s own preprocessing (the fp32 folder: every folder of a run shares
+    its processor configuration) and written to ``out_npz``: per image its source name, the
+    SHA-256 of the pixel values it was computed on, its grid and its features. The deploy jobs'
+    vision parity reads them (:func:`vision_parity`) instead of loading and running the tower in
+    PyTorch once per folder; an image whose preprocessing differs is recomputed."""
+    import tempfile
+
+    from vlsens.core.fsutil import savez
+
+    torch_features = _TorchFeatures(checkpoint)
+    rt = Chat(folder, prepack=False)
+    arrays, index = {}, []
+    with tempfile.TemporaryDirectory(prefix="vlsens-vision-features-") as work:
+        for i, f in enumerate(_unique_images(eval_cases(images, work))):
+            pixels, grid = _image_inputs(rt, f["path"])
+            arrays[f"features_{i}"] = torch_features(pixels, grid)
+            arrays[f"grid_{i}"] = grid
+            index.append({"source": f["source"], "pixels_sha256": _digest(pixels)})
+    rt.close()
+    arrays["sources"] = np.array([e["source"] for e in index])
+    arrays["pixels_sha256"] = np.array([e["pixels_sha256"] for e in index])
+    savez(out_npz, arrays)
+    log.info("vision features of %d image(s) written to %s", len(index), out_npz)
+    return {"images": index, "reference": VISION_REFERENCE}
+
+
+def _stored_features(npz: str | Path) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """``{(source, pixels sha256): (grid, features)}`` of a :func:`write_vision_features` file."""
+    with np.load(npz, allow_pickle=False) as z:
+        return {(str(s), str(h)): (z[f"grid_{i}"], z[f"features_{i}"])
+                for i, (s, h) in enumerate(zip(z["sources"], z["pixels_sha256"], strict=True))}
+
+
+def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict], tolerance: dict | None,
+                  runtime: Chat | None = None, features: str | Path | None = None) -> dict:
+    """``vision.onnx`` against transformers' ``get_image_features`` on every evaluation image at the
+    size the runtime's own preprocessing gives it (ORT-GenAI's processor output fed to both).
+    ``runtime``: the folder already loaded; ``features``: transformers' features of these images
+    (:func:`write_vision_features`), used where an image's pixel values and grid are the ones they
+    were computed on, recomputed otherwise."""
+    import onnxruntime as ort
+
+    from vlsens.core.fsutil import file_sha256
+    from vlsens.core.metrics import compare
+
+    stored = _stored_features(features) if features else {}
+    torch_features = _TorchFeatures(checkpoint)
+    rt = runtime or Chat(folder)
+    sess = ort.InferenceSession(str(Path(folder) / genai.GRAPHS["vision"]), providers=["CPUExecutionProvider"])
+    rows = []
+    for f in _unique_images(cases):
+        pixels, grid = _image_inputs(rt, f["path"])
+        got = sess.run(None, {"pixel_values": pixels, "image_grid_thw": grid})[0]
+        hit = stored.get((f["source"], _digest(pixels)))
+        if hit is not None and not np.array_equal(hit[0], grid):
+            hit = None
+        if hit is not None:
+            ref = hit[1]
+        else:
+            if features:
+                log.info("vision parity: %s not in %s at these pixel values; computed in PyTorch", f["source"],
+                         features)
+            ref = torch_features(pixels, grid)
+        m = compare(got, ref)
+        rows.append({"image": f["source"], "grid_thw": grid.tolist(), "stored_reference": hit is not None, **m})
+    record = {"graph": genai.GRAPHS["vision"], "reference": VISION_REFERENCE, "images": rows}
+    if features:
+        record["reference_file"] = {"path": str(features), "sha256": file_sha256(features)}
     if tolerance is None:
         record.update(gated=False, note="measured, not gated: the graph passed its gate on its own weights; what its "
                                          "format costs is in the folder's measure")

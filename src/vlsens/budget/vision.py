@@ -1,0 +1,156 @@
+"""The vision graph's Linears, each priced on the answer: a mixed vision format for the plan.
+
+A whole-graph vision format (``int4``, ``int8-wo``, ...) puts every Linear at one width; on a
+checkpoint where a few Linears carry the vision tower's sensitivity (an outlier channel, the
+blocks that feed the merger), the INT4 graph's error is mostly theirs. Here each Linear's cost is
+measured where the folders are judged:
+
+1. **Per Linear** (:func:`measure_ops`): the fp32 vision graph with that one Linear at INT4 (the
+   run's ``int4`` format, every other Linear float) assembled into the fp32 folder and measured end
+   to end (:func:`vlsens.deploy.genai.measure.measure_folder`: KL per generated step against the
+   fp32 folder through onnxruntime-genai, on the measure's cases). Its bytes at INT4 and at INT8
+   weight-only are read from the gated ``int4`` and ``int8-wo`` graphs. The table is
+   ``budget/vision.csv`` (one row a Linear, like the decoder's ``nbits.csv``).
+2. **The curve** (:func:`mixed_curve`): from every Linear at INT8 weight-only (``int8-wo``, its KL
+   measured as a component) Linears move to INT4 in increasing KL per byte saved; point ``k`` holds
+   the first ``k``. Its KL is estimated as the INT8 graph's plus the moved Linears' INT4 KLs, the
+   sum scaled by how the errors add up at the curve's measured end (:func:`interaction`: the INT4
+   graph's KL above the INT8 graph's, over the sum of the Linears' own), its bytes as the INT8
+   graph's in the folder minus the bytes the moved Linears save.
+   The points become vision options ``mixed:<k>`` of the front's search; a plan that picks one
+   names every Linear's format (:class:`vlsens.budget.plan.Plan` ``vision_ops``) and its folder
+   builds and gates that graph (:func:`vlsens.precision.weight_only.vision_folder`).
+
+Cost: one folder measure per Linear (on the tiny preset 22 Linears, about 1 s each); at 3B, 162
+Linears each with a 2.7 GB graph written and the measure's 24 cases run through the whole VLM: the
+affordable form there is the estimate through the decoder's sensitivity to its image features,
+which this module does not do yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: the vision options of the front's search that name a point of the mixed curve
+MIXED_PREFIX = "mixed:"
+COLUMNS = ("op", "K", "N", "bytes_float", "bytes_int4", "bytes_int8", "kl_int4", "kl_int4_text", "kl_int4_image",
+           "kl_int4_images")
+
+
+def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, work: str | Path) -> list[dict]:
+    """One row per Linear of the fp32 vision graph (``graphs["fp32"]``; ``graphs["int4"]`` and
+    ``graphs["int8-wo"]``: the gated weight-only graphs its bytes are read from): its INT4 KL in
+    the fp32 folder (``base``: the folder's decoder, embedding and vision graphs), per modality."""
+    import shutil
+
+    from transformers import AutoConfig
+
+    from vlsens.core.errors import VlsensError
+    from vlsens.deploy.genai import folder as genai
+    from vlsens.deploy.genai.assemble import assemble
+    from vlsens.deploy.genai.measure import measure_folder
+    from vlsens.precision.weight_only import FORMATS, linears, quantize_vision
+    from vlsens.quantize.nbits import float_bytes, quantized_nodes
+
+    ops = linears(graphs["fp32"])
+    q4, q8, fb = quantized_nodes(graphs["int4"]), quantized_nodes(graphs["int8-wo"]), float_bytes(ops)
+    for name, q in (("int4", q4), ("int8-wo", q8)):
+        missing = sorted({o["name"] for o in ops} - set(q))
+        if missing:
+            raise VlsensError(f"{graphs[name]}: Linears not quantized: {missing[:5]} ({len(missing)}); the "
+                              f"{name} vision graph quantizes every Linear of {graphs['fp32']}")
+    rows = []
+    work = Path(work)
+    folder = work / "folder"  # the fp32 folder, its vision graph replaced per Linear
+    assemble(folder, checkpoint, base["decoder"], base["embedding"], base["vision"], work / "preamble")
+    vc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).vision_config
+    for i, o in enumerate(ops):
+        staged = work / f"op{i}" / "model.onnx"
+        per_op = {p["name"]: (FORMATS["int4"] if p["name"] == o["name"] else None) for p in ops}
+        quantize_vision(graphs["fp32"], staged, settings, per_op=per_op)
+        genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], vc, work / f"op{i}-preamble")
+        m = measure_folder(folder, reference, cases, f"vision-op{i}")
+        mods = {k: v["mean_kl"] for k, v in m["modalities"].items()}
+        rows.append({"op": o["name"], "K": o["K"], "N": o["N"], "bytes_float": fb[o["name"]],
+                     "bytes_int4": q4[o["name"]]["bytes"], "bytes_int8": q8[o["name"]]["bytes"],
+                     "kl_int4": m["mean_kl"], **{f"kl_int4_{k}": mods.get(k) for k in ("text", "image", "images")}})
+        log.info("vision Linear %d/%d %s: INT4 KL %.4g (%.1f s)", i + 1, len(ops), o["name"], m["mean_kl"],
+                 m["seconds"])
+        shutil.rmtree(staged.parent, ignore_errors=True)
+    return rows
+
+
+def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, out_csv, out_json) -> dict:
+    """The job: :func:`measure_ops` as ``vision.csv`` and a summary (``vision.json``: the Linears'
+    INT4 KLs summed, how concentrated they are)."""
+    from vlsens.core.fsutil import write_csv, write_json
+
+    with tempfile.TemporaryDirectory(prefix="vlsens-vision-ops-") as work:
+        rows = measure_ops(checkpoint, reference, cases, base, graphs, settings, work)
+    write_csv(out_csv, rows, list(COLUMNS))
+    kls = sorted((r["kl_int4"] for r in rows), reverse=True)
+    total = sum(kls)
+    record = {"linears": len(rows), "sum_kl_int4": total,
+              "top": [{"op": r["op"], "kl_int4": r["kl_int4"]} for r in sorted(rows, key=lambda r: -r["kl_int4"])[:5]],
+              "top1_share": kls[0] / total if total > 0 else None,
+              "note": "each Linear alone at INT4 (the run's int4 format), every other Linear float, in the fp32 folder, "
+                      "measured end to end through onnxruntime-genai on the measure's cases"}
+    write_json(out_json, record)
+    return record
+
+
+def ops_job(inputs: Mapping, outputs: Mapping, settings: Mapping) -> dict:
+    """The ``budget_vision`` job on its named inputs and outputs (rules/budget.smk)."""
+    from vlsens.data.inputs import checkpoint_dir
+    from vlsens.deploy.cases import load_cases
+    from vlsens.quantize.nbits import NBitsSettings
+
+    decoder = Path(inputs["decoder_model"])
+    base = {"decoder": decoder, "embedding": decoder.with_name("embedding.onnx"), "vision": inputs["vision_fp32"]}
+    graphs = {"fp32": inputs["vision_fp32"], "int4": inputs["vision_int4"], "int8-wo": inputs["vision_int8-wo"]}
+    return write_ops(checkpoint_dir(inputs["checkpoint"]), inputs["reference"], load_cases(inputs["cases"]), base,
+                     graphs, NBitsSettings.from_config(settings), outputs["csv"], outputs["summary"])
+
+
+def read_ops(csv) -> list[dict]:
+    import pandas as pd
+
+    return pd.read_csv(csv).to_dict("records")
+
+
+def interaction(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None) -> float:
+    """How the Linears' INT4 errors add up, measured at the curve's end: the all-INT4 graph's KL
+    above the INT8 graph's, over the sum of the Linears' own INT4 KLs (1 where the INT4 graph is
+    not given or the sum is not positive). On the tiny preset about 1.26: together the Linears
+    cost a quarter more than one by one."""
+    total = sum(max(float(r["kl_int4"]), 0.0) for r in rows)
+    if int4 is None or total <= 0:
+        return 1.0
+    gap = float(int4["kl"]) - float(int8["kl"])
+    return gap / total if gap > 0 else 1.0
+
+
+def mixed_curve(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = None) -> list[dict]:
+    """``[{"name": "mixed:<k>", "bytes", "kl", "ops": {Linear: 4 | 8}, "int4": k}]`` for k = 1 ..
+    n - 1 (k = 0 is ``int8-wo`` itself, k = n the ``int4`` graph, both measured as components):
+    ``int8`` / ``int4``: the ``int8-wo`` and ``int4`` components (bytes in the folder, KL). Linears
+    move to INT4 in increasing ``kl_int4`` per byte saved (ties: graph order); a point's KL is the
+    INT8 graph's plus the moved Linears' INT4 KLs times :func:`interaction` (so the curve meets
+    the measured INT4 graph at its end)."""
+    scale = interaction(rows, int8, int4)
+    order = sorted(range(len(rows)), key=lambda i: (float(rows[i]["kl_int4"]) /
+                                                    max(int(rows[i]["bytes_int8"]) - int(rows[i]["bytes_int4"]), 1), i))
+    out, nbytes, kl, moved = [], int(int8["bytes"]), float(int8["kl"]), set()
+    for k, i in enumerate(order[:-1], 1):
+        r = rows[i]
+        nbytes -= int(r["bytes_int8"]) - int(r["bytes_int4"])
+        kl += scale * max(float(r["kl_int4"]), 0.0)
+        moved.add(r["op"])
+        out.append({"name": f"{MIXED_PREFIX}{k}", "bytes": nbytes, "kl": kl, "int4": k, "interaction": scale,
+                    "ops": {x["op"]: (4 if x["op"] in moved else 8) for x in rows}})
+    return out
