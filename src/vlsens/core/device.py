@@ -43,6 +43,20 @@ def cuda_visible() -> list[str]:
     return seen
 
 
+#: ONNX Runtime's session entries that make idle pool threads sleep instead of spin
+NO_SPIN = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+
+
+def passive() -> bool:
+    """Whether this job shares its cores (it reserved fewer than it computes with; set by the
+    scripts' ``_vlsens``): its ONNX Runtime and onnxruntime-genai sessions then take
+    :data:`NO_SPIN`, as OpenMP takes ``OMP_WAIT_POLICY=PASSIVE`` (spinning threads of two jobs on
+    two cores took a fifth of a tiny run's wall time; the results are the same)."""
+    import os
+
+    return os.environ.get("VLSENS_PASSIVE") == "1"
+
+
 def set_threads(threads: int) -> None:
     """Bound torch's CPU threads to what the Snakemake rule declared, without importing torch:
     ``torch.set_num_threads`` runs now if torch is loaded, else right after the job imports it.

@@ -363,6 +363,8 @@ def make_session(path: str | Path, threads: int = 0, device: str = "auto",
     dynamic 3B vision tower's FP16 range analysis)."""
     import onnxruntime as ort
 
+    from vlsens.core.device import NO_SPIN, passive
+
     so = ort.SessionOptions()
     if basic:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -373,6 +375,9 @@ def make_session(path: str | Path, threads: int = 0, device: str = "auto",
     if threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
+    if passive():
+        for k, v in NO_SPIN.items():
+            so.add_session_config_entry(k, v)
     so.log_severity_level = 3
     return ort.InferenceSession(str(path), sess_options=so, providers=list(providers or available_providers(device)))
 

@@ -308,15 +308,14 @@ def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict],
     ``runtime``: the folder already loaded; ``features``: transformers' features of these images
     (:func:`write_vision_features`), used where an image's pixel values and grid are the ones they
     were computed on, recomputed otherwise."""
-    import onnxruntime as ort
-
     from vlsens.core.fsutil import file_sha256
     from vlsens.core.metrics import compare
+    from vlsens.core.onnxutil import make_session
 
     stored = _stored_features(features) if features else {}
     torch_features = _TorchFeatures(checkpoint)
     rt = runtime or Chat(folder)
-    sess = ort.InferenceSession(str(Path(folder) / genai.GRAPHS["vision"]), providers=["CPUExecutionProvider"])
+    sess = make_session(Path(folder) / genai.GRAPHS["vision"], providers=["CPUExecutionProvider"])
     rows = []
     for f in _unique_images(cases):
         pixels, grid = _image_inputs(rt, f["path"])

@@ -92,10 +92,12 @@ class Chat:
 
         self.og = og
         self.folder = Path(folder)
+        from vlsens.core.device import NO_SPIN, passive
+
         config = og.Config(str(self.folder))
-        if not prepack:
-            config.overlay(json.dumps({"model": {part: {"session_options": {"session.disable_prepacking": "1"}}
-                                                 for part in _parts(self.folder)}}))
+        options = {**({} if prepack else {"session.disable_prepacking": "1"}), **(NO_SPIN if passive() else {})}
+        if options:
+            config.overlay(json.dumps({"model": {part: {"session_options": options} for part in _parts(self.folder)}}))
         self.model = og.Model(config)
         self.processor = self.model.create_multimodal_processor()
         self.tokenizer = og.Tokenizer(self.model)
