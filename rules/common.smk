@@ -26,7 +26,7 @@ from vlsens.quantize.nbits import NBitsSettings
 from vlsens.precision.weight_only import PER_CHANNEL
 from vlsens.model.presets import rule_names as _preset_rule_names
 from vlsens.quantize.target import check_profile_objective as _check_objective, resolve as _resolve_quant
-from vlsens.dag.resources import cluster_value, job_cores
+from vlsens.dag.resources import cluster_value, compute_threads, job_cores
 from vlsens.dag.targets import all_targets
 from vlsens.report import numbered_categories
 from vlsens.core.versions import provenance as _provenance
@@ -39,6 +39,8 @@ except WorkflowError:
     raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
 try:
     PLAN, TOWERS = configure(config, workdir=Path.cwd())
+    # every job computes with this many threads (auto: 1 on a tiny preset; vlsens.dag.resources)
+    config["threads"] = compute_threads(config["threads"], PLAN.preset)
     # The deployment target's quantization settings, resolved once (the CPU is read here).
     QUANT = _resolve_quant(config)
     for _graph, _tower in TOWERS.items():

@@ -323,8 +323,14 @@ def test_job_cores_reserve_and_compute_threads_apart():
     on a tiny preset (jobs there are interpreter start-up and imports), ``threads`` elsewhere; a
     number caps the reservation. Rules carry the compute count as ``compute_threads``."""
     from vlsens.config import schema_errors
-    from vlsens.dag.resources import job_cores
+    from vlsens.dag.resources import THREADS, compute_threads, job_cores
 
+    # threads: auto computes with one thread on a tiny preset, THREADS elsewhere; a number is itself
+    assert compute_threads("auto", "tiny") == 1 and compute_threads("auto", "tiny-qwen2vl") == 1
+    assert compute_threads("auto", "3b") == THREADS == 2 and compute_threads("auto", None) == 2
+    assert compute_threads(3, "tiny") == 3
+    assert not schema_errors(_cfg(threads="auto")) and not schema_errors(_cfg(threads=4))
+    assert schema_errors(_cfg(threads=0)) and schema_errors(_cfg(threads="all"))
     assert job_cores("auto", 2, "tiny") == 1 and job_cores("auto", 2, "tiny-qwen3vl") == 1
     assert job_cores("auto", 2, "3b") == 2 and job_cores("auto", 4, None) == 4
     assert job_cores(3, 8, None) == 3 and job_cores(3, 2, None) == 2 and job_cores(4, 1, "tiny") == 1
@@ -333,13 +339,15 @@ def test_job_cores_reserve_and_compute_threads_apart():
 
 
 def test_dry_run_declares_cores_and_compute_threads(tmp_path):
-    """Snakemake's plan of the default run: every torch / ONNX Runtime job reserves one core and
-    computes with ``threads`` (2); with ``job_cores: 2`` the same jobs reserve two."""
+    """Snakemake's plan of the default run with ``threads: 2``: every torch / ONNX Runtime job
+    reserves one core and computes with two; with ``job_cores: 2`` the same jobs reserve two. The
+    default (``threads: auto``) computes with one on the tiny preset."""
     import re
 
-    for job_cores, reserved in (("auto", {"1"}), (2, {"2"})):
+    for job_cores, reserved, threads_setting, compute in (("auto", {"1"}, 2, "2"), (2, {"2"}, 2, "2"),
+                                                          ("auto", {"1"}, "auto", "1")):
         cfg = tmp_path / "config.yaml"
-        cfg.write_text(yaml.safe_dump(_cfg(job_cores=job_cores)))
+        cfg.write_text(yaml.safe_dump(_cfg(job_cores=job_cores, threads=threads_setting)))
         r = subprocess.run(
             [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(tmp_path),
              "--configfile", str(cfg), "-n", "--cores", "2"], capture_output=True, text=True, timeout=300)
@@ -353,8 +361,8 @@ def test_dry_run_declares_cores_and_compute_threads(tmp_path):
                 t = re.search(r"(?m)^    threads: (\d+)", block)
                 threads.setdefault(m.group(1), []).append((c.group(1), t.group(1) if t else "1"))
         export = threads["export"]
-        assert len(export) >= 5 and {c for c, _ in export} == {"2"}, export
-        assert {t for c, t in sum(threads.values(), []) if c == "2"} == reserved, threads
+        assert len(export) >= 5 and {c for c, _ in export} == {compute}, export
+        assert {t for c, t in sum(threads.values(), []) if c == compute} == reserved, threads
 
 
 def test_worked_example_config_is_valid(tiny_ckpt):
