@@ -67,23 +67,42 @@ rule budget_vision:
         "../workflow/scripts/budget_vision.py"
 
 
-# Each vision and table format measured end to end in the fp32 folder, then the search. A
-# checkpoint: which plans the front holds is known once it is searched (the spread along the front,
-# and per anchor the plan within its bytes where no spread plan is that plan).
-checkpoint budget_front:
+# Each vision and table format measured end to end in the fp32 folder.
+rule budget_components:
     input:
-        unpack(anchor_folders),
         unpack(budget_formats),
-        unpack(mixed_vision_ops),
-        **paths.BUDGET_NBITS,
         checkpoint=checkpoint_dir,
         reference=paths.MEASURE_REFERENCE,
         cases=paths.MEASURE_CASES,
         fp32_folder=paths.fill(DEPLOY, precision="fp32"),
+    output:
+        components=paths.BUDGET_COMPONENTS,
+    params:
+        provenance=provenance("deploy", "budget_components.py"),
+    log:
+        paths.model_log("budget_components"),
+    benchmark:
+        paths.model_benchmark("budget_components")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("budget_components", threads=config["threads"]),
+    script:
+        "../workflow/scripts/budget_components.py"
+
+
+# The search. A checkpoint: which plans the front holds is known once it is searched (the spread
+# along the front, and per anchor the plan within its bytes where no spread plan is that plan).
+checkpoint budget_front:
+    input:
+        unpack(anchor_folders),
+        unpack(mixed_vision_ops),
+        **paths.BUDGET_NBITS,
+        components=paths.BUDGET_COMPONENTS,
         engine=paths.BUDGET_ENGINE,
         eval=paths.BUDGET_FEEDS,
     output:
-        components=paths.BUDGET_COMPONENTS,
         front=paths.BUDGET_FRONT,
         plans=directory(paths.BUDGET_PLANS),
     params:

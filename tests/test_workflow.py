@@ -55,7 +55,7 @@ REPORT_RULES = {"report_heatmap", "report_ranked", "report_pareto", "report_engi
                 "report_tables", "report_int4"}
 #: The folders' measure and the whole-VLM plan: run with onnxruntime(-genai) or downstream of it.
 MEASURE_RULES = {"vision_features", "budget_vision", "measure_reference", "measure", "measure_compare", "budget_nbits",
-                 "budget_front", "plan_folder",
+                 "budget_components", "budget_front", "plan_folder",
                  "budget_measured"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
               "sensitivity_compare", "deploy", "sensitivity_nbits", "profile_nbits", "builder_int4",
@@ -286,11 +286,12 @@ def test_every_record_matches_its_schema(finished_run):
     # analysed graph and variant; 7 deploy folders, the int4 comparison, engine nbits of the decoder;
     # the 4 fixed-size graphs' fp32 parts and their calibration archives
     # the measure and the plan: 3 NNCF decoders, 3 weight-only vision graphs and 2 tables (parity);
-    # 5 peers' and 13 plans' folders; every folder but fp32 measured; engine nbits on the measure's cases
+    # 5 peers' and 13 plans' folders; every folder but fp32 measured; engine nbits on the measure's cases;
+    # the vision Linears' table
     assert kinds == {"parity": 36, "manifest": 7, "engine": 10, "ort": 10, "eval": 10, "inc": 2, "compare": 2,
                      "deploy_parity": 25, "deploy_eval": 25, "deploy_int4": 1, "nbits_engine": 2, "nbits": 2,
                      "parts": 4, "parts_calibration": 4, "measure": 24, "measure_cases": 1, "measure_compare": 1,
-                     "budget_components": 1, "budget_front": 1, "budget_measured": 1}, kinds
+                     "budget_components": 1, "budget_front": 1, "budget_measured": 1, "budget_vision": 1}, kinds
     assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
     for name, key in (("parity.json", "passed"), ("ort.json", "ops"), ("manifest.json", "counts"),
                       ("deploy_eval", "cases"), ("deploy_parity", "images"), ("parts", "parts"),
@@ -369,7 +370,7 @@ def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
     # the plan's decoder evaluation set and the weight-only table / vision graphs
     deploy = {"deploy", "deploy_int4", "report_latency", "report_tables", "report_int4", "vision_features",
               "measure_reference", "measure",
-              "measure_compare", "budget_nbits", "budget_vision", "budget_measured"}
+              "measure_compare", "budget_nbits", "budget_vision", "budget_components", "budget_measured"}
     for module, graphs, whole in (("vlsens.export.towers.prompts", {"text", "decoder"}, deploy | {"embedding_nbits"}),
                                   ("vlsens.export.towers.text", {"text"}, {"report_latency", "report_tables"}),
                                   ("vlsens.export.towers.vision_dynamic", {"vision/dynamic"}, deploy | {"vision_nbits"}),

@@ -1,6 +1,6 @@
-"""Each vision and embedding format measured end to end in the fp32 folder, then the front's search: decoder
-assignments by byte budget on the measure's cases, combined with those formats, plans picked along the front
-and at each anchor's bytes (vlsens.budget.build)."""
+"""The front's search: decoder assignments by byte budget on the measure's cases, combined with every vision and
+embedding format (and the mixed vision curve), plans picked along the front and at each anchor's bytes
+(vlsens.budget.build)."""
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.budget.build import front_job

@@ -66,20 +66,22 @@ def measure_components(checkpoint, reference, cases, base: dict, formats: dict, 
     return out
 
 
-def decoder_other_bytes(fp32_folder, rows) -> int:
-    """The folder decoder's bytes outside its weight MatMuls (norms, the graph itself), from the
-    fp32 folder's file and the sensitivity CSV's float bytes."""
-    return _in_folder(Path(fp32_folder), "decoder") - int(sum(r["bytes_float"] for r in rows))
+def decoder_other_bytes(fp32_folder, decoder) -> int:
+    """The folder decoder's bytes outside its weight MatMuls (norms, the graph itself): the fp32
+    folder's file less the float32 bytes of the weight MatMuls of ``decoder`` (the fp32 decoder
+    graph; the same MatMuls engine nbits lists in its CSV)."""
+    from vlsens.quantize.nbits import float_bytes, weight_matmuls
+
+    return _in_folder(Path(fp32_folder), "decoder") - int(sum(float_bytes(weight_matmuls(decoder)).values()))
 
 
-def write_components(checkpoint, reference, cases, base: dict, formats: dict, csv, out_json) -> dict:
+def write_components(checkpoint, reference, cases, base: dict, formats: dict, out_json) -> dict:
     """The job: :func:`measure_components` and the decoder's other bytes, as ``components.json``
     (``base`` holds the fp32 folder as ``folder``)."""
     from vlsens.core.fsutil import write_json
 
-    rows = _csv_rows(csv)
     record = measure_components(checkpoint, reference, cases, base, formats, base["folder"])
-    record["decoder_other_bytes"] = decoder_other_bytes(base["folder"], rows)
+    record["decoder_other_bytes"] = decoder_other_bytes(base["folder"], base["decoder"])
     record["note"] = ("each format's KL: the fp32 folder with that part alone changed, teacher-forced through "
                       "onnxruntime-genai on the fp32 folder's tokens (the folders' measure)")
     write_json(out_json, record)
@@ -173,19 +175,23 @@ def formats_of(inputs: Mapping) -> dict:
             for part in ("vision", "embedding")}
 
 
-def front_job(inputs: Mapping, outputs: Mapping, search_settings: dict, threads: int = 0) -> dict:
-    """The ``budget_front`` job on its named inputs and outputs: each vision and table format
-    measured in the fp32 folder (``components``), then :func:`write_front` with the anchors'
-    folders (``anchor_<name>``)."""
+def components_job(inputs: Mapping, outputs: Mapping) -> dict:
+    """The ``budget_components`` job on its named inputs: each vision and table format measured in
+    the fp32 folder (:func:`write_components`)."""
     from vlsens.data.inputs import checkpoint_dir
     from vlsens.deploy.cases import load_cases
 
     decoder = Path(inputs["decoder_model"])
     base = {"decoder": decoder, "embedding": decoder.with_name("embedding.onnx"), "vision": inputs["vision_fp32"],
             "folder": inputs["fp32_folder"]}
-    components = write_components(checkpoint_dir(inputs["checkpoint"]), inputs["reference"],
-                                  load_cases(inputs["cases"]), base, formats_of(inputs), inputs["csv"],
-                                  outputs["components"])
+    return write_components(checkpoint_dir(inputs["checkpoint"]), inputs["reference"], load_cases(inputs["cases"]),
+                            base, formats_of(inputs), outputs["components"])
+
+
+def front_job(inputs: Mapping, outputs: Mapping, search_settings: dict, threads: int = 0) -> dict:
+    """The ``budget_front`` job on its named inputs and outputs: :func:`write_front` on the
+    components' record (``components``) with the anchors' folders (``anchor_<name>``)."""
+    components = json.loads(Path(inputs["components"]).read_text())
     return write_front(inputs["engine"], inputs["eval"], inputs["csv"], components, outputs["front"],
                        outputs["plans"], search_settings,
                        {"anchors": named(inputs, "anchor_"), "vision_csv": inputs.get("vision_ops")}, threads)
