@@ -232,6 +232,22 @@ def test_vision_parity_reads_transformers_features_computed_once(folders, tiny_c
     assert [r["cosine"] for r in other["images"]] == pytest.approx([r["cosine"] for r in computed["images"]], abs=1e-9)
 
 
+def test_every_folder_runs_the_fp32_folders_chat_text(folders, tiny_ckpt, parity_refs, tmp_path):
+    """The fp32 folder keeps the chat text (transformers' template) each case was generated from;
+    the other folders run exactly those texts, read from its record (no processor of their own),
+    and the runtime's own template gives the same text on this checkpoint."""
+    from vlsens.deploy.genai.runtime import Chat
+
+    fp32 = json.loads((folders["fp32"] / "eval.json").read_text())
+    texts = {r["case"]: r["text"] for r in fp32["cases"]}
+    assert set(texts) == {"text", "one-image", "two-images"}
+    assert texts["two-images"].count("<|image_pad|>") == 2 and "<|image_pad|>" not in texts["text"]
+    chat = Chat(folders["fp16"], prepack=False)
+    for case in _cases(parity_refs, tmp_path):
+        assert chat.prompt(case["prompt"], len(case["images"])) == texts[case["name"]]
+    chat.close()
+
+
 def test_fp32_folder_generates_what_transformers_generates(folders, tiny_ckpt, parity_refs, tmp_path):
     """onnxruntime-genai loads the folder and its 16 greedy tokens equal transformers' generate
     for a text-only prompt, one image, and two images of different sizes (each image

@@ -145,12 +145,15 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     ``cases``, already generated (:func:`transformers_generate`)."""
     from vlsens.model.processor import load_processor
 
-    processor = load_processor(checkpoint)
     packed = prepacked(precision)
     gen = _Timed(runtime or Chat(folder, prepack=packed), checks.max_new_tokens, packed)
     if precision == "fp32":
-        return _against_transformers(folder, precision, checkpoint, processor, cases, gen, expected)
-    return _against_fp32(folder, precision, processor, cases, gen, checks, fp32_eval)
+        return _against_transformers(folder, precision, checkpoint, load_processor(checkpoint), cases, gen, expected)
+    texts = {r["case"]: r.get("text") for r in fp32_eval["cases"]}
+    if not all(texts.get(c["name"]) for c in cases):  # an fp32 record written before it kept its texts
+        processor = load_processor(checkpoint)
+        texts = {c["name"]: chat_text(processor, c) for c in cases}
+    return _against_fp32(folder, precision, texts, cases, gen, checks, fp32_eval)
 
 
 def _against_transformers(folder, precision: str, checkpoint, processor, cases: list[dict], gen: _Timed,
@@ -161,9 +164,10 @@ def _against_transformers(folder, precision: str, checkpoint, processor, cases: 
         expected = transformers_generate(checkpoint, cases, max_new_tokens)
     rows = []
     for case, ref in zip(cases, expected):
-        got = gen.generate(chat_text(processor, case), case)
+        text = chat_text(processor, case)
+        got = gen.generate(text, case)
         rows.append({"case": case["name"], "images": case["images"], "tokens": got, "transformers": ref,
-                     "identical": got == ref})
+                     "identical": got == ref, "text": text})
     bad = [r["case"] for r in rows if not r["identical"]]
     record = {"precision": precision, "max_new_tokens": max_new_tokens, "reference": "transformers generate "
               "(greedy, float32, eager)", "cases": rows, "identical": not bad, **gen.speed()}
@@ -173,10 +177,12 @@ def _against_transformers(folder, precision: str, checkpoint, processor, cases: 
     return record
 
 
-def _against_fp32(folder, precision: str, processor, cases: list[dict], gen: _Timed, checks: Checks,
+def _against_fp32(folder, precision: str, texts: dict[str, str], cases: list[dict], gen: _Timed, checks: Checks,
                   fp32_eval: dict) -> dict:
     """A lower precision's record: its tokens, and its logits teacher-forced on the fp32 folder's
-    tokens against the fp32 folder's (KL, top-1 agreement; the target's metric among them)."""
+    tokens against the fp32 folder's (KL, top-1 agreement; the target's metric among them), each
+    case run on the chat text the fp32 folder's tokens were generated from (``texts``: case name
+    -> text)."""
     from vlsens.core.artifacts import verify
 
     fp32_folder = checks.fp32_folder
@@ -188,7 +194,7 @@ def _against_fp32(folder, precision: str, processor, cases: list[dict], gen: _Ti
     # 14 GB).
     mine = []
     for case in cases:
-        text = chat_text(processor, case)
+        text = texts[case["name"]]
         ref_tokens = ref_rows[case["name"]]["tokens"]
         got = gen.generate(text, case)
         mine.append((text, ref_tokens, got, gen.runtime.forced_logits(text, _case_images(case), ref_tokens)))

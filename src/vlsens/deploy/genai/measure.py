@@ -102,12 +102,14 @@ def folder_weight_bytes(folder: str | Path) -> int:
 
 
 def measure_folder(folder: str | Path, reference_npz: str | Path, cases: list[dict], name: str,
-                   prepack: bool = True) -> dict:
+                   prepack: bool = True, modalities: set[str] | None = None) -> dict:
     """One folder's measure: per case (in the reference's order) its logits teacher-forced on the
     reference tokens against the reference's log-probabilities (mean and max KL over the steps,
     top-1 agreement with the reference token) under ``cases``, :func:`~vlsens.deploy.measure.summarize`
     over them (its case count replaced by the rows), the folder's graph bytes and the wall time. ``name``: the folder as reported;
-    ``prepack``: as :class:`~vlsens.deploy.genai.runtime.Chat` takes it."""
+    ``prepack``: as :class:`~vlsens.deploy.genai.runtime.Chat` takes it; ``modalities``: run only
+    the cases of these (a part that no other case reaches: the vision graph and text prompts),
+    the summary over them alone."""
     from vlsens.deploy.genai.runtime import Chat
 
     t0 = time.perf_counter()
@@ -117,6 +119,8 @@ def measure_folder(folder: str | Path, reference_npz: str | Path, cases: list[di
     rows = []
     try:
         for case, ref, logp in zip(ordered, index["cases"], logps):
+            if modalities is not None and case["modality"] not in modalities:
+                continue
             paths = _paths(case)
             text = chat.prompt(case["prompt"], len(paths))
             rows.append(_row(case, logp, ref["tokens"], chat.forced_logits(text, paths, ref["tokens"])))
