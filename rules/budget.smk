@@ -41,6 +41,7 @@ rule budget_nbits:
 # graph's curve (plan.vision: mixed).
 rule budget_vision:
     input:
+        **{"vision_int8-wo": _deploy.vision_source("int8-wo")},
         checkpoint=checkpoint_dir,
         reference=paths.MEASURE_REFERENCE,
         cases=paths.MEASURE_CASES,
@@ -48,7 +49,6 @@ rule budget_vision:
         decoder_model=BUDGET_DECODER["model"],
         vision_fp32=_deploy.vision_source("fp32"),
         vision_int4=_deploy.vision_source("int4"),
-        **{"vision_int8-wo": _deploy.vision_source("int8-wo")},
     output:
         **paths.BUDGET_VISION,
     params:
