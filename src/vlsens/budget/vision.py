@@ -102,7 +102,8 @@ def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, sett
               "top": [{"op": r["op"], "kl_int4": r["kl_int4"]} for r in sorted(rows, key=lambda r: -r["kl_int4"])[:5]],
               "top1_share": kls[0] / total if total > 0 else None,
               "note": "each Linear alone at INT4 (the run's int4 format), every other Linear float, in the fp32 folder, "
-                      "measured end to end through onnxruntime-genai on the measure's cases"}
+                      "measured end to end through onnxruntime-genai on the measure's image cases (its text cases "
+                      "do not reach the vision graph and count 0)"}
     write_json(out_json, record)
     return record
 
