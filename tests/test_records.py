@@ -201,3 +201,35 @@ def test_plan_formats_match_the_schema():
     defs = yaml.safe_load((SCHEMAS / "budget_components.schema.yaml").read_text())["$defs"]
     assert defs["vision_format"]["anyOf"][0]["enum"] == list(VISION_FORMATS)
     assert defs["embedding_format"]["enum"] == list(EMBEDDING_FORMATS)
+
+
+def test_a_record_that_contradicts_itself_or_its_csv_is_a_problem(tmp_path):
+    """Beyond its schema, a record is checked against its own invariants: a parity record that
+    says ``passed`` with a cosine below (or an error above) its own tolerance, an ``ort.json`` whose
+    op count is not the rows of the ``ort.csv`` beside it, a measure whose mean is not its cases'."""
+    from vlsens.core import records
+
+    run = tmp_path / "results" / "tiny"
+    parity = run / "vision" / "224x224" / "fp32" / "parity.json"
+    ok = {"passed": True, "metrics": {"min_cosine": 0.999995, "max_rel_error": 5e-5},
+          "tolerance": {"min_cosine": 0.99999, "max_rel_error": 1e-4}}
+    assert records.invariants(parity, ok) == []
+    low = records.invariants(parity, {**ok, "metrics": {"min_cosine": 0.9, "max_rel_error": 5e-5}})
+    assert low == ["metrics: passed with cosine 0.9 below its tolerance 0.99999"]
+    high = records.invariants(parity, {**ok, "metrics": {"min_cosine": 0.999995, "max_rel_error": 0.2}})
+    assert len(high) == 1 and "relative error 0.2 above its tolerance 0.0001" in high[0]
+    deploy = run / "deploy" / "fp16" / "parity.json"
+    rows = [{"image": "a", "cosine": 0.99999, "max_rel_error": 1e-5}, {"image": "b", "cosine": 0.5, "max_rel_error": 1e-5}]
+    gated = {"passed": True, "tolerance": {"min_cosine": 0.9999, "max_rel_error": 1e-3}, "images": rows}
+    assert [e.split(":")[0] for e in records.invariants(deploy, gated)] == ["images.1"]
+    assert records.invariants(deploy, {**gated, "gated": False}) == []  # measured, not gated: no tolerance to meet
+
+    ort = run / "sensitivity" / "vision" / "224x224" / "fp32" / "ort.json"
+    ort.parent.mkdir(parents=True)
+    ort.with_suffix(".csv").write_text("op,score\n" + "".join(f"/op{i},0.1\n" for i in range(4)))
+    assert records.invariants(ort, {"ops": 4}) == []
+    assert records.invariants(ort, {"ops": 51}) == ["ops: 51, but ort.csv beside it has 4 rows"]
+
+    measure = run / "measure" / "int4-mixed.json"
+    assert records.invariants(measure, _measure()) == []
+    assert records.invariants(measure, {**_measure(), "mean_kl": 1e-9})[0].startswith("mean_kl: 1e-09, but its 2")

@@ -31,6 +31,9 @@ record                 where                                                 sch
 =====================  ====================================================  ===================
 
     python -m vlsens.core.records results/tiny     # check every record under a folder
+
+Each record is checked against its schema and then against its own invariants
+(:func:`invariants`: a passing gate meets its tolerance, counts agree with the CSV beside them).
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ def _validator(name: str):
 
 
 def errors(path: str | Path, data: dict | None = None) -> list[str]:
-    """Schema violations of a record (``data``: its content, default read from ``path``)."""
+    """Schema violations of a record (``data``: its content, default read from ``path``), then,
+    where its schema holds, violations of its own invariants (:func:`invariants`)."""
     name = schema_name(path)
     if name is None:
         raise ValueError(f"{path}: not a vlsens record ({', '.join(sorted(BY_NAME))})")
@@ -98,6 +102,45 @@ def errors(path: str | Path, data: dict | None = None) -> list[str]:
     out = []
     for e in sorted(_validator(name).iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
         out.append(f"{'.'.join(map(str, e.absolute_path)) or '<record>'}: {e.message}")
+    return out or invariants(path, data)
+
+
+def _gate(metrics: dict, tolerance: dict, where: str) -> list[str]:
+    """A passing gate's metrics against its own tolerance (cosine at least, relative error at most)."""
+    out = []
+    if "min_cosine" in tolerance and metrics.get("min_cosine", 1.0) < tolerance["min_cosine"]:
+        out.append(f"{where}: passed with cosine {metrics['min_cosine']} below its tolerance {tolerance['min_cosine']}")
+    if "max_rel_error" in tolerance and metrics.get("max_rel_error", 0.0) > tolerance["max_rel_error"]:
+        out.append(f"{where}: passed with relative error {metrics['max_rel_error']} above its tolerance "
+                   f"{tolerance['max_rel_error']}")
+    return out
+
+
+def _csv_rows(csv: Path) -> int:
+    with open(csv, newline="") as fh:
+        return max(sum(1 for line in fh if line.strip()) - 1, 0)
+
+
+def invariants(path: str | Path, data: dict) -> list[str]:
+    """What a record says about itself and its neighbours, checked: a passing parity gate meets its
+    own tolerance (a model folder's worst case; a gated deploy folder's every image); the ops an
+    ``ort.json`` or ``nbits.json`` counts are the rows of the CSV beside it; a folder's measure
+    has the mean of its cases' KL as its mean."""
+    path, name, out = Path(path), schema_name(path), []
+    if name == "parity" and data.get("passed"):
+        out += _gate(data["metrics"], data.get("tolerance") or {}, "metrics")
+    if name == "deploy_parity" and data.get("gated") is not False and data.get("passed"):
+        for i, row in enumerate(data["images"]):
+            out += _gate({"min_cosine": row["cosine"], "max_rel_error": row["max_rel_error"]},
+                         data.get("tolerance") or {}, f"images.{i}")
+    if name in ("ort", "nbits") and path.with_suffix(".csv").is_file():
+        rows = _csv_rows(path.with_suffix(".csv"))
+        if int(data["ops"]) != rows:
+            out.append(f"ops: {data['ops']}, but {path.with_suffix('.csv').name} beside it has {rows} rows")
+    if name == "measure" and data["cases"]:
+        mean = sum(float(c["kl"]) for c in data["cases"]) / len(data["cases"])
+        if abs(mean - float(data["mean_kl"])) > 1e-9 * max(abs(mean), 1e-30) + 1e-18:
+            out.append(f"mean_kl: {data['mean_kl']}, but its {len(data['cases'])} cases' mean is {mean}")
     return out
 
 
