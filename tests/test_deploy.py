@@ -394,6 +394,43 @@ def test_chat_runs_a_folder_like_transformers(folders, tiny_ckpt, parity_refs, t
     assert len(chat.tokenizer.decode(long)) < len(want_text)
 
 
+def test_chat_refuses_a_bad_image_with_an_error_naming_it(folders, parity_refs, tmp_path):
+    """A text file named .png ends a process that hands it to onnxruntime-genai, a truncated JPEG
+    hangs it: Chat decodes every image file with the pipeline's reader first and raises an
+    ImageError naming the file, which the caller catches and goes on (a good image right after).
+    Run in a child process, so a regression cannot take the test session down with it."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from PIL import Image
+
+    (tmp_path / "notes.png").write_text("not an image at all\n")
+    jpg = tmp_path / "photo.jpg"
+    Image.open(parity_refs[0].path).convert("RGB").save(jpg, quality=90)
+    (tmp_path / "cut.jpg").write_bytes(jpg.read_bytes()[: jpg.stat().st_size // 2])
+    code = f"""
+from vlsens.core.errors import ImageError
+from vlsens.deploy.genai.runtime import Chat
+chat = Chat({str(folders["fp32"])!r}, prepack=False)
+for name in ("notes.png", "cut.jpg", "missing.png"):
+    try:
+        chat({"Describe."!r}, [{str(tmp_path)!r} + "/" + name], max_new_tokens=2)
+        print("accepted", name)
+    except ImageError as e:
+        print("refused", name, "|", e)
+print("good", len(chat.tokens("Describe.", [{str(jpg)!r}], max_new_tokens=2)) > 0)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert [ln.split(" |")[0] for ln in lines] == ["refused notes.png", "refused cut.jpg", "refused missing.png",
+                                                    "good True"], r.stdout
+    for ln, name in zip(lines, ("notes.png", "cut.jpg", "missing.png")):  # one line each (above), naming the file
+        assert f"{tmp_path}/{name}" in ln
+
+
 def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, graph_builder, parity_refs, tmp_path):
     import shutil
 

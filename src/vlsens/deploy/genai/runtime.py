@@ -83,15 +83,20 @@ class Chat:
     wrapper of the runtime, for users (:meth:`__call__`, :meth:`tokens`) and for the deploy
     stage's checks (:meth:`generate`, :meth:`forced_logits` on a ready prompt text)."""
 
-    def __init__(self, folder: str | Path, prepack: bool = True):
+    def __init__(self, folder: str | Path, prepack: bool = True, check_images: bool = True):
         """``prepack=False``: ONNX Runtime keeps the folder's weights memory-mapped from their data
         files instead of copying each MatMul weight into a prepacked buffer (the folder's own
         ``genai_config.json`` is not changed): a float32 folder then costs file pages, not
-        anonymous memory (the 36-layer 3B fp32 folder: 16.4 GB of weights)."""
+        anonymous memory (the 36-layer 3B fp32 folder: 16.4 GB of weights). ``check_images``: every
+        image file is decoded by the pipeline's own reader first (:func:`vlsens.data.images.open_rgb`,
+        once per file version), so a file that is no image, or a truncated one, raises an
+        ImageError naming it instead of reaching onnxruntime-genai's decoder (which ends the
+        process on the first and hangs on the second)."""
         import onnxruntime_genai as og
 
         self.og = og
         self.folder = Path(folder)
+        self.check_images, self._checked = check_images, set()
         from vlsens.core.device import NO_SPIN, passive
 
         config = og.Config(str(self.folder))
@@ -116,9 +121,29 @@ class Chat:
         return self.tokenizer.apply_chat_template(json.dumps([{"role": "user", "content": content}]),
                                                   add_generation_prompt=True)
 
+    def _check(self, path: str | Path) -> None:
+        """Decode ``path`` with the pipeline's reader (an ImageError naming it when it is not a
+        readable image); a file version (path, size, mtime) is checked once."""
+        from vlsens.data.images import ImageRef, open_rgb
+
+        st = Path(path).stat() if Path(path).is_file() else None
+        key = (str(path), st.st_size, st.st_mtime_ns) if st else None
+        if key is not None and key in self._checked:
+            return
+        if st is None:
+            from vlsens.core.errors import ImageError
+
+            raise ImageError(f"image '{path}' does not exist (or is not a file)")
+        open_rgb(ImageRef(Path(path), Path(path).name))
+        self._checked.add(key)
+
     def _images(self, images: Sequence):
         if not images:
             return None
+        if self.check_images:
+            for i in images:
+                if isinstance(i, (str, Path)):
+                    self._check(i)
         if all(isinstance(i, (str, Path)) for i in images):
             return self.og.Images.open(*[str(i) for i in images])
         blobs = []
