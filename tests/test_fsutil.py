@@ -103,3 +103,29 @@ def test_copy_file_never_hard_links(tmp_path):
 def test_write_json(tmp_path):
     write_json(tmp_path / "a.json", {"b": 1, "a": 2})
     assert (tmp_path / "a.json").read_text() == '{\n  "a": 2,\n  "b": 1\n}\n'
+
+
+def test_a_cut_or_foreign_array_file_is_one_error_naming_it(tmp_path):
+    """Every .npz reader (calibration splits, reference cases, the measure's reference) goes
+    through open_npz: a file cut in half, a text file, a missing file and a file without the array
+    asked for are one VlsensError naming the file and the command that rebuilds it, not a zipfile
+    or numpy traceback; a whole file reads as before."""
+    import numpy as np
+
+    from vlsens.core.errors import VlsensError
+    from vlsens.data.cases import Cases
+    from vlsens.data.samples import ReferenceStore, Samples, save_stacked
+
+    good = tmp_path / "calib.npz"
+    save_stacked(good, {"pixel_values": np.arange(24, dtype=np.float32).reshape(2, 3, 4)}, ["a", "b"])
+    assert len(Samples.load(good).feeds) == 2
+    data = good.read_bytes()
+    (tmp_path / "cut.npz").write_bytes(data[: len(data) // 2])
+    (tmp_path / "text.npz").write_text("not arrays\n")
+    for name, load in (("cut.npz", Samples.load), ("text.npz", Samples.load), ("missing.npz", Samples.load),
+                       ("cut.npz", Cases.load), ("cut.npz", ReferenceStore), ("calib.npz", Cases.load)):
+        with pytest.raises(VlsensError) as e:
+            load(tmp_path / name)
+        msg = str(e.value)
+        assert msg.startswith(f"{tmp_path / name}: ") and f"snakemake --forcerun {tmp_path / name}" in msg, msg
+        assert "\n" not in msg

@@ -158,6 +158,42 @@ def write_json(path: str | Path, data: dict) -> None:
         fh.write("\n")
 
 
+@contextlib.contextmanager
+def open_npz(path: str | Path, mmap_mode: str | None = None):
+    """``np.load`` of an ``.npz`` (no pickled objects) as a context manager whose reads are
+    checked: a missing, truncated or foreign file, or one that lacks an array the reader asks
+    for, is a VlsensError naming the file and the command that rebuilds it, not a zipfile or
+    numpy traceback. Use the arrays inside the ``with`` (they are read there)."""
+    import zipfile
+    import zlib
+
+    import numpy as np
+
+    from vlsens.core.errors import VlsensError
+
+    bad = (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, zlib.error)
+    try:
+        z = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except bad as e:
+        raise VlsensError(_npz_problem(path, e)) from e
+    try:
+        yield z
+    except bad as e:
+        raise VlsensError(_npz_problem(path, e)) from e
+    finally:
+        close = getattr(z, "close", None)
+        if close:
+            close()
+
+
+def _npz_problem(path, e: BaseException) -> str:
+    if isinstance(e, FileNotFoundError):
+        return f"{path}: no such array file; rebuild it with snakemake --forcerun {path}"
+    what = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+    return (f"{path}: not a complete array file ({what}); it was changed or cut after it was written: "
+            f"rebuild it with snakemake --forcerun {path}")
+
+
 def savez(path: str | Path, arrays: dict) -> None:
     """``np.savez`` atomically (no pickled objects: plain arrays and strings only)."""
     import numpy as np

@@ -76,7 +76,9 @@ class Cases:
 
     @classmethod
     def load(cls, path: str | Path) -> "Cases":
-        with np.load(path, allow_pickle=False) as z:
+        from vlsens.core.fsutil import open_npz
+
+        with open_npz(path) as z:
             index = json.loads(str(z["__index__"]))
             cases = []
             for i, e in enumerate(index["cases"]):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.core.fsutil import savez
+from vlsens.core.fsutil import open_npz, savez
 
 VALID = "__valid__"
 
@@ -57,7 +57,7 @@ class Samples:
     def load(cls, path: str | Path, model=None) -> "Samples":
         """A calibration split in either layout; stacked arrays are cut into ``model``'s batch (a
         path, ModelProto or session; default 1)."""
-        with np.load(path, allow_pickle=False) as z:
+        with open_npz(path) as z:
             names = [str(s) for s in z["names"]] if "names" in z.files else None
             keys = [k for k in z.files if "/" in k]
             if not keys:  # stacked
@@ -88,7 +88,7 @@ def save_stacked(path: str | Path, arrays: dict[str, np.ndarray], names: Sequenc
 
 def load_stacked(path: str | Path) -> dict[str, np.ndarray]:
     """The arrays of a stacked split (``names`` left out)."""
-    with np.load(path, allow_pickle=False) as z:
+    with open_npz(path) as z:
         if any("/" in k for k in z.files):
             raise ValueError(f"{path}: per-feed layout, not stacked")
         return {k: z[k] for k in z.files if k != "names"}
@@ -134,15 +134,30 @@ class ReferenceStore:
     """Float reference outputs, one array per feed, read lazily from an ``.npz``."""
 
     def __init__(self, path: str | Path):
+        import zipfile
+
+        from vlsens.core.errors import VlsensError
+        from vlsens.core.fsutil import _npz_problem
+
         self.path = Path(path)
-        self._z = np.load(self.path, allow_pickle=False)
+        self._bad = (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError)
+        try:
+            self._z = np.load(self.path, allow_pickle=False)
+        except self._bad as e:
+            raise VlsensError(_npz_problem(self.path, e)) from e
         self._n = len(self._z.files)
 
     def __len__(self) -> int:
         return self._n
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self._z[f"{i:05d}"]
+        from vlsens.core.errors import VlsensError
+        from vlsens.core.fsutil import _npz_problem
+
+        try:
+            return self._z[f"{i:05d}"]
+        except self._bad as e:
+            raise VlsensError(_npz_problem(self.path, e)) from e
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))

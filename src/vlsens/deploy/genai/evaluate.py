@@ -302,7 +302,9 @@ def write_vision_features(folder: str | Path, checkpoint: str | Path, images, ou
 
 def _stored_features(npz: str | Path) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
     """``{(source, pixels sha256): (grid, features)}`` of a :func:`write_vision_features` file."""
-    with np.load(npz, allow_pickle=False) as z:
+    from vlsens.core.fsutil import open_npz
+
+    with open_npz(npz) as z:
         return {(str(s), str(h)): (z[f"grid_{i}"], z[f"features_{i}"])
                 for i, (s, h) in enumerate(zip(z["sources"], z["pixels_sha256"], strict=True))}
 

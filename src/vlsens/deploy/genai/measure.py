@@ -65,7 +65,9 @@ def reference(fp32_folder: str | Path, cases: list[dict], max_new_tokens: int, o
 
 def load_reference(npz: str | Path) -> tuple[dict, list[np.ndarray]]:
     """``(index, log-probabilities per case)`` of a :func:`reference` file (no pickled objects)."""
-    with np.load(npz, allow_pickle=False) as z:
+    from vlsens.core.fsutil import open_npz
+
+    with open_npz(npz) as z:
         index = json.loads(str(z["__index__"][()]))
         return index, [z[f"{i:04d}/logp"] for i in range(len(index["cases"]))]
 

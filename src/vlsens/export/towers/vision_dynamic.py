@@ -53,6 +53,7 @@ import numpy as np
 
 from vlsens.config import check_sizes, check_variants
 from vlsens.core import paths
+from vlsens.core.fsutil import open_npz
 from vlsens.core.sizes import parse_size
 from vlsens.data.calibration import CalibrationSet
 from vlsens.data.cases import Case, Cases
@@ -383,7 +384,7 @@ class DynamicVision(Tower):
         for split in ("calib", "eval"):
             feeds, names = [], []
             for size, npz in zip(settings["sizes"], inputs[split]):
-                with np.load(npz, allow_pickle=False) as z:
+                with open_npz(npz) as z:
                     pix, nm = z["pixel_values"], [str(s) for s in z["names"]]
                 for img, n in zip(pix, nm):
                     patches, grid = patchify_np(img[None], geom)
