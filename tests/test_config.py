@@ -408,3 +408,21 @@ def test_text_exporter_auto_is_legacy_when_small_and_dynamo_at_full_depth(tiny_c
                    "model.3b": {"seed": 0, "text_layers": 36}})[0] == "legacy"  # an explicit choice stands
     _, towers = make_plan(default_config())  # the DAG's towers get the model's facts
     assert towers["text"].export_settings()["exporter"] == "legacy"
+
+
+@pytest.mark.parametrize("changes, error", [
+    ({"profile__target": 0}, "profile.target: 0 is less than or equal to the minimum of 0"),
+    ({"profile__target": -0.5}, "profile.target: -0.5 is less than or equal to the minimum of 0"),
+    ({"profile__target": 1.5}, "profile.target: 1.5 is greater than the maximum of 1"),  # cosine: a share
+    ({"text__profile__target": 0}, "text.profile.target: 0 is less than or equal to the minimum of 0"),
+    ({"text__profile__metric": "top1", "text__profile__target": 1.2},
+     "text.profile.target: 1.2 is greater than the maximum of 1"),
+])
+def test_a_profile_target_no_profile_can_meet_is_refused_by_metric(changes, error):
+    """A profile target of 0 or below, or a cosine / top-1 target above 1, fails the DAG build
+    with the key; the same number is valid where the metric allows it."""
+    from vlsens.config import schema_errors
+
+    assert error in schema_errors(_cfg(**changes))
+    assert not schema_errors(_cfg(profile__metric="sqnr_db", profile__target=30))
+    assert not schema_errors(_cfg(text__profile__target=5))  # KL: no upper bound
