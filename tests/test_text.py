@@ -189,6 +189,12 @@ def test_jsonl_prompts_and_their_errors(tmp_path):
     bad.write_text('{"images": "red.png", "prompt": "x"}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:1: \"images\" is a list"):
         load_prompt_samples(str(bad))
+    bad.write_text('{"prompt": "x"}\n{"image": 5, "prompt": "y"}\n')  # a wrong-typed image field
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2: \"image\" is an image path or null, got 5"):
+        load_prompt_samples(str(bad))
+    bad.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf' + b"\xe9" + b'"}\n')  # Latin-1, not UTF-8
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2: not UTF-8 \(byte 0xe9\)"):
+        load_prompt_samples(str(bad))
 
 
 def test_splits_are_stratified_by_modality(tmp_path):

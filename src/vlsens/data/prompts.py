@@ -111,7 +111,13 @@ def load_prompt_samples(spec: str, images: Sequence = (), key: str = "text.calib
         raise ConfigError(f"{key}: '{spec}' is neither 'builtin' nor an existing .jsonl file of "
                           '{"image": <path or null>, "prompt": "..."} lines.')
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line_no = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{key}: {path}:{line_no}: not UTF-8 (byte {e.object[e.start]:#04x}); save the file as "
+                          "UTF-8") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{key}: {path}:{n}"
@@ -122,6 +128,8 @@ def load_prompt_samples(spec: str, images: Sequence = (), key: str = "text.calib
                               '{"image": <path or null>, "prompt": "..."}') from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
             raise ConfigError(f'{where}: needs a non-empty "prompt" string (and optionally "image": <path or null>)')
+        if "image" in obj and obj["image"] is not None and not (isinstance(obj["image"], str) and obj["image"]):
+            raise ConfigError(f'{where}: "image" is an image path or null, got {json.dumps(obj["image"])}')
         imgs = obj.get("images", [obj["image"]] if obj.get("image") else [])
         if not isinstance(imgs, list) or not all(isinstance(x, str) and x for x in imgs):
             raise ConfigError(f'{where}: "images" is a list of image paths (or give one "image")')
