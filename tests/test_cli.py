@@ -30,5 +30,10 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert r.returncode != 0 and "model.checkpoint" in r.stdout + r.stderr
     r = _vlsens("run", "tiny", "--set", "novalue", "-n", cwd=tmp_path)
     assert r.returncode != 0 and "expected key=value" in r.stderr
+    # a path through a value, an empty key part, a value that is no YAML: one line each, no traceback
+    for item, says in (("model.checkpoint.x=1", "model.checkpoint is already the value 'tiny'"),
+                       ("vision..sizes=1", "has an empty part"), ("threads=[1", "the value is not YAML")):
+        r = _vlsens("run", "tiny", "--set", item, "-n", cwd=tmp_path)
+        assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     r = _vlsens("records", tmp_path / "nope", cwd=tmp_path)
     assert r.returncode == 2 and "no such folder" in r.stderr

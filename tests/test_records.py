@@ -35,6 +35,10 @@ def test_summary_and_a_broken_record(tmp_path):
     r = _cli(tmp_path)
     assert r.returncode == 1 and "counts.calib: 'two' is not of type 'integer'" in r.stdout
     assert r.stdout.strip().endswith("1 problem(s)")
+    (folder / "manifest.json").write_text(json.dumps(rec)[:20])  # cut: one line naming it, no traceback
+    r = _cli(tmp_path)
+    assert r.returncode == 1 and not r.stderr, r.stderr
+    assert f"{folder / 'manifest.json'}: <record>: not JSON (" in r.stdout and "snakemake --forcerun" in r.stdout
 
 
 # The records of the folders' measure and of the whole-VLM plan: a minimal valid record of each

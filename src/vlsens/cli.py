@@ -48,9 +48,17 @@ def run_config(args) -> dict:
             raise SystemExit(f"vlsens: --set {item!r}: expected key=value (e.g. vision.batch_size=2)")
         node = cfg
         *parents, last = key.split(".")
-        for p in parents:
+        if not key or not all(key.split(".")):
+            raise SystemExit(f"vlsens: --set {item!r}: the key is empty or has an empty part (e.g. vision.batch_size=2)")
+        for i, p in enumerate(parents):
             node = node.setdefault(p, {})
-        node[last] = yaml.safe_load(value)
+            if not isinstance(node, dict):
+                raise SystemExit(f"vlsens: --set {item!r}: {'.'.join(parents[:i + 1])} is already the value "
+                                 f"{node!r}, not a section with keys")
+        try:
+            node[last] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise SystemExit(f"vlsens: --set {item!r}: the value is not YAML ({str(e).splitlines()[0]})") from None
     return cfg
 
 

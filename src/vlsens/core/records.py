@@ -98,7 +98,12 @@ def errors(path: str | Path, data: dict | None = None) -> list[str]:
     name = schema_name(path)
     if name is None:
         raise ValueError(f"{path}: not a vlsens record ({', '.join(sorted(BY_NAME))})")
-    data = json.loads(Path(path).read_text()) if data is None else data
+    if data is None:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return [f"<record>: not JSON ({str(e).splitlines()[0][:120]}): cut or edited after it was written; "
+                    f"rebuild it with snakemake --forcerun {path}"]
     out = []
     for e in sorted(_validator(name).iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
         out.append(f"{'.'.join(map(str, e.absolute_path)) or '<record>'}: {e.message}")
