@@ -82,6 +82,27 @@ def test_missing_and_foreign_checkpoints(tmp_path):
         check_checkpoint_dir(d)
 
 
+@pytest.mark.parametrize("name, text, says", [
+    ("config.json", "[1, 2]", "holds a JSON list, not an object of keys"),
+    ("config.json", '{"model_type": "qwen2_5_vl", "vision_config": "big"}', "vision_config is a JSON str"),
+    ("config.json", '{"model_type": ', "is not valid JSON"),
+    ("preprocessor_config.json", "7", "holds a JSON int"),
+    ("tokenizer_config.json", b'{"x": "caf\xe9"}', "is not valid JSON"),  # not UTF-8
+])
+def test_a_checkpoint_json_file_of_the_wrong_shape_is_named(tiny_ckpt, tmp_path, name, text, says):
+    """Every JSON file vlsens or transformers reads from a checkpoint must be a JSON object (and
+    config.json's vision_config / text_config too): otherwise one line naming the file when the
+    DAG is built, not an AttributeError in a job."""
+    import shutil
+
+    d = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, d)
+    (d / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(CheckpointError, match=f"model.checkpoint: '{d / name}'.*") as e:
+        check_checkpoint_dir(d)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
 def test_unexpected_tensor_and_bad_index_are_named(tiny_ckpt, tmp_path):
     import json
     import shutil

@@ -29,10 +29,10 @@ def check_checkpoint_dir(path: str | Path, key: str = "model.checkpoint") -> Pat
     cfg = p / "config.json"
     if not cfg.is_file():
         raise CheckpointError(f"{key}: '{path}' has no config.json; is it a Hugging Face checkpoint directory?")
-    try:
-        model_type = json.loads(cfg.read_text()).get("model_type")
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{key}: '{cfg}' is not valid JSON ({e}).") from e
+    model_type = _json_object(cfg, key, sections=("vision_config", "text_config")).get("model_type")
+    for name in CHECKPOINT_JSON:  # the other JSON files vlsens or transformers read from a checkpoint
+        if (p / name).is_file():
+            _json_object(p / name, key)
     if model_type not in FAMILIES:
         raise CheckpointError(
             f"{key}: '{path}' holds model_type '{model_type}'; vlsens takes "
@@ -50,6 +50,27 @@ def check_checkpoint_dir(path: str | Path, key: str = "model.checkpoint") -> Pat
     check_safetensors_files(p, key)
     return p
 
+
+
+#: JSON files of a checkpoint that are read (when present), each a JSON object
+CHECKPOINT_JSON = ("generation_config.json", "preprocessor_config.json", "tokenizer_config.json",
+                   "processor_config.json", "video_preprocessor_config.json")
+
+
+def _json_object(path: Path, key: str, sections: tuple[str, ...] = ()) -> dict:
+    """``path`` read as a JSON object (its ``sections``, where present, objects too); a
+    CheckpointError naming the file (and the section) otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{key}: '{path}' is not valid JSON ({str(e).splitlines()[0][:120]}).") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{key}: '{path}' holds a JSON {type(data).__name__}, not an object of keys "
+                              "(is it the file its name says?).")
+    for s in sections:
+        if s in data and not isinstance(data[s], dict):
+            raise CheckpointError(f"{key}: '{path}': {s} is a JSON {type(data[s]).__name__}, not an object of keys.")
+    return data
 
 
 def check_safetensors_files(directory: Path, key: str = "model.checkpoint") -> None:
