@@ -426,3 +426,21 @@ def test_a_profile_target_no_profile_can_meet_is_refused_by_metric(changes, erro
     assert error in schema_errors(_cfg(**changes))
     assert not schema_errors(_cfg(profile__metric="sqnr_db", profile__target=30))
     assert not schema_errors(_cfg(text__profile__target=5))  # KL: no upper bound
+
+
+def test_an_image_size_whose_attention_outgrows_memory_is_refused_at_dag_build():
+    """A valid but absurd size (9996x9996) is refused when the DAG is built, with the estimate and
+    the limit, where a job would die of memory; the limit is the larger of this machine's memory
+    and the largest cluster.mem_mb. The formula: heads x patches² x 4 bytes (Qwen2.5-VL-3B at 448²:
+    16 x 1024² x 4 = 64 MiB; at 2016²: 25.6 GiB)."""
+    from vlsens.dag.plan import attention_bytes, check_size_memory, memory_limit
+    from vlsens.model.presets.tables import REAL_3B_VISION
+
+    assert attention_bytes(448, 448, REAL_3B_VISION) == 16 * 1024**2 * 4
+    with pytest.raises(ConfigError, match=r"vision.sizes\[1\]: 9996x9996 needs about [0-9,]+ GiB .* more than the"):
+        make_plan(_cfg(vision__sizes=["224x224", "9996x9996"]))
+    with pytest.raises(ConfigError, match=r"deploy.measure.sizes\[0\]: 2016x2016 needs about 26 GiB"):
+        check_size_memory(_cfg(model__checkpoint="3b", deploy__measure__sizes=["2016x2016"]), limit=24 * 2**30)
+    check_size_memory(_cfg(model__checkpoint="3b", vision__sizes=["1344x1344"]), limit=24 * 2**30)  # 5 GiB: fine
+    big = _cfg(cluster__mem_mb={"default": 8000, "export": {"default": 8000, "vision": 10**7}})
+    assert memory_limit(big) == max(memory_limit(_cfg()), 10**7 * 2**20)  # a cluster node may hold more

@@ -89,6 +89,67 @@ def lm_config(config: dict) -> dict:
     return {**lm, "tie_word_embeddings": raw.get("tie_word_embeddings", lm.get("tie_word_embeddings", False))}
 
 
+def vision_config(config: dict) -> dict:
+    """The configured model's vision config (a preset's table, else the checkpoint's
+    ``config.json``; no torch)."""
+    from vlsens.model.presets.tables import REAL_3B_VISION
+
+    ckpt = str(config["model"]["checkpoint"])
+    if ckpt == "3b":
+        return dict(REAL_3B_VISION)
+    if ckpt in PRESET_FAMILY:
+        return dict(TINY_ARCH[PRESET_FAMILY[ckpt]][0])
+    return dict(json.loads((Path(ckpt) / "config.json").read_text()).get("vision_config") or {})
+
+
+def attention_bytes(height: int, width: int, vc: dict) -> int:
+    """Bytes of one float32 attention matrix of the vision tower over an image of ``height`` x
+    ``width`` (heads x patches², at every full-attention block; the reference and the export each
+    hold at least one, softmax a second): what grows with the square of the image's area."""
+    patch = int(vc.get("patch_size", 14))
+    patches = (height // patch) * (width // patch)
+    return 4 * int(vc.get("num_heads", 16)) * patches * patches
+
+
+def memory_limit(config: dict) -> int:
+    """The most memory a job may use: the larger of this machine's and of the largest
+    ``cluster.mem_mb`` a rule asks for (a cluster's nodes may have more than the host that builds
+    the DAG)."""
+    import os
+
+    local = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    def values(v):
+        return [x for y in v.values() for x in values(y)] if isinstance(v, dict) else [int(v)]
+
+    return max(local, max(values(config["cluster"]["mem_mb"])) * 2**20)
+
+
+def check_size_memory(config: dict, limit: int | None = None) -> None:
+    """Refuse, when the DAG is built, an image size whose vision attention alone
+    (:func:`attention_bytes`) exceeds what a job may use (:func:`memory_limit`), naming the key,
+    the estimate and the limit, rather than letting a job die of memory."""
+    from vlsens.core.sizes import SIZE_RE
+
+    vc, limit = vision_config(config), limit or memory_limit(config)
+    v = config["vision"]
+    keyed = [(f"vision.sizes[{i}]", s) for i, s in enumerate(v["sizes"])]
+    keyed += [(f"vision.uint8.sizes[{i}]", s) for i, s in enumerate(v["uint8"]["sizes"])]
+    keyed += [(f"vision.dynamic.parity_cases[{i}][{j}]", s) for i, case in enumerate(v["dynamic"]["parity_cases"])
+              for j, s in enumerate(case)]
+    keyed += [(f"deploy.measure.sizes[{i}]", s) for i, s in enumerate(config["deploy"]["measure"]["sizes"])]
+    for key, s in keyed:
+        m = SIZE_RE.match(str(s).strip())
+        if not m:
+            continue  # the size checks name it
+        need = attention_bytes(int(m.group(1)), int(m.group(2)), vc)
+        if need > limit:
+            raise ConfigError(f"{key}: {s} needs about {need / 2**30:,.0f} GiB for one float32 attention matrix of the "
+                              f"vision tower ({vc.get('num_heads', 16)} heads x patches squared), more than the "
+                              f"{limit / 2**30:,.0f} GiB a job may use here (the larger of this machine's memory and "
+                              "cluster.mem_mb); use a smaller size")
+
+
 def lm_fp32_bytes(config: dict) -> int:
     """FP32 bytes of the language model's weights (embedding, layers, an untied lm_head): what an
     export of it writes."""
@@ -118,6 +179,7 @@ def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
         raise ConfigError("; ".join(moved))
     config = with_defaults(config)
     plan = make_plan(config, workdir)
+    check_size_memory(config)
     towers = towers_registry.active(config)
     facts = model_facts(config)
     for t in towers.values():
