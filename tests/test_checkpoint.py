@@ -161,3 +161,26 @@ def test_vision_only_loading_equals_the_full_model(tiny_ckpt):
         x = full.lm_head(full.model.language_model(input_ids=ids).last_hidden_state)
         y = text.lm_head(text.model.language_model(input_ids=ids).last_hidden_state)
     assert torch.equal(x, y)
+
+
+def test_a_tied_config_is_checked_by_value(tmp_path):
+    """``deploy.nbits.embedding: tied`` trusts lm_head's rows as the table: a checkpoint whose
+    config says tied but which stores an lm_head that differs from its table (one value, or
+    another shape) is named at DAG build; equal copies, or the table alone, are tied."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from vlsens.model.checkpoint import tied_weights_differ
+
+    table = np.random.default_rng(0).normal(size=(64, 16)).astype(np.float32)
+    name = "model.language_model.embed_tokens.weight"
+    save_file({name: table}, str(tmp_path / "model.safetensors"))
+    assert tied_weights_differ(tmp_path) is None  # the table alone: nothing to compare
+    save_file({name: table, "lm_head.weight": table.copy()}, str(tmp_path / "model.safetensors"))
+    assert tied_weights_differ(tmp_path) is None
+    other = table.copy()
+    other[40, 3] += 1.0
+    save_file({name: table, "lm_head.weight": other}, str(tmp_path / "model.safetensors"))
+    assert tied_weights_differ(tmp_path).startswith(f"lm_head.weight differs from {name}")
+    save_file({name: table, "lm_head.weight": table[:32]}, str(tmp_path / "model.safetensors"))
+    assert "[64, 16], lm_head.weight F32 [32, 16]" in tied_weights_differ(tmp_path)

@@ -219,6 +219,16 @@ def check_config(config: dict, ties: bool = False) -> None:
             raise ConfigError(f"deploy.nbits.embedding: tied reads the table from lm_head's weight, but "
                               f"{config['model']['checkpoint']} does not tie them (tie_word_embeddings: false); "
                               "use fp32 or int4")
+        from pathlib import Path
+
+        from vlsens.model.checkpoint import tied_weights_differ
+
+        ckpt = Path(str(config["model"]["checkpoint"]))
+        differ = tied_weights_differ(ckpt) if ckpt.is_dir() else None
+        if differ:
+            raise ConfigError(f"deploy.nbits.embedding: tied reads the table from lm_head's weight; "
+                              f"{ckpt}/config.json says tie_word_embeddings, but its weights are not tied: {differ}; "
+                              "use fp32 or int4")
     if "fp32" not in d["precisions"] and (len(d["precisions"]) or d["peers"]):
         raise ConfigError("deploy.precisions: the other folders (and deploy.peers) are evaluated against the fp32 "
                           "folder; keep 'fp32' in the list")

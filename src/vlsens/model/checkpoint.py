@@ -90,6 +90,28 @@ def check_safetensors_files(directory: Path, key: str = "model.checkpoint") -> N
 
 
 
+def tied_weights_differ(directory: str | Path, key: str = "model.checkpoint") -> str | None:
+    """Where a checkpoint stores both its embedding table and an ``lm_head.weight``, whether they
+    differ (the reason, else None): dtype and shape from the headers, then the bytes in 8 MiB
+    chunks, stopping at the first difference (a tied checkpoint usually stores the table alone:
+    nothing to read). A config that says ``tie_word_embeddings`` is checked by value with this."""
+    tensors = safetensors_tensors(Path(directory), key)
+    table = next((k for k in tensors if k.endswith("embed_tokens.weight")), None)
+    if table is None or "lm_head.weight" not in tensors:
+        return None
+    (fa, ea, sa), (fb, eb, sb) = tensors[table], tensors["lm_head.weight"]
+    if (ea["dtype"], ea["shape"]) != (eb["dtype"], eb["shape"]):
+        return f"{table} is {ea['dtype']} {ea['shape']}, lm_head.weight {eb['dtype']} {eb['shape']}"
+    n, chunk = ea["data_offsets"][1] - ea["data_offsets"][0], 8 << 20
+    with open(fa, "rb") as a, open(fb, "rb") as b:
+        a.seek(sa + ea["data_offsets"][0])
+        b.seek(sb + eb["data_offsets"][0])
+        for at in range(0, n, chunk):
+            if a.read(min(chunk, n - at)) != b.read(min(chunk, n - at)):
+                return f"lm_head.weight differs from {table} (first in bytes {at}..{min(at + chunk, n)})"
+    return None
+
+
 def safetensors_tensors(directory: Path, key: str = "model.checkpoint") -> dict[str, tuple[Path, dict, int]]:
     """``{tensor: (file, header entry, data start)}`` over the ``*.safetensors`` files of
     ``directory`` (headers only, each checked by :func:`safetensors_header`); a tensor's bytes are
