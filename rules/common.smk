@@ -83,6 +83,11 @@ try:
         )
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
+except OSError as e:  # results/ not writable: read-only file system, permissions, a full disk
+    raise WorkflowError(
+        f"cannot write the run's input manifests under {Path.cwd() / 'results'}: {e.strerror or e} "
+        f"({e.filename or ''}); run from a directory you can write (snakemake -d DIR)"
+    ) from None
 SCRIPTS = VLSENS_ROOT / "workflow" / "scripts"
 INC_SCRIPT = str(SCRIPTS / "sensitivity_inc.py")
 

@@ -444,3 +444,14 @@ def test_an_image_size_whose_attention_outgrows_memory_is_refused_at_dag_build()
     check_size_memory(_cfg(model__checkpoint="3b", vision__sizes=["1344x1344"]), limit=24 * 2**30)  # 5 GiB: fine
     big = _cfg(cluster__mem_mb={"default": 8000, "export": {"default": 8000, "vision": 10**7}})
     assert memory_limit(big) == max(memory_limit(_cfg()), 10**7 * 2**20)  # a cluster node may hold more
+
+
+def test_a_results_folder_that_cannot_be_written_is_one_error(tmp_path):
+    """When results/ cannot be written (a read-only file system, permissions, or as here a file in
+    its place) the DAG build says so in one line naming the folder, not with a Python traceback."""
+    (tmp_path / "results").write_text("a file where the results folder would be\n")
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(tmp_path),
+                        "-n", "--cores", "1"], capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and f"cannot write the run's input manifests under {tmp_path / 'results'}" in out, out[-3000:]
+    assert "Traceback" not in out
