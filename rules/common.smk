@@ -81,6 +81,14 @@ try:
             DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method,
             VLSENS_ROOT / "envs" / "inc.yaml",
         )
+    # Outputs changed after their jobs wrote them, with the mtime kept (vlsens.core.outputs): checked
+    # once, by the process that plans the run (not by each cluster job that parses this file again).
+    if not workflow.remote_exec:
+        from vlsens.core.outputs import check_run, forced_from_argv, refusal
+
+        _refused = refusal(check_run(paths.fill(paths.MODEL, model=PLAN.model)), *forced_from_argv(sys.argv[1:]))
+        if _refused:
+            raise WorkflowError(f"vlsens: {_refused}")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
 except OSError as e:  # results/ not writable: read-only file system, permissions, a full disk

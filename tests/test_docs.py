@@ -284,8 +284,6 @@ CLAIMS = [
     (r"Not yet run at 3B", "the whole-VLM plan at 3B", lambda: _plan_3b()),
     (r"that run has not been made yet", "the whole-VLM plan at 3B", lambda: _plan_3b()),
     (r"3B by arithmetic, not yet run", "the whole-VLM plan at 3B", lambda: _plan_3b()),
-    (r"Hashes of the non-ONNX files [^.]* are not in the records yet", "the non-ONNX files' hashes in the records",
-     lambda: "def verify_file(" in _source("vlsens.core.artifacts")),
     (r"Not done yet \(the rest of this work\)", "a decode-latency budget (plan.budgets)",
      lambda: "latency" in yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
      ["properties"]["plan"]["properties"]["budgets"]["items"]["properties"]),

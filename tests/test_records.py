@@ -30,7 +30,7 @@ def test_summary_and_a_broken_record(tmp_path):
     (folder / "manifest.json").write_text(json.dumps(rec))
     r = _cli(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.strip().endswith("1 records (1 parts_calibration): all valid")
+    assert r.stdout.strip().endswith("1 records (1 parts_calibration), 0 recorded outputs: all valid")
     (folder / "manifest.json").write_text(json.dumps({**rec, "counts": {"calib": "two", "eval": 1}}))
     r = _cli(tmp_path)
     assert r.returncode == 1 and "counts.calib: 'two' is not of type 'integer'" in r.stdout
@@ -192,7 +192,8 @@ def test_schema_names_of_the_measure_and_the_plan(tmp_path):
         f.write_text(json.dumps(make()))
     r = _cli(run)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.strip().endswith(f"{len(NEW)} records ({', '.join(f'1 {n}' for n in sorted(NEW))}): all valid")
+    assert r.stdout.strip().endswith(f"{len(NEW)} records ({', '.join(f'1 {n}' for n in sorted(NEW))}), "
+                                     "0 recorded outputs: all valid")
 
 
 def test_plan_formats_match_the_schema():

@@ -159,7 +159,9 @@ def _main(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m vlsens.core.records",
                                  description="Check every JSON record under the given folders against its schema "
-                                             "(workflow/schemas/records/); one line per problem, then a summary.")
+                                             "(workflow/schemas/records/) and its invariants, and every file a job "
+                                             "wrote against what the job recorded (vlsens.core.outputs); one line "
+                                             "per problem, then a summary.")
     ap.add_argument("folders", nargs="*", default=["results"], help="run folders (default: results)")
     args = ap.parse_args(argv)
     bad = 0
@@ -176,9 +178,18 @@ def _main(argv: list[str]) -> int:
             for line in errors(p):
                 print(f"{p}: {line}")
                 problems += 1
+        from vlsens.core.outputs import check_run
+        from vlsens.core.outputs import records_under as recorded
+
+        outputs = recorded(folder)
+        for _, lines in check_run(folder, update=False).values():  # every file a job wrote, as it wrote it
+            for line in lines:
+                print(line)
+                problems += 1
         kinds = Counter(schema_name(p) for p in found)
         verdict = "all valid" if not problems else f"{problems} problem(s)"
-        print(f"{folder}: {len(found)} records ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}): {verdict}")
+        print(f"{folder}: {len(found)} records ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}), "
+              f"{len(outputs)} recorded outputs: {verdict}")
         bad += problems
     return 1 if bad else 0
 

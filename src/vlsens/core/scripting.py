@@ -92,6 +92,34 @@ def _profiled(main: Callable[[Any], Any], snakemake: Any, rule: str) -> None:
             prof.dump_stats(str(Path(where) / f"{name}.prof"))
 
 
+def _checked_inputs(snakemake: Any, log: logging.Logger) -> None:
+    """Before the job: its own leftovers removed; its ONNX inputs against their records, every
+    input another job recorded against that record (:mod:`vlsens.core.outputs`)."""
+    from vlsens.core.artifacts import verify_inputs
+    from vlsens.core.fsutil import remove_stale
+    from vlsens.core.outputs import verify_paths
+
+    remove_stale(list(getattr(snakemake, "output", [])))
+    checked = verify_inputs(list(getattr(snakemake, "input", [])))
+    if checked:
+        log.info("%d ONNX input(s) match their records", checked)
+    recorded = verify_paths(list(getattr(snakemake, "input", [])))
+    if recorded:
+        log.info("%d input(s) match what their jobs recorded", recorded)
+
+
+def _recorded_outputs(snakemake: Any, rule: str) -> None:
+    """After the job: its outputs with an ordinary file's mode (whatever wrote them: ORT, onnx,
+    tempfile), then recorded with their sizes and hashes."""
+    from vlsens.core.fsutil import normal_mode
+    from vlsens.core.outputs import record_outputs
+
+    for out in getattr(snakemake, "output", []):
+        if Path(out).exists():
+            normal_mode(out)
+    record_outputs(list(getattr(snakemake, "output", [])), rule)
+
+
 def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
     from vlsens.core import job
 
@@ -120,17 +148,9 @@ def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
     t0 = time.perf_counter()
     try:
         with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
-            from vlsens.core.artifacts import verify_inputs
-            from vlsens.core.fsutil import normal_mode, remove_stale
-
-            remove_stale(list(getattr(snakemake, "output", [])))
-            checked = verify_inputs(list(getattr(snakemake, "input", [])))
-            if checked:
-                log.info("%d ONNX input(s) match their records", checked)
+            _checked_inputs(snakemake, log)
             _profiled(main, snakemake, rule)
-            for out in getattr(snakemake, "output", []):  # whatever wrote them (ORT, onnx, tempfile)
-                if Path(out).exists():
-                    normal_mode(out)
+            _recorded_outputs(snakemake, rule)
     except VlsensError as e:
         log.error("%s", e)
         if isinstance(e, ParityError) and e.record:

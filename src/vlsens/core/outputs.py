@@ -1,0 +1,203 @@
+"""Every file a job writes, recorded with its size and SHA-256; every job checks its inputs
+against those records, and the DAG build checks the whole run.
+
+A job's outputs (files, and every file inside a ``directory()`` output) are recorded when the job
+has written them (:func:`record_outputs`, called by :func:`vlsens.core.scripting.run`), in a
+hidden folder beside each output: ``<dir>/.vlsens/<name>.json`` (beside, not inside, a deploy
+folder, which ships as it is). The ONNX graphs keep their own records too
+(:mod:`vlsens.core.artifacts`); these cover what those do not: CSV, YAML, JSON, NPZ, tar, PNG and
+every file of a folder.
+
+**What a check costs.** A file whose stat key (size, mtime, ctime, inode) is the one recorded
+is taken as unchanged without reading it; any other is hashed in full and compared with the
+recorded SHA-256. An edit that restores the mtime (``cp -p``, ``touch -r``) still changes the
+ctime, which no user can set, so it is hashed and found; a ``touch`` or a copy of the results
+folder changes the key but not the hash: the DAG build's check then stores the new key
+(``update``), so the file is hashed once, not at every run.
+
+**Where it is checked.** (1) Every job, before it runs, checks the recorded outputs among its
+inputs (:func:`verify_paths`): a changed file fails the job with one line naming the file, its
+record and the command that rebuilds it. (2) The DAG build checks every record of the run
+(:func:`check_run`): a file changed with its mtime kept is a file Snakemake would not re-run
+anything for, so the run refuses to start, naming it. A file changed with a newer mtime makes
+Snakemake re-run its consumers, which then fail at (1) until it is rebuilt. A missing output is
+Snakemake's to rebuild, and is not reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from vlsens.core.errors import VlsensError
+
+RECORD_DIR = ".vlsens"
+#: files Snakemake itself writes inside a directory output after the job
+IGNORED = (".snakemake_timestamp",)
+
+
+def record_path(output: str | Path) -> Path:
+    output = Path(output)
+    return output.parent / RECORD_DIR / f"{output.name}.json"
+
+
+def _key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _files(output: Path) -> list[tuple[str, Path]]:
+    """``(name in the record, path)`` of an output: itself, or every file under a folder."""
+    if output.is_dir():
+        return sorted((str(p.relative_to(output)), p) for p in output.rglob("*")
+                      if p.is_file() and p.name not in IGNORED and RECORD_DIR not in p.relative_to(output).parts)
+    return [(output.name, output)]
+
+
+def record_outputs(outputs: Iterable[str | Path], rule: str) -> int:
+    """Record every existing output's files (size, SHA-256, stat key); returns how many files."""
+    from vlsens.core.fsutil import file_sha256, write_json
+
+    n, outputs = 0, [str(o) for o in outputs]
+    for out in map(Path, outputs):
+        if not out.exists():
+            continue
+        entries = {}
+        for name, p in _files(out):
+            st = p.stat()
+            entries[name] = {"bytes": st.st_size, "sha256": file_sha256(p), "stat": _key(p.stat())}
+        write_json(record_path(out), {"rule": rule, "output": str(out), "job_outputs": outputs,
+                                      "kind": "folder" if out.is_dir() else "file", "files": entries})
+        n += len(entries)
+    return n
+
+
+def _target(output: Path, rec: dict) -> str:
+    """What to force to rebuild ``output``: its job's model graph where it wrote one (the name
+    Snakemake knows the model folder by), else the output itself."""
+    main = [o for o in rec.get("job_outputs") or [] if Path(o).name == "model.onnx"]
+    return main[0] if main else str(output)
+
+
+def _load(record: Path) -> dict | None:
+    try:
+        return json.loads(record.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def check_output(output: str | Path, update: bool = False) -> list[str]:
+    """What differs between ``output`` and its record (one line each; none without a record or
+    when the output is missing): a file changed (its hash), gone from a folder, or added to one.
+    ``update``: store the stat key of files whose content is unchanged."""
+    from vlsens.core.fsutil import file_sha256, write_json
+
+    output = Path(output)
+    rp = record_path(output)
+    rec = _load(rp) if rp.is_file() else None
+    if rec is None or not output.exists():
+        return []
+    rebuild = f"rebuild it with snakemake --forcerun {_target(output, rec)}"
+    problems, changed_key = [], False
+    have = dict(_files(output))
+    for name, want in rec["files"].items():
+        p = have.pop(name, None)
+        shown = output / name if rec.get("kind") == "folder" else output
+        if p is None:
+            problems.append(f"{shown}: missing, but {rp} (rule {rec.get('rule')}) records it; {rebuild}")
+            continue
+        st = p.stat()
+        if _key(st) == want.get("stat"):
+            continue
+        digest = file_sha256(p) if st.st_size == want["bytes"] else None
+        if digest != want["sha256"]:
+            how = "truncated" if st.st_size < want["bytes"] else "edited"
+            problems.append(f"{shown}: {st.st_size} bytes" + (f", sha256 {digest[:12]}…" if digest else "")
+                            + f", but {rp} records {want['bytes']} bytes, sha256 {want['sha256'][:12]}… as rule "
+                            f"{rec.get('rule')} wrote it: {how} afterwards; {rebuild}")
+        elif update:
+            want["stat"], changed_key = _key(st), True
+    for name in have:
+        problems.append(f"{output / name}: not in {rp} (rule {rec.get('rule')}): added after the folder was written; "
+                        f"{rebuild}")
+    if update and changed_key and not problems:
+        write_json(rp, rec)
+    return problems
+
+
+def verify_paths(paths: Iterable[str | Path]) -> int:
+    """Check every input that has a record (:func:`check_output`); raise a VlsensError with the
+    first problem (and how many more) when one differs. Returns how many were checked."""
+    n, problems = 0, []
+    for p in map(Path, paths):
+        if record_path(p).is_file():
+            n += 1
+            problems += check_output(p)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise VlsensError(problems[0] + more)
+    return n
+
+
+def records_under(folder: str | Path) -> list[Path]:
+    """The outputs recorded under ``folder`` (each record's output path)."""
+    out = []
+    for rp in sorted(Path(folder).rglob(f"{RECORD_DIR}/*.json")):
+        out.append(rp.parent.parent / rp.name.removesuffix(".json"))
+    return out
+
+
+def check_run(folder: str | Path, update: bool = True) -> dict[Path, tuple[str | None, list[str]]]:
+    """Every recorded output under ``folder`` checked (:func:`check_output`), stat keys of
+    unchanged files refreshed (``update``): ``{output: (its rule, problems)}`` of those that differ."""
+    out = {}
+    for o in records_under(folder):
+        problems = check_output(o, update=update)
+        if problems:
+            rec = _load(record_path(o)) or {}
+            out[o] = (rec.get("rule"), problems)
+    return out
+
+
+def forced_from_argv(argv: list[str]) -> tuple[list[str], bool]:
+    """Snakemake's ``--forcerun`` / ``-R`` targets and whether ``--forceall`` / ``-F`` is given, read
+    from its command line (the DAG build runs before Snakemake's own settings are at hand)."""
+    forced, forceall, taking = [], False, False
+    for a in argv:
+        if a in ("-F", "--forceall"):
+            forceall, taking = True, False
+        elif a in ("-R", "--forcerun"):
+            taking = True
+        elif a.startswith("--forcerun="):
+            forced.append(a.split("=", 1)[1])
+            taking = True
+        elif a.startswith("-"):
+            taking = False
+        elif taking:
+            forced.append(a)
+    return forced, forceall
+
+
+def refusal(changed: dict[Path, tuple[str | None, list[str]]], forced: Iterable[str] = (),
+            forceall: bool = False) -> str | None:
+    """The DAG build's message for changed outputs (:func:`check_run`) that the run does not
+    rebuild anyway (``forced``: Snakemake's ``--forcerun`` files and rules; ``forceall``), else None."""
+    if forceall:
+        return None
+    forced = list(forced)
+    files = {Path(f).resolve() for f in forced}
+
+    def rebuilt(o: Path, rule: str | None) -> bool:
+        siblings = (_load(record_path(o)) or {}).get("job_outputs") or [str(o)]
+        return rule in forced or any(Path(s).resolve() in files for s in [str(o), *siblings])
+
+    left = {o: v for o, v in changed.items() if not rebuilt(o, v[0])}
+    if not left:
+        return None
+    lines = [p for _, ps in left.values() for p in ps]
+    more = f"\n  (and {len(lines) - 5} more)" if len(lines) > 5 else ""
+    return (f"{len(left)} output(s) of earlier jobs changed after they were written, which Snakemake does not see "
+            "(their mtime kept); nothing reads them until they are rebuilt:\n  " + "\n  ".join(lines[:5]) + more
+            + "\n  rebuild them: snakemake --forcerun "
+            + " ".join(dict.fromkeys(_target(o, _load(record_path(o)) or {}) for o in list(left)[:5])))
