@@ -431,6 +431,28 @@ print("good", len(chat.tokens("Describe.", [{str(jpg)!r}], max_new_tokens=2)) > 
         assert f"{tmp_path}/{name}" in ln
 
 
+def test_chat_checks_a_folder_against_its_record_before_loading_it(folders, tmp_path):
+    """A folder whose embedding table was zeroed (same size) answered '' with no error: Chat now
+    checks a copied folder's graphs against the sizes and SHA-256 its parity.json lists, and names
+    the file; ``verify=False`` loads it anyway."""
+    import shutil
+
+    from vlsens.core.errors import VlsensError
+    from vlsens.deploy.genai.runtime import Chat, verify_folder
+
+    copy = tmp_path / "fp16"
+    shutil.copytree(folders["fp16"], copy)
+    assert verify_folder(copy) == "parity.json"
+    data = copy / "embedding.onnx.data"
+    data.write_bytes(bytes(data.stat().st_size))  # zeroed, same size
+    with pytest.raises(VlsensError, match=r"embedding.onnx.data: changed since vlsens wrote it"):
+        Chat(copy, prepack=False)
+    Chat(copy, prepack=False, verify=False).close()
+    (copy / "decoder.onnx.data").write_bytes(b"cut")
+    with pytest.raises(VlsensError, match=r"decoder.onnx.data: truncated since vlsens wrote it"):
+        verify_folder(copy)
+
+
 def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, graph_builder, parity_refs, tmp_path):
     import shutil
 

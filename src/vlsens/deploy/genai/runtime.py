@@ -72,6 +72,40 @@ class VisionEncoder:
         return np.split(feats, np.cumsum(counts)[:-1])
 
 
+def verify_folder(folder: str | Path) -> str:
+    """Raise a VlsensError naming the first file of a deploy folder that is not what vlsens
+    wrote; returns how it was checked. Inside ``results/``: against the record beside the folder
+    (every file; unchanged stat keys are not read, :mod:`vlsens.core.outputs`). A folder copied
+    elsewhere: its graphs and data files against the sizes and SHA-256 its ``parity.json`` lists
+    (each read once: about 1 s per GB). A folder without either (not written by vlsens): not checked."""
+    from vlsens.core.errors import VlsensError
+    from vlsens.core.fsutil import file_sha256
+    from vlsens.core.outputs import check_output, record_path
+
+    folder = Path(folder)
+    if record_path(folder).is_file():
+        problems = check_output(folder)
+        if problems:
+            raise VlsensError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        return "record"
+    parity = folder / "parity.json"
+    try:
+        files = json.loads(parity.read_text()).get("files") or {} if parity.is_file() else {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise VlsensError(f"{parity}: not JSON ({e}); the folder's record is damaged") from None
+    listed = {n: f for n, f in files.items() if isinstance(f, dict) and "sha256" in f}
+    for name, want in listed.items():
+        p = folder / name
+        if not p.is_file():
+            raise VlsensError(f"{p}: missing, but {parity} lists it")
+        size = p.stat().st_size
+        if size != want["bytes"] or file_sha256(p) != want["sha256"]:
+            how = "truncated" if size < want["bytes"] else "changed"
+            raise VlsensError(f"{p}: {how} since vlsens wrote it ({size} bytes; {parity} lists {want['bytes']} bytes, "
+                              f"sha256 {want['sha256'][:12]}…); copy the folder again or rebuild it")
+    return "parity.json" if listed else "none"
+
+
 def _parts(folder: Path) -> list[str]:
     """The sections of a folder's ``genai_config.json`` that hold a session (decoder, vision, ...)."""
     model = json.loads((folder / "genai_config.json").read_text())["model"]
@@ -83,7 +117,7 @@ class Chat:
     wrapper of the runtime, for users (:meth:`__call__`, :meth:`tokens`) and for the deploy
     stage's checks (:meth:`generate`, :meth:`forced_logits` on a ready prompt text)."""
 
-    def __init__(self, folder: str | Path, prepack: bool = True, check_images: bool = True):
+    def __init__(self, folder: str | Path, prepack: bool = True, check_images: bool = True, verify: bool = True):
         """``prepack=False``: ONNX Runtime keeps the folder's weights memory-mapped from their data
         files instead of copying each MatMul weight into a prepacked buffer (the folder's own
         ``genai_config.json`` is not changed): a float32 folder then costs file pages, not
@@ -91,8 +125,12 @@ class Chat:
         image file is decoded by the pipeline's own reader first (:func:`vlsens.data.images.open_rgb`,
         once per file version), so a file that is no image, or a truncated one, raises an
         ImageError naming it instead of reaching onnxruntime-genai's decoder (which ends the
-        process on the first and hangs on the second)."""
+        process on the first and hangs on the second). ``verify``: the folder is checked against
+        its records before it is loaded (:func:`verify_folder`)."""
         import onnxruntime_genai as og
+
+        if verify:
+            verify_folder(folder)
 
         self.og = og
         self.folder = Path(folder)
