@@ -370,13 +370,23 @@ def test_the_mixed_vision_curve_moves_the_cheapest_linears_per_byte_first():
     assert [p["bytes"] for p in curve] == [980, 930, 925]
     assert curve[0]["kl"] == pytest.approx(1e-6) and curve[2]["kl"] == pytest.approx(1e-6 + 1e-4 + 1e-5)
     assert all(set(p["ops"]) == {"a", "b", "c", "d"} and set(p["ops"].values()) <= {4, 8} for p in curve)
-    # the sum scaled so that it meets the measured INT4 graph: here the Linears cost 2x together
-    int4 = {"bytes": 900, "kl": 1e-6 + 2 * (3e-4 + 1e-4 + 1e-5)}
-    scaled = mixed_curve(rows, {"bytes": 1000, "kl": 1e-6}, int4)
-    assert scaled[0]["interaction"] == pytest.approx(2.0)
-    assert scaled[2]["kl"] == pytest.approx(1e-6 + 2 * (1e-4 + 1e-5))
-    assert [p["bytes"] for p in scaled] == [p["bytes"] for p in curve]  # bytes are exact: not scaled
-    assert mixed_curve(rows, {"bytes": 1000, "kl": 1e-3}, int4)[0]["interaction"] == 1.0  # INT4 below INT8: none
+    # calibrated where the curve was measured whole: the INT8 graph (ratio 1), a mixed graph at k = 2
+    # (here 3x its additive KL) and the INT4 graph at its end (2x); interpolated in between
+    int8 = {"bytes": 1000, "kl": 1e-6}
+    int4 = {"bytes": 900, "kl": 2 * (1e-6 + 3e-4 + 1e-4 + 1e-5)}
+    point = {"int4": 2, "kl": 3 * (1e-6 + 1e-4)}
+    # with points measured whole, the options are those points, at their measured KL
+    measured = mixed_curve(rows, int8, int4, [point])
+    assert [(p["int4"], p["bytes"]) for p in measured] == [(2, curve[1]["bytes"])]
+    assert measured[0]["kl"] == pytest.approx(point["kl"]) and measured[0]["ratio"] == pytest.approx(3.0)
+    # without, every k: the additive KL times the ratio interpolated from 1 (k = 0) to 2 (the INT4 end)
+    est = mixed_curve(rows, int8, int4)
+    assert [round(p["ratio"], 9) for p in est] == [1.25, 1.5, 1.75]
+    assert est[2]["kl"] == pytest.approx(1.75 * (1e-6 + 1e-4 + 1e-5))
+    assert [p["bytes"] for p in est] == [p["bytes"] for p in curve]  # bytes are exact: not calibrated
+    from vlsens.budget.vision import point_ks
+
+    assert point_ks(22) == [3, 6, 8, 11, 14, 16, 19, 20, 21] and point_ks(4) == [1, 2, 3]
 
 
 def test_a_front_point_on_the_mixed_curve_becomes_a_mixed_plan():

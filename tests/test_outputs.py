@@ -110,3 +110,15 @@ def test_vlsens_records_checks_the_files_jobs_wrote(outputs):
     _keep_mtime(outputs["csv"], lambda p: p.write_bytes(p.read_bytes()[:5]))
     r = cli()
     assert r.returncode == 1 and f"{outputs['csv']}: 5 bytes" in r.stdout and "truncated afterwards" in r.stdout
+
+
+def test_a_job_forgets_the_records_of_what_it_writes_anew(outputs):
+    """A job re-running writes its outputs anew: their earlier records go first, so that what it
+    reads back while it runs (a folder it measures) is not checked against its old version."""
+    from vlsens.core.outputs import forget
+
+    folder = outputs["folder"]
+    (folder / "genai_config.json").write_text('{"new": true}')
+    assert check_output(folder)  # the old record would call the new folder edited
+    forget([folder])
+    assert not record_path(folder).exists() and check_output(folder) == []

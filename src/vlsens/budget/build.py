@@ -251,15 +251,16 @@ def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, setti
 def _mixed_options(vision: dict, vision_csv) -> tuple[dict[str, dict], float]:
     """The mixed vision curve's points (:func:`vlsens.budget.vision.mixed_curve`) added to the
     vision options ``vision`` (bytes, KL) under ``mixed:<k>``; returns each one's Linears' bits
-    and the curve's interaction factor."""
-    from vlsens.budget.vision import interaction, mixed_curve, read_ops
+    and the curve's calibration (:func:`vlsens.budget.vision.calibration`)."""
+    from vlsens.budget.vision import calibration, mixed_curve, read_ops, read_points
     from vlsens.core.errors import VlsensError
 
     if "int8-wo" not in vision:
         raise VlsensError(f"{vision_csv}: the mixed vision curve starts from the int8-wo graph, which the components "
                           "do not hold (plan.vision needs int8-wo and int4 beside mixed)")
-    out, scale = {}, interaction(rows := read_ops(vision_csv), vision["int8-wo"], vision.get("int4"))
-    for p in mixed_curve(rows, vision["int8-wo"], vision.get("int4")):
+    rows, points = read_ops(vision_csv), read_points(vision_csv)
+    out, scale = {}, calibration(rows, vision["int8-wo"], vision.get("int4"), points)
+    for p in mixed_curve(rows, vision["int8-wo"], vision.get("int4"), points):
         vision[p["name"]] = {"bytes": p["bytes"], "kl": p["kl"]}
         out[p["name"]] = p["ops"]
     return out, scale
@@ -321,7 +322,7 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     plans, record = search(engine_dir, eval_npz, csv, parts, int(components["decoder_other_bytes"]),
                            int(search_settings["points"]), int(search_settings["max_evals"]), threads, mixed)
     record["mixed_vision"] = mixed
-    record["mixed_vision_interaction"] = scale
+    record["mixed_vision_calibration"] = [{"int4": k, "ratio": r} for k, r in scale] if scale else None
     eng = nb.Prepared(engine_dir)
     sizes = {n: folder_weight_bytes(f) for n, f in anchors.items()}
     record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict(), mixed)

@@ -14,9 +14,10 @@ measured where the folders are judged:
    ``budget/vision.csv`` (one row a Linear, like the decoder's ``nbits.csv``).
 2. **The curve** (:func:`mixed_curve`): from every Linear at INT8 weight-only (``int8-wo``, its KL
    measured as a component) Linears move to INT4 in increasing KL per byte saved; point ``k`` holds
-   the first ``k``. Its KL is estimated as the INT8 graph's plus the moved Linears' INT4 KLs, the
-   sum scaled by how the errors add up at the curve's measured end (:func:`interaction`: the INT4
-   graph's KL above the INT8 graph's, over the sum of the Linears' own), its bytes as the INT8
+   the first ``k``. The mixed graphs at nine k (eighths of the Linears, all but two, all but one)
+   are measured whole, and these are the vision options of the front: their KL is measured, not
+   estimated (summed one by one the Linears' INT4 KLs miss it by up to a quarter: together they
+   cost 1.0-1.26x as much on the tiny preset, :func:`calibration`); their bytes are the INT8
    graph's in the folder minus the bytes the moved Linears save.
    The points become vision options ``mixed:<k>`` of the front's search; a plan that picks one
    names every Linear's format (:class:`vlsens.budget.plan.Plan` ``vision_ops``) and its folder
@@ -30,6 +31,7 @@ which this module does not do yet.
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -85,7 +87,19 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
                      "kl_int4": kl, **{f"kl_int4_{k}": mods.get(k, 0.0) for k in ("text", "image", "images")}})
         log.info("vision Linear %d/%d %s: INT4 KL %.4g (%.1f s)", i + 1, len(ops), o["name"], kl, m["seconds"])
         shutil.rmtree(staged.parent, ignore_errors=True)
-    return rows
+    points = []
+    order = order_of(rows)
+    for k in point_ks(len(rows)):  # whole mixed graphs along the curve: how the errors add up there
+        first = {rows[i]["op"] for i in order[:k]}
+        staged = work / f"mixed{k}" / "model.onnx"
+        quantize_vision(graphs["fp32"], staged, settings,
+                        per_op={o["name"]: FORMATS["int4"] if o["name"] in first else FORMATS["int8-wo"] for o in ops})
+        genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], vc, work / f"mixed{k}-preamble")
+        m = measure_folder(folder, reference, cases, f"vision-mixed{k}", modalities=image_modalities)
+        points.append({"int4": k, "kl": sum(float(r["kl"]) for r in m["cases"]) / len(cases)})
+        log.info("vision mixed, %d of %d Linears INT4: KL %.4g", k, len(rows), points[-1]["kl"])
+        shutil.rmtree(staged.parent, ignore_errors=True)
+    return rows, points
 
 
 def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, out_csv, out_json) -> dict:
@@ -94,13 +108,13 @@ def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, sett
     from vlsens.core.fsutil import write_csv, write_json
 
     with tempfile.TemporaryDirectory(prefix="vlsens-vision-ops-") as work:
-        rows = measure_ops(checkpoint, reference, cases, base, graphs, settings, work)
+        rows, points = measure_ops(checkpoint, reference, cases, base, graphs, settings, work)
     write_csv(out_csv, rows, list(COLUMNS))
     kls = sorted((r["kl_int4"] for r in rows), reverse=True)
     total = sum(kls)
     record = {"linears": len(rows), "sum_kl_int4": total,
               "top": [{"op": r["op"], "kl_int4": r["kl_int4"]} for r in sorted(rows, key=lambda r: -r["kl_int4"])[:5]],
-              "top1_share": kls[0] / total if total > 0 else None,
+              "top1_share": kls[0] / total if total > 0 else None, "points": points,
               "note": "each Linear alone at INT4 (the run's int4 format), every other Linear float, in the fp32 folder, "
                       "measured end to end through onnxruntime-genai on the measure's image cases (its text cases "
                       "do not reach the vision graph and count 0)"}
@@ -127,34 +141,73 @@ def read_ops(csv) -> list[dict]:
     return pd.read_csv(csv).to_dict("records")
 
 
-def interaction(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None) -> float:
-    """How the Linears' INT4 errors add up, measured at the curve's end: the all-INT4 graph's KL
-    above the INT8 graph's, over the sum of the Linears' own INT4 KLs (1 where the INT4 graph is
-    not given or the sum is not positive). On the tiny preset about 1.26: together the Linears
-    cost a quarter more than one by one."""
-    total = sum(max(float(r["kl_int4"]), 0.0) for r in rows)
-    if int4 is None or total <= 0:
-        return 1.0
-    gap = float(int4["kl"]) - float(int8["kl"])
-    return gap / total if gap > 0 else 1.0
+def read_points(csv) -> list[dict]:
+    """The whole mixed graphs measured along the curve, from ``vision.json`` beside ``csv``."""
+    summary = Path(csv).with_name("vision.json")
+    return list(json.loads(summary.read_text()).get("points") or []) if summary.is_file() else []
 
 
-def mixed_curve(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = None) -> list[dict]:
-    """``[{"name": "mixed:<k>", "bytes", "kl", "ops": {Linear: 4 | 8}, "int4": k}]`` for k = 1 ..
-    n - 1 (k = 0 is ``int8-wo`` itself, k = n the ``int4`` graph, both measured as components):
-    ``int8`` / ``int4``: the ``int8-wo`` and ``int4`` components (bytes in the folder, KL). Linears
-    move to INT4 in increasing ``kl_int4`` per byte saved (ties: graph order); a point's KL is the
-    INT8 graph's plus the moved Linears' INT4 KLs times :func:`interaction` (so the curve meets
-    the measured INT4 graph at its end)."""
-    scale = interaction(rows, int8, int4)
-    order = sorted(range(len(rows)), key=lambda i: (float(rows[i]["kl_int4"]) /
-                                                    max(int(rows[i]["bytes_int8"]) - int(rows[i]["bytes_int4"]), 1), i))
-    out, nbytes, kl, moved = [], int(int8["bytes"]), float(int8["kl"]), set()
+def order_of(rows: Sequence[Mapping]) -> list[int]:
+    """The rows in the order the mixed curve moves them to INT4: increasing ``kl_int4`` per byte
+    saved (ties: graph order)."""
+    return sorted(range(len(rows)), key=lambda i: (float(rows[i]["kl_int4"]) /
+                                                   max(int(rows[i]["bytes_int8"]) - int(rows[i]["bytes_int4"]), 1), i))
+
+
+def point_ks(n: int) -> list[int]:
+    """The curve's inner points measured as whole graphs: eighths of the Linears, and all but one
+    or two (where the few costliest Linears decide; on the tiny preset 3, 6, 8, 11, 14, 16, 19, 20, 21)."""
+    return sorted({k for k in (*(round(n * j / 8) for j in range(1, 8)), n - 2, n - 1) if 1 <= k <= n - 1})
+
+
+def additive(rows: Sequence[Mapping], int8: Mapping, k: int) -> float:
+    """The INT8 graph's KL plus the first ``k`` Linears' own INT4 KLs (:func:`order_of`)."""
+    return float(int8["kl"]) + sum(max(float(rows[i]["kl_int4"]), 0.0) for i in order_of(rows)[:k])
+
+
+def calibration(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = None,
+                points: Sequence[Mapping] = ()) -> list[tuple[int, float]]:
+    """``[(k, measured / additive)]``: how the Linears' INT4 errors add up where the curve was
+    measured whole: k = 0 (the INT8 graph itself: 1), the ``points`` (``{"int4": k, "kl"}``) and
+    the INT4 graph at its end. On the tiny preset together the Linears cost 1.26x what they cost
+    one by one at the end, more in the middle."""
+    n, out = len(rows), [(0, 1.0)]
+    for p in [*points, *([{"int4": n, "kl": int4["kl"]}] if int4 is not None else [])]:
+        base = additive(rows, int8, int(p["int4"]))
+        if base > 0:
+            out.append((int(p["int4"]), float(p["kl"]) / base))
+    return sorted(dict(out).items())
+
+
+def _ratio(cal: Sequence[tuple[int, float]], k: int) -> float:
+    """``cal`` interpolated linearly at ``k`` (held at its last value beyond it)."""
+    for (k0, r0), (k1, r1) in zip(cal, cal[1:]):
+        if k0 <= k <= k1:
+            return r0 + (r1 - r0) * (k - k0) / (k1 - k0)
+    return cal[-1][1]
+
+
+def mixed_curve(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = None,
+                points: Sequence[Mapping] = ()) -> list[dict]:
+    """``[{"name": "mixed:<k>", "bytes", "kl", "ops": {Linear: 4 | 8}, "int4": k, "ratio"}]`` for
+    k = 1 .. n - 1 (k = 0 is ``int8-wo`` itself, k = n the ``int4`` graph, both measured as
+    components): ``int8`` / ``int4``: the ``int8-wo`` and ``int4`` components (bytes in the folder,
+    KL); ``points``: whole mixed graphs measured along the curve (``{"int4": k, "kl"}``). Linears
+    move to INT4 in :func:`order_of`. With ``points``, the curve is those points alone, each
+    with its measured KL (the estimate of the vision part is then a measurement); without, every
+    k, its KL :func:`additive` times the ratio measured whole (:func:`calibration`) interpolated
+    at k."""
+    cal = calibration(rows, int8, int4, points)
+    measured = {int(p["int4"]): float(p["kl"]) for p in points}
+    order = order_of(rows)
+    out, nbytes, moved = [], int(int8["bytes"]), set()
     for k, i in enumerate(order[:-1], 1):
         r = rows[i]
         nbytes -= int(r["bytes_int8"]) - int(r["bytes_int4"])
-        kl += scale * max(float(r["kl_int4"]), 0.0)
         moved.add(r["op"])
-        out.append({"name": f"{MIXED_PREFIX}{k}", "bytes": nbytes, "kl": kl, "int4": k, "interaction": scale,
-                    "ops": {x["op"]: (4 if x["op"] in moved else 8) for x in rows}})
+        if measured and k not in measured:
+            continue
+        ratio = measured[k] / additive(rows, int8, k) if k in measured else _ratio(cal, k)
+        out.append({"name": f"{MIXED_PREFIX}{k}", "bytes": nbytes, "kl": additive(rows, int8, k) * ratio, "int4": k,
+                    "ratio": ratio, "ops": {x["op"]: (4 if x["op"] in moved else 8) for x in rows}})
     return out

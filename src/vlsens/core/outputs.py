@@ -73,6 +73,13 @@ def record_outputs(outputs: Iterable[str | Path], rule: str) -> int:
     return n
 
 
+def forget(outputs: Iterable[str | Path]) -> None:
+    """Remove the records of ``outputs`` (a job about to write them anew: while it runs, what it
+    writes is checked against nothing stale, e.g. a folder it loads to measure)."""
+    for out in outputs:
+        record_path(out).unlink(missing_ok=True)
+
+
 def _target(output: Path, rec: dict) -> str:
     """What to force to rebuild ``output``: its job's model graph where it wrote one (the name
     Snakemake knows the model folder by), else the output itself."""

@@ -93,13 +93,15 @@ def _profiled(main: Callable[[Any], Any], snakemake: Any, rule: str) -> None:
 
 
 def _checked_inputs(snakemake: Any, log: logging.Logger) -> None:
-    """Before the job: its own leftovers removed; its ONNX inputs against their records, every
-    input another job recorded against that record (:mod:`vlsens.core.outputs`)."""
+    """Before the job: its own leftovers removed, and the records of its outputs' earlier versions
+    (the job writes them anew); its ONNX inputs against their records, every input another job
+    recorded against that record (:mod:`vlsens.core.outputs`)."""
     from vlsens.core.artifacts import verify_inputs
     from vlsens.core.fsutil import remove_stale
-    from vlsens.core.outputs import verify_paths
+    from vlsens.core.outputs import forget, verify_paths
 
     remove_stale(list(getattr(snakemake, "output", [])))
+    forget(list(getattr(snakemake, "output", [])))
     checked = verify_inputs(list(getattr(snakemake, "input", [])))
     if checked:
         log.info("%d ONNX input(s) match their records", checked)
