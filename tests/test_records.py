@@ -134,7 +134,7 @@ def _measured():
 
 def _vision():
     return {"linears": 2, "sum_kl_int4": 3e-4, "top": [{"op": "/v/qkv/MatMul", "kl_int4": 2e-4}], "top1_share": 0.67,
-            "note": "each Linear alone at INT4"}
+            "points": [{"int4": 1, "kl": 2e-4}], "note": "each Linear alone at INT4"}
 
 
 #: schema -> (a path it is found at, a minimal valid record, a required key, a key given a wrong type,
