@@ -91,9 +91,9 @@ try:
             raise WorkflowError(f"vlsens: {_refused}")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
-except OSError as e:  # results/ not writable: read-only file system, permissions, a full disk
+except OSError as e:  # the results folder not writable: read-only file system, permissions, a full disk
     raise WorkflowError(
-        f"cannot write the run's input manifests under {Path.cwd() / 'results'}: {e.strerror or e} "
+        f"cannot write the run's input manifests under {Path.cwd() / paths.RESULTS}: {e.strerror or e} "
         f"({e.filename or ''}); run from a directory you can write (snakemake -d DIR)"
     ) from None
 SCRIPTS = VLSENS_ROOT / "workflow" / "scripts"

@@ -287,7 +287,7 @@ def test_fp32_folder_generates_what_transformers_generates(folders, tiny_ckpt, p
 def test_every_folder_is_complete_and_recorded(folders):
     from vlsens.core.artifacts import verify
 
-    for precision, folder in folders.items():
+    for precision, folder in ((k, v) for k, v in folders.items() if k != "vision_features"):
         names = {p.name for p in folder.iterdir()}
         assert {"vision.onnx", "embedding.onnx", "decoder.onnx", "genai_config.json", "processor_config.json",
                 "tokenizer.json", "chat_template.jinja", "parity.json", "eval.json"} <= names, precision
