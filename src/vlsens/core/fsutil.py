@@ -159,31 +159,34 @@ def write_json(path: str | Path, data: dict) -> None:
 
 
 @contextlib.contextmanager
-def open_npz(path: str | Path, mmap_mode: str | None = None):
-    """``np.load`` of an ``.npz`` (no pickled objects) as a context manager whose reads are
-    checked: a missing, truncated or foreign file, or one that lacks an array the reader asks
-    for, is a VlsensError naming the file and the command that rebuilds it, not a zipfile or
-    numpy traceback. Use the arrays inside the ``with`` (they are read there)."""
+def npz_errors(path: str | Path):
+    """Reads of the ``.npz`` file ``path`` inside the ``with``: a missing, truncated or foreign
+    file, or one that lacks an array the reader asks for, is a VlsensError naming the file and
+    the command that rebuilds it, not a zipfile or numpy traceback."""
     import zipfile
     import zlib
 
-    import numpy as np
-
     from vlsens.core.errors import VlsensError
 
-    bad = (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, zlib.error)
     try:
+        yield
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, zlib.error) as e:
+        raise VlsensError(_npz_problem(path, e)) from e
+
+
+@contextlib.contextmanager
+def open_npz(path: str | Path, mmap_mode: str | None = None):
+    """``np.load`` of an ``.npz`` (no pickled objects) as a context manager whose reads are
+    checked (:func:`npz_errors`). Use the arrays inside the ``with`` (they are read there)."""
+    import numpy as np
+
+    with npz_errors(path):
         z = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
-    except bad as e:
-        raise VlsensError(_npz_problem(path, e)) from e
-    try:
-        yield z
-    except bad as e:
-        raise VlsensError(_npz_problem(path, e)) from e
-    finally:
-        close = getattr(z, "close", None)
-        if close:
-            close()
+        try:
+            yield z
+        finally:
+            if hasattr(z, "close"):  # an .npy behind the name loads as an array
+                z.close()
 
 
 def _npz_problem(path, e: BaseException) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlsens.core.fsutil import open_npz, savez
+from vlsens.core.fsutil import npz_errors, open_npz, savez
 
 VALID = "__valid__"
 
@@ -134,30 +134,17 @@ class ReferenceStore:
     """Float reference outputs, one array per feed, read lazily from an ``.npz``."""
 
     def __init__(self, path: str | Path):
-        import zipfile
-
-        from vlsens.core.errors import VlsensError
-        from vlsens.core.fsutil import _npz_problem
-
         self.path = Path(path)
-        self._bad = (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError)
-        try:
+        with npz_errors(self.path):
             self._z = np.load(self.path, allow_pickle=False)
-        except self._bad as e:
-            raise VlsensError(_npz_problem(self.path, e)) from e
         self._n = len(self._z.files)
 
     def __len__(self) -> int:
         return self._n
 
     def __getitem__(self, i: int) -> np.ndarray:
-        from vlsens.core.errors import VlsensError
-        from vlsens.core.fsutil import _npz_problem
-
-        try:
+        with npz_errors(self.path):
             return self._z[f"{i:05d}"]
-        except self._bad as e:
-            raise VlsensError(_npz_problem(self.path, e)) from e
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
