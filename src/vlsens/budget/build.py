@@ -175,17 +175,37 @@ def formats_of(inputs: Mapping) -> dict:
             for part in ("vision", "embedding")}
 
 
+def fp32_parts(inputs: Mapping) -> dict[str, Path]:
+    """The fp32 folder's graphs from a job's named inputs: ``decoder`` (``decoder_model``), the
+    ``embedding`` graph beside it, ``vision`` (``vision_fp32``), and the ``folder`` itself."""
+    decoder = Path(inputs["decoder_model"])
+    return {"decoder": decoder, "embedding": decoder.with_name("embedding.onnx"), "vision": Path(inputs["vision_fp32"]),
+            "folder": Path(inputs["fp32_folder"])}
+
+
 def components_job(inputs: Mapping, outputs: Mapping) -> dict:
     """The ``budget_components`` job on its named inputs: each vision and table format measured in
     the fp32 folder (:func:`write_components`)."""
     from vlsens.data.inputs import checkpoint_dir
     from vlsens.deploy.cases import load_cases
 
-    decoder = Path(inputs["decoder_model"])
-    base = {"decoder": decoder, "embedding": decoder.with_name("embedding.onnx"), "vision": inputs["vision_fp32"],
-            "folder": inputs["fp32_folder"]}
+    base = fp32_parts(inputs)
     return write_components(checkpoint_dir(inputs["checkpoint"]), inputs["reference"], load_cases(inputs["cases"]),
                             base, formats_of(inputs), outputs["components"])
+
+
+def vision_job(inputs: Mapping, outputs: Mapping, settings: Mapping) -> dict:
+    """The ``budget_vision`` job on its named inputs and outputs: each vision Linear alone at INT4,
+    and whole mixed graphs along the curve (:func:`vlsens.budget.vision.write_ops`)."""
+    from vlsens.budget.vision import write_ops
+    from vlsens.data.inputs import checkpoint_dir
+    from vlsens.deploy.cases import load_cases
+    from vlsens.quantize.nbits import NBitsSettings
+
+    graphs = {"fp32": inputs["vision_fp32"], "int4": inputs["vision_int4"], "int8-wo": inputs["vision_int8-wo"]}
+    return write_ops(checkpoint_dir(inputs["checkpoint"]), inputs["reference"], load_cases(inputs["cases"]),
+                     fp32_parts(inputs), graphs, NBitsSettings.from_config(settings), outputs["csv"],
+                     outputs["summary"])
 
 
 def front_job(inputs: Mapping, outputs: Mapping, search_settings: dict, threads: int = 0) -> dict:
@@ -252,13 +272,13 @@ def _mixed_options(vision: dict, vision_csv) -> tuple[dict[str, dict], float]:
     """The mixed vision curve's points (:func:`vlsens.budget.vision.mixed_curve`) added to the
     vision options ``vision`` (bytes, KL) under ``mixed:<k>``; returns each one's Linears' bits
     and the curve's calibration (:func:`vlsens.budget.vision.calibration`)."""
-    from vlsens.budget.vision import calibration, mixed_curve, read_ops, read_points
+    from vlsens.budget.vision import calibration, mixed_curve, read_points
     from vlsens.core.errors import VlsensError
 
     if "int8-wo" not in vision:
         raise VlsensError(f"{vision_csv}: the mixed vision curve starts from the int8-wo graph, which the components "
                           "do not hold (plan.vision needs int8-wo and int4 beside mixed)")
-    rows, points = read_ops(vision_csv), read_points(vision_csv)
+    rows, points = _csv_rows(vision_csv), read_points(vision_csv)
     out, scale = {}, calibration(rows, vision["int8-wo"], vision.get("int4"), points)
     for p in mixed_curve(rows, vision["int8-wo"], vision.get("int4"), points):
         vision[p["name"]] = {"bytes": p["bytes"], "kl": p["kl"]}

@@ -67,38 +67,37 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
         if missing:
             raise VlsensError(f"{graphs[name]}: Linears not quantized: {missing[:5]} ({len(missing)}); the "
                               f"{name} vision graph quantizes every Linear of {graphs['fp32']}")
-    rows = []
     image_modalities = {c["modality"] for c in cases if c["images"]}
     work = Path(work)
-    folder = work / "folder"  # the fp32 folder, its vision graph replaced per Linear
+    folder = work / "folder"  # the fp32 folder, its vision graph replaced by each one measured
     assemble(folder, checkpoint, base["decoder"], base["embedding"], base["vision"], work / "preamble")
     vc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).vision_config
-    for i, o in enumerate(ops):
-        staged = work / f"op{i}" / "model.onnx"
-        per_op = {p["name"]: (FORMATS["int4"] if p["name"] == o["name"] else None) for p in ops}
+
+    def measured(name: str, per_op: dict) -> tuple[float, dict]:
+        """The fp32 folder with the vision graph of ``per_op``: the mean KL over every case (the
+        text cases do not reach the vision graph and are not run: 0; run, 1e-14) and the measure."""
+        staged = work / name / "model.onnx"
         quantize_vision(graphs["fp32"], staged, settings, per_op=per_op)
-        genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], vc, work / f"op{i}-preamble")
-        # the text cases do not reach the vision graph: their KL is 0 (at the rounding, 1e-14, when run)
-        m = measure_folder(folder, reference, cases, f"vision-op{i}", modalities=image_modalities)
+        genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], vc, work / f"{name}-preamble")
+        m = measure_folder(folder, reference, cases, f"vision-{name}", modalities=image_modalities)
+        shutil.rmtree(staged.parent, ignore_errors=True)
+        return sum(float(r["kl"]) for r in m["cases"]) / len(cases), m
+
+    rows = []
+    for i, o in enumerate(ops):
+        kl, m = measured(f"op{i}", {p["name"]: (FORMATS["int4"] if p["name"] == o["name"] else None) for p in ops})
         mods = {k: v["mean_kl"] for k, v in m["modalities"].items()}
-        kl = sum(float(r["kl"]) for r in m["cases"]) / len(cases)  # the mean over every case, text ones 0
         rows.append({"op": o["name"], "K": o["K"], "N": o["N"], "bytes_float": fb[o["name"]],
                      "bytes_int4": q4[o["name"]]["bytes"], "bytes_int8": q8[o["name"]]["bytes"],
                      "kl_int4": kl, **{f"kl_int4_{k}": mods.get(k, 0.0) for k in ("text", "image", "images")}})
         log.info("vision Linear %d/%d %s: INT4 KL %.4g (%.1f s)", i + 1, len(ops), o["name"], kl, m["seconds"])
-        shutil.rmtree(staged.parent, ignore_errors=True)
-    points = []
-    order = order_of(rows)
+    points, order = [], order_of(rows)
     for k in point_ks(len(rows)):  # whole mixed graphs along the curve: how the errors add up there
         first = {rows[i]["op"] for i in order[:k]}
-        staged = work / f"mixed{k}" / "model.onnx"
-        quantize_vision(graphs["fp32"], staged, settings,
-                        per_op={o["name"]: FORMATS["int4"] if o["name"] in first else FORMATS["int8-wo"] for o in ops})
-        genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], vc, work / f"mixed{k}-preamble")
-        m = measure_folder(folder, reference, cases, f"vision-mixed{k}", modalities=image_modalities)
-        points.append({"int4": k, "kl": sum(float(r["kl"]) for r in m["cases"]) / len(cases)})
-        log.info("vision mixed, %d of %d Linears INT4: KL %.4g", k, len(rows), points[-1]["kl"])
-        shutil.rmtree(staged.parent, ignore_errors=True)
+        kl, _ = measured(f"mixed{k}", {o["name"]: FORMATS["int4"] if o["name"] in first else FORMATS["int8-wo"]
+                                       for o in ops})
+        points.append({"int4": k, "kl": kl})
+        log.info("vision mixed, %d of %d Linears INT4: KL %.4g", k, len(rows), kl)
     return rows, points
 
 
@@ -122,28 +121,12 @@ def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, sett
     return record
 
 
-def ops_job(inputs: Mapping, outputs: Mapping, settings: Mapping) -> dict:
-    """The ``budget_vision`` job on its named inputs and outputs (rules/budget.smk)."""
-    from vlsens.data.inputs import checkpoint_dir
-    from vlsens.deploy.cases import load_cases
-    from vlsens.quantize.nbits import NBitsSettings
-
-    decoder = Path(inputs["decoder_model"])
-    base = {"decoder": decoder, "embedding": decoder.with_name("embedding.onnx"), "vision": inputs["vision_fp32"]}
-    graphs = {"fp32": inputs["vision_fp32"], "int4": inputs["vision_int4"], "int8-wo": inputs["vision_int8-wo"]}
-    return write_ops(checkpoint_dir(inputs["checkpoint"]), inputs["reference"], load_cases(inputs["cases"]), base,
-                     graphs, NBitsSettings.from_config(settings), outputs["csv"], outputs["summary"])
-
-
-def read_ops(csv) -> list[dict]:
-    import pandas as pd
-
-    return pd.read_csv(csv).to_dict("records")
-
-
 def read_points(csv) -> list[dict]:
-    """The whole mixed graphs measured along the curve, from ``vision.json`` beside ``csv``."""
-    summary = Path(csv).with_name("vision.json")
+    """The whole mixed graphs measured along the curve, from the summary beside ``csv``
+    (:data:`vlsens.core.paths.BUDGET_VISION`)."""
+    from vlsens.core import paths
+
+    summary = Path(csv).with_name(Path(paths.BUDGET_VISION["summary"]).name)
     return list(json.loads(summary.read_text()).get("points") or []) if summary.is_file() else []
 
 
@@ -160,9 +143,13 @@ def point_ks(n: int) -> list[int]:
     return sorted({k for k in (*(round(n * j / 8) for j in range(1, 8)), n - 2, n - 1) if 1 <= k <= n - 1})
 
 
-def additive(rows: Sequence[Mapping], int8: Mapping, k: int) -> float:
-    """The INT8 graph's KL plus the first ``k`` Linears' own INT4 KLs (:func:`order_of`)."""
-    return float(int8["kl"]) + sum(max(float(rows[i]["kl_int4"]), 0.0) for i in order_of(rows)[:k])
+def additive(rows: Sequence[Mapping], int8: Mapping) -> list[float]:
+    """For k = 0 .. n: the INT8 graph's KL plus the first ``k`` Linears' own INT4 KLs
+    (:func:`order_of`)."""
+    out = [float(int8["kl"])]
+    for i in order_of(rows):
+        out.append(out[-1] + max(float(rows[i]["kl_int4"]), 0.0))
+    return out
 
 
 def calibration(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = None,
@@ -171,9 +158,9 @@ def calibration(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = N
     measured whole: k = 0 (the INT8 graph itself: 1), the ``points`` (``{"int4": k, "kl"}``) and
     the INT4 graph at its end. On the tiny preset together the Linears cost 1.26x what they cost
     one by one at the end, more in the middle."""
-    n, out = len(rows), [(0, 1.0)]
+    n, out, sums = len(rows), [(0, 1.0)], additive(rows, int8)
     for p in [*points, *([{"int4": n, "kl": int4["kl"]}] if int4 is not None else [])]:
-        base = additive(rows, int8, int(p["int4"]))
+        base = sums[int(p["int4"])]
         if base > 0:
             out.append((int(p["int4"]), float(p["kl"]) / base))
     return sorted(dict(out).items())
@@ -197,7 +184,7 @@ def mixed_curve(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = N
     with its measured KL (the estimate of the vision part is then a measurement); without, every
     k, its KL :func:`additive` times the ratio measured whole (:func:`calibration`) interpolated
     at k."""
-    cal = calibration(rows, int8, int4, points)
+    cal, sums = calibration(rows, int8, int4, points), additive(rows, int8)
     measured = {int(p["int4"]): float(p["kl"]) for p in points}
     order = order_of(rows)
     out, nbytes, moved = [], int(int8["bytes"]), set()
@@ -207,7 +194,7 @@ def mixed_curve(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = N
         moved.add(r["op"])
         if measured and k not in measured:
             continue
-        ratio = measured[k] / additive(rows, int8, k) if k in measured else _ratio(cal, k)
-        out.append({"name": f"{MIXED_PREFIX}{k}", "bytes": nbytes, "kl": additive(rows, int8, k) * ratio, "int4": k,
+        ratio = measured[k] / sums[k] if k in measured else _ratio(cal, k)
+        out.append({"name": f"{MIXED_PREFIX}{k}", "bytes": nbytes, "kl": sums[k] * ratio, "int4": k,
                     "ratio": ratio, "ops": {x["op"]: (4 if x["op"] in moved else 8) for x in rows}})
     return out
