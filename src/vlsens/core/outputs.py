@@ -66,7 +66,7 @@ def record_outputs(outputs: Iterable[str | Path], rule: str) -> int:
         entries = {}
         for name, p in _files(out):
             st = p.stat()
-            entries[name] = {"bytes": st.st_size, "sha256": file_sha256(p), "stat": _key(p.stat())}
+            entries[name] = {"bytes": st.st_size, "sha256": file_sha256(p), "stat": _key(st)}
         write_json(record_path(out), {"rule": rule, "output": str(out), "job_outputs": outputs,
                                       "kind": "folder" if out.is_dir() else "file", "files": entries})
         n += len(entries)
