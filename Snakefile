@@ -32,6 +32,34 @@ include: "rules/budget.smk"
 report: landing_page()
 
 
+# A failed job keeps the previous version of its outputs (vlsens.core.outputs.keep_previous): each
+# output the run's jobs will write is moved aside when the run starts, dropped by the job that
+# writes it anew, and put back when the run ends where its job did not complete.
+onstart:
+    if not (workflow.remote_exec or workflow.subprocess_exec or workflow.touch):
+        from vlsens.core.outputs import keep_previous
+
+        keep_previous((j.output, j.input) for j in workflow.dag.needrun_jobs())
+
+
+onsuccess:
+    if not (workflow.remote_exec or workflow.subprocess_exec):
+        from vlsens.core.outputs import restore_previous
+
+        restore_previous(paths.fill(paths.MODEL, model=PLAN.model))
+
+
+onerror:
+    if not (workflow.remote_exec or workflow.subprocess_exec):
+        from vlsens.core.outputs import restore_previous
+
+        for _kept in restore_previous(paths.fill(paths.MODEL, model=PLAN.model)):
+            logger.warning(
+                f"vlsens: {_kept}: its job did not complete; its previous version is back in place "
+                "(the next run builds it again)"
+            )
+
+
 localrules:
     all,
 

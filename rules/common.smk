@@ -84,8 +84,13 @@ try:
     # Outputs changed after their jobs wrote them, with the mtime kept (vlsens.core.outputs): checked
     # once, by the process that plans the run (not by each cluster job that parses this file again).
     if not workflow.remote_exec:
-        from vlsens.core.outputs import check_run, forced_from_argv, refusal
+        from vlsens.core.outputs import check_run, forced_from_argv, refusal, restore_previous
 
+        # A run killed before it could put back what its failed jobs had replaced: put it back now
+        # (not while another Snakemake run holds this directory: its jobs are writing those outputs).
+        if not any(Path(".snakemake/locks").glob("*")):
+            for _kept in restore_previous(paths.fill(paths.MODEL, model=PLAN.model)):
+                logger.warning(f"vlsens: {_kept}: restored its previous version (its job did not complete)")
         _refused = refusal(check_run(paths.fill(paths.MODEL, model=PLAN.model)), *forced_from_argv(sys.argv[1:]))
         if _refused:
             raise WorkflowError(f"vlsens: {_refused}")

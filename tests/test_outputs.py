@@ -122,3 +122,42 @@ def test_a_job_forgets_the_records_of_what_it_writes_anew(outputs):
     assert check_output(folder)  # the old record would call the new folder edited
     forget([folder])
     assert not record_path(folder).exists() and check_output(folder) == []
+
+
+def test_a_failed_job_leaves_the_previous_output_in_place_dated_so_it_runs_again(outputs):
+    from vlsens.core.outputs import drop_previous, keep_previous, previous_path, restore_previous
+
+    run, folder, csv = outputs["run"], outputs["folder"], outputs["csv"]
+    before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    inp = run / "calib" / "input.npz"
+    inp.parent.mkdir(parents=True)
+    inp.write_bytes(b"x")
+    os.utime(inp, (1_700_000_000, 1_700_000_000))
+    # the run starts: both jobs' outputs (a folder, a file) move aside with their records, no copy
+    moved = keep_previous([([folder], [inp]), ([csv], [inp]), ([run / "absent.csv"], [inp])])
+    assert moved == [folder, csv]
+    assert not folder.exists() and not record_path(folder).exists() and previous_path(folder).is_dir()
+    # the csv's job completes: its previous version goes; the folder's job fails (nothing written)
+    csv.write_text("op,score\n/a,0.3\n")
+    drop_previous([csv])
+    assert not previous_path(csv).exists()
+    assert restore_previous(run) == [folder]
+    assert {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert record_path(folder).is_file()
+    assert not list(previous_path(folder).parent.iterdir())
+    # dated just before its job's oldest input: Snakemake's mtime trigger runs the job again
+    assert folder.stat().st_mtime < inp.stat().st_mtime
+    assert all(p.stat().st_mtime < inp.stat().st_mtime for p in folder.rglob("*"))
+    # the content is what its record says (re-hashed once, as the stat keys changed)
+    assert check_output(folder) == [] and check_output(csv) == []
+    assert restore_previous(run) == []  # nothing left to restore
+
+
+def test_a_previous_version_whose_output_was_rebuilt_is_dropped_not_restored(outputs):
+    from vlsens.core.outputs import keep_previous, previous_path, restore_previous
+
+    csv = outputs["csv"]
+    keep_previous([([csv], [])])
+    csv.write_text("new\n")  # written, but the job was killed before it dropped the old one
+    assert restore_previous(outputs["run"]) == []
+    assert csv.read_text() == "new\n" and not previous_path(csv).exists()

@@ -93,6 +93,32 @@ def test_7_killed_job_leaves_nothing_that_breaks_the_rerun(run):
     assert json.loads((res / "profile" / "vision" / SIZE / "fp32" / "eval.json").read_text())["status"] == "met"
 
 
+def test_22_a_failed_job_keeps_the_previous_output_and_runs_again_next_time(run):
+    from vlsens.core.fsutil import file_sha256
+
+    wd, res = run["wd"], run["results"]
+    fp16 = res / "vision" / SIZE / "fp16"
+    profile = res / "profile" / "vision" / SIZE / "fp32"
+    before = {p: file_sha256(p) for d in (fp16, profile) for p in d.iterdir() if p.is_file()}
+    assert before
+    # the FP16 job, re-run, is killed half-way through publishing; the run stops there
+    failed = smk(wd, "--forcerun", str((fp16 / "model.onnx").relative_to(wd)), env={"VLSENS_FAULT": "fp16:publish"})
+    assert failed.returncode != 0 and "rule fp16" in failed.out
+    assert "its previous version is back in place" in failed.out, failed.out[-3000:]
+    # the previous FP16 model (and every output of a job the run did not reach) is where it was, whole
+    assert {p: file_sha256(p) for p in before} == before
+    assert not list(res.rglob(".vlsens/previous/*"))
+    records = subprocess.run([sys.executable, "-m", "vlsens.core.records", str(res)], capture_output=True, text=True)
+    assert records.returncode == 0, records.stdout[-2000:]
+    # dated before its inputs: the next run builds it again, and what reads it
+    dry = smk(wd, "-n", "--quiet", "rules")
+    assert "fp16" in dry.out and "Nothing to be done" not in dry.out, dry.out[-2000:]
+    again = smk(wd)
+    assert again.returncode == 0, again.out[-3000:]
+    assert json.loads((fp16 / "parity.json").read_text())["passed"]
+    assert "Nothing to be done" in smk(wd, "-n").out
+
+
 def test_6_published_files_are_readable_by_others(run):
     private = [str(p) for p in run["results"].rglob("*")
                if stat.S_IMODE(p.stat().st_mode) & 0o044 != 0o044]

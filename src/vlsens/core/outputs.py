@@ -22,12 +22,24 @@ record and the command that rebuilds it. (2) The DAG build checks every record o
 anything for, so the run refuses to start, naming it. A file changed with a newer mtime makes
 Snakemake re-run its consumers, which then fail at (1) until it is rebuilt. A missing output is
 Snakemake's to rebuild, and is not reported.
+
+**A failed job keeps the previous output.** Snakemake deletes a job's outputs before the job
+runs, so a job that then fails would leave nothing where a good folder was. Instead, when the run
+starts, each output a job of the run will write is moved aside with its record
+(:func:`keep_previous`: a rename into ``<dir>/.vlsens/previous/``, no copy); a job that completes
+drops it (:func:`drop_previous`), and when the run ends (or, after a run that was killed, when the
+next run is planned) every output that is still missing gets its previous version back
+(:func:`restore_previous`), dated just before its job's inputs, so the next run builds it again
+while the old one stays usable until then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -36,6 +48,8 @@ from vlsens.core.errors import VlsensError
 RECORD_DIR = ".vlsens"
 #: files Snakemake itself writes inside a directory output after the job
 IGNORED = (".snakemake_timestamp",)
+#: where an output's previous version waits while its job runs again (inside RECORD_DIR)
+PREVIOUS = "previous"
 
 
 def record_path(output: str | Path) -> Path:
@@ -208,3 +222,94 @@ def refusal(changed: dict[Path, tuple[str | None, list[str]]], forced: Iterable[
             "(their mtime kept); nothing reads them until they are rebuilt:\n  " + "\n  ".join(lines[:5]) + more
             + "\n  rebuild them: snakemake --forcerun "
             + " ".join(dict.fromkeys(_target(o, _load(record_path(o)) or {}) for o in list(left)[:5])))
+
+
+def previous_path(output: str | Path) -> Path:
+    """Where :func:`keep_previous` puts ``output`` while its job runs again."""
+    output = Path(output)
+    return output.parent / RECORD_DIR / PREVIOUS / output.name
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def _oldest_mtime(paths: Iterable[str | Path]) -> float:
+    """The oldest modification time among ``paths`` that exist (a folder: itself and Snakemake's
+    timestamp inside it), or now."""
+    times = [time.time()]
+    for p in map(Path, paths):
+        for q in (p, p / ".snakemake_timestamp"):
+            with contextlib.suppress(OSError):
+                times.append(q.stat().st_mtime)
+    return min(times)
+
+
+def keep_previous(jobs: Iterable[tuple[Iterable[str | Path], Iterable[str | Path]]]) -> list[Path]:
+    """For each job ``(outputs, inputs)`` of a run about to start: move every existing output and
+    its record aside (:func:`previous_path`), noting a time just before the oldest of the job's
+    inputs (what the output is dated back to if it has to be restored). Returns the outputs moved."""
+    from vlsens.core.fsutil import write_json
+
+    moved = []
+    for outputs, inputs in jobs:
+        outputs = [Path(o) for o in outputs]
+        if not any(os.path.lexists(o) for o in outputs):
+            continue
+        before = _oldest_mtime(inputs) - 1.0
+        for out in outputs:
+            if not os.path.lexists(out):
+                continue
+            prev = previous_path(out)
+            prev.parent.mkdir(parents=True, exist_ok=True)
+            for stale in (prev, prev.with_name(prev.name + ".json"), prev.with_name(prev.name + ".kept.json")):
+                _remove(stale)
+            os.replace(out, prev)
+            if record_path(out).is_file():
+                os.replace(record_path(out), prev.with_name(prev.name + ".json"))
+            write_json(prev.with_name(prev.name + ".kept.json"), {"output": str(out), "mtime": before})
+            moved.append(out)
+    return moved
+
+
+def drop_previous(outputs: Iterable[str | Path]) -> None:
+    """The job that writes ``outputs`` completed: their previous versions are not needed."""
+    for out in map(Path, outputs):
+        prev = previous_path(out)
+        for p in (prev, prev.with_name(prev.name + ".json"), prev.with_name(prev.name + ".kept.json")):
+            _remove(p)
+
+
+def _date_back(path: Path, when: float) -> None:
+    """Set ``path`` (and every file in it) to modification time ``when``."""
+    items = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for p in items:
+        if not p.is_symlink():
+            os.utime(p, (when, when))
+
+
+def restore_previous(folder: str | Path) -> list[Path]:
+    """Put back every previous version under ``folder`` whose output is missing (its job failed,
+    or the run stopped before it ran), with its record, dated back to before its job's inputs so
+    that Snakemake runs the job again; drop those whose output exists. Returns the outputs restored."""
+    restored = []
+    for kept in sorted(Path(folder).rglob(f"{RECORD_DIR}/{PREVIOUS}/*.kept.json")):
+        prev = kept.with_name(kept.name.removesuffix(".kept.json"))
+        out = kept.parent.parent.parent / prev.name
+        if os.path.lexists(out) or not os.path.lexists(prev):
+            drop_previous([out])
+            continue
+        meta = _load(kept) or {}
+        os.replace(prev, out)
+        rec = prev.with_name(prev.name + ".json")
+        if rec.is_file():
+            record_path(out).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(rec, record_path(out))
+        # the record's stat keys no longer match: the next check hashes the files (content as recorded)
+        _date_back(out, float(meta.get("mtime", 0.0)))
+        kept.unlink()
+        restored.append(out)
+    return restored

@@ -150,7 +150,12 @@ def invariants(path: str | Path, data: dict) -> list[str]:
 
 
 def records_under(folder: str | Path) -> list[Path]:
-    return sorted(p for p in Path(folder).rglob("*.json") if schema_name(p) is not None)
+    """Every record under ``folder``, not those of an output's previous version kept aside while
+    its job runs again (:func:`vlsens.core.outputs.keep_previous`)."""
+    from vlsens.core.outputs import RECORD_DIR
+
+    return sorted(p for p in Path(folder).rglob("*.json")
+                  if schema_name(p) is not None and RECORD_DIR not in p.relative_to(folder).parts)
 
 
 def _main(argv: list[str]) -> int:

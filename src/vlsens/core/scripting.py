@@ -114,12 +114,13 @@ def _recorded_outputs(snakemake: Any, rule: str) -> None:
     """After the job: its outputs with an ordinary file's mode (whatever wrote them: ORT, onnx,
     tempfile), then recorded with their sizes and hashes."""
     from vlsens.core.fsutil import normal_mode
-    from vlsens.core.outputs import record_outputs
+    from vlsens.core.outputs import drop_previous, record_outputs
 
     for out in getattr(snakemake, "output", []):
         if Path(out).exists():
             normal_mode(out)
     record_outputs(list(getattr(snakemake, "output", [])), rule)
+    drop_previous(list(getattr(snakemake, "output", [])))
 
 
 def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
