@@ -433,8 +433,9 @@ print("good", len(chat.tokens("Describe.", [{str(jpg)!r}], max_new_tokens=2)) > 
 
 def test_chat_checks_a_folder_against_its_record_before_loading_it(folders, tmp_path):
     """A folder whose embedding table was zeroed (same size) answered '' with no error: Chat now
-    checks a copied folder's graphs against the sizes and SHA-256 its parity.json lists, and names
-    the file; ``verify=False`` loads it anyway."""
+    checks a copied folder's every file against the sizes and SHA-256 its eval.json lists, and
+    names the file; ``verify=False`` loads it anyway."""
+    import json
     import shutil
 
     from vlsens.core.errors import VlsensError
@@ -442,7 +443,15 @@ def test_chat_checks_a_folder_against_its_record_before_loading_it(folders, tmp_
 
     copy = tmp_path / "fp16"
     shutil.copytree(folders["fp16"], copy)
-    assert verify_folder(copy) == "parity.json"
+    listed = json.loads((copy / "eval.json").read_text())["files"]
+    assert set(listed) - {"rule"} == {p.name for p in copy.iterdir()} - {"eval.json"}  # configs and tokenizer too
+    assert verify_folder(copy) == "eval.json"
+    config = copy / "genai_config.json"
+    original = config.read_text()
+    config.write_text(original.replace('"context_length"', '"context_length" ', 1))  # same meaning, other bytes
+    with pytest.raises(VlsensError, match=r"genai_config.json: changed since vlsens wrote it"):
+        verify_folder(copy)
+    config.write_text(original)
     data = copy / "embedding.onnx.data"
     data.write_bytes(bytes(data.stat().st_size))  # zeroed, same size
     with pytest.raises(VlsensError, match=r"embedding.onnx.data: changed since vlsens wrote it"):

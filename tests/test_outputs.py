@@ -161,3 +161,14 @@ def test_a_previous_version_whose_output_was_rebuilt_is_dropped_not_restored(out
     csv.write_text("new\n")  # written, but the job was killed before it dropped the old one
     assert restore_previous(outputs["run"]) == []
     assert csv.read_text() == "new\n" and not previous_path(csv).exists()
+
+
+@pytest.mark.parametrize("damage", [b"{\"rule\": \"deploy\", \"fi", b"[]", b"\xff\xfe", b'{"files": {"a": 1}}'])
+def test_a_damaged_record_is_a_problem_not_a_pass(outputs, damage):
+    csv = outputs["csv"]
+    record_path(csv).write_bytes(damage)
+    problems = check_output(csv)
+    assert len(problems) == 1 and "is damaged" in problems[0] and "--forcerun" in problems[0], problems
+    assert refusal(check_run(outputs["run"])) is not None
+    with pytest.raises(VlsensError, match="damaged"):
+        verify_paths([csv])

@@ -104,7 +104,7 @@ def _target(output: Path, rec: dict) -> str:
 def _load(record: Path) -> dict | None:
     try:
         return json.loads(record.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
         return None
 
 
@@ -116,9 +116,14 @@ def check_output(output: str | Path, update: bool = False) -> list[str]:
 
     output = Path(output)
     rp = record_path(output)
-    rec = _load(rp) if rp.is_file() else None
-    if rec is None or not output.exists():
+    if not rp.is_file() or not os.path.lexists(output):
         return []
+    rec = _load(rp)
+    if not isinstance(rec, dict) or not isinstance(rec.get("files"), dict) or not all(
+            isinstance(f, dict) and {"bytes", "sha256"} <= set(f) for f in rec["files"].values()):
+        # a damaged record checks nothing: the output cannot be told from a changed one
+        return [f"{rp}: the record of {output} is damaged (not the JSON its job wrote), so {output} cannot be "
+                f"checked; rebuild it with snakemake --forcerun {output}"]
     rebuild = f"rebuild it with snakemake --forcerun {_target(output, rec)}"
     problems, changed_key = [], False
     have = dict(_files(output))

@@ -16,6 +16,18 @@ from vlsens.deploy.genai.runtime import Chat
 log = logging.getLogger(__name__)
 
 
+def folder_files(folder: Path) -> dict:
+    """``files`` of a deploy folder's ``eval.json``: the bytes and SHA-256 of every file in it but
+    ``eval.json`` itself (graphs, data, configs, tokenizer, template, ``parity.json``)."""
+    from vlsens.core import job
+    from vlsens.core.fsutil import file_sha256
+
+    out: dict = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+                 for p in sorted(folder.iterdir()) if p.is_file() and p.name != DONE}
+    out["rule"] = job.rule
+    return out
+
+
 def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, decoder: str | Path,
                  embedding: str | Path, vision: str | Path, images, checks: Checks,
                  extra: dict[str, Path] | None = None) -> dict:
@@ -73,5 +85,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
             c["images"] = [{"source": f["source"], "size": f["size"]} for f in c["images"]]
         for name, src in (extra or {}).items():  # a plan's file
             shutil.copyfile(src, tmp / name)
+        # every other file of the folder as it ships (a copy of it is checked against these)
+        record["files"] = folder_files(tmp)
         write_json(tmp / DONE, record)
     return record

@@ -76,8 +76,9 @@ def verify_folder(folder: str | Path) -> str:
     """Raise a VlsensError naming the first file of a deploy folder that is not what vlsens
     wrote; returns how it was checked. Inside ``results/``: against the record beside the folder
     (every file; unchanged stat keys are not read, :mod:`vlsens.core.outputs`). A folder copied
-    elsewhere: its graphs and data files against the sizes and SHA-256 its ``parity.json`` lists
-    (each read once: about 1 s per GB). A folder without either (not written by vlsens): not checked."""
+    elsewhere: every file against the sizes and SHA-256 its ``eval.json`` lists (each read once:
+    about 1 s per GB; a folder written before eval.json listed them: its graphs and data files,
+    from ``parity.json``). A folder without either (not written by vlsens): not checked."""
     from vlsens.core.errors import VlsensError
     from vlsens.core.fsutil import file_sha256
     from vlsens.core.outputs import check_output, record_path
@@ -88,22 +89,27 @@ def verify_folder(folder: str | Path) -> str:
         if problems:
             raise VlsensError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
         return "record"
-    parity = folder / "parity.json"
-    try:
-        files = json.loads(parity.read_text()).get("files") or {} if parity.is_file() else {}
-    except (OSError, json.JSONDecodeError) as e:
-        raise VlsensError(f"{parity}: not JSON ({e}); the folder's record is damaged") from None
-    listed = {n: f for n, f in files.items() if isinstance(f, dict) and "sha256" in f}
+    listed, source = {}, None
+    for name in ("eval.json", "parity.json"):  # eval.json lists every other file; older folders: the graphs
+        rec = folder / name
+        try:
+            files = (json.loads(rec.read_text()).get("files") or {}) if rec.is_file() else {}
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            raise VlsensError(f"{rec}: not a JSON record ({e}); the folder's record is damaged") from None
+        listed = {n: f for n, f in files.items() if isinstance(f, dict) and "sha256" in f}
+        if listed:
+            source = rec
+            break
     for name, want in listed.items():
         p = folder / name
         if not p.is_file():
-            raise VlsensError(f"{p}: missing, but {parity} lists it")
+            raise VlsensError(f"{p}: missing, but {source} lists it")
         size = p.stat().st_size
         if size != want["bytes"] or file_sha256(p) != want["sha256"]:
             how = "truncated" if size < want["bytes"] else "changed"
-            raise VlsensError(f"{p}: {how} since vlsens wrote it ({size} bytes; {parity} lists {want['bytes']} bytes, "
+            raise VlsensError(f"{p}: {how} since vlsens wrote it ({size} bytes; {source} lists {want['bytes']} bytes, "
                               f"sha256 {want['sha256'][:12]}…); copy the folder again or rebuild it")
-    return "parity.json" if listed else "none"
+    return source.name if source else "none"
 
 
 def _parts(folder: Path) -> list[str]:
