@@ -431,6 +431,41 @@ print("good", len(chat.tokens("Describe.", [{str(jpg)!r}], max_new_tokens=2)) > 
         assert f"{tmp_path}/{name}" in ln
 
 
+def test_chat_reads_every_format_the_pipeline_reads_as_the_pipeline_reads_it(folders, parity_refs, tmp_path):
+    """onnxruntime-genai's decoder reads only RGB / grayscale PNG and JPEG (a TIFF or WebP fails
+    with "Not a JPEG file", a CMYK JPEG with "Unsupported JPEG color space", naming no file), and a
+    decompression bomb reached PIL's own error: Chat hands it the pipeline's decoded pixels, so the
+    same pixels in PNG, TIFF, WebP (lossless) or BMP give the same tokens, a CMYK JPEG is answered,
+    and a bomb is an ImageError naming the file."""
+    import io
+    import zlib
+
+    from PIL import Image
+
+    from vlsens.core.errors import ImageError
+    from vlsens.deploy.genai.runtime import Chat
+
+    rgb = Image.open(parity_refs[0].path).convert("RGB")
+    files = {}
+    for ext, kw in (("png", {}), ("tiff", {}), ("webp", {"lossless": True}), ("bmp", {})):
+        rgb.save(files.setdefault(ext, tmp_path / f"photo.{ext}"), **kw)
+    rgb.convert("CMYK").save(tmp_path / "cmyk.jpg")
+    buf = io.BytesIO()
+    Image.new("L", (40000, 1)).save(buf, format="PNG")
+    raw = bytearray(buf.getvalue())
+    raw[20:24] = (40000).to_bytes(4, "big")  # the header claims 40000 x 40000 pixels
+    raw[29:33] = zlib.crc32(bytes(raw[12:29])).to_bytes(4, "big")
+    (tmp_path / "bomb.png").write_bytes(bytes(raw))
+    chat = Chat(folders["fp32"], prepack=False)
+    tokens = {ext: chat.tokens("Describe.", [f], max_new_tokens=4) for ext, f in files.items()}
+    assert len(set(map(tuple, tokens.values()))) == 1, tokens
+    assert tokens["png"] == chat.tokens("Describe.", [rgb], max_new_tokens=4)  # a PIL image: the same pixels
+    assert len(chat.tokens("Describe.", [tmp_path / "cmyk.jpg"], max_new_tokens=2)) == 2
+    with pytest.raises(ImageError, match=r"bomb\.png.*exceeds limit"):
+        chat.tokens("Describe.", [tmp_path / "bomb.png"], max_new_tokens=2)
+    chat.close()
+
+
 def test_chat_checks_a_folder_against_its_record_before_loading_it(folders, tmp_path):
     """A folder whose embedding table was zeroed (same size) answered '' with no error: Chat now
     checks a copied folder's every file against the sizes and SHA-256 its eval.json lists, and

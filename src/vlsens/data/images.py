@@ -182,7 +182,7 @@ def open_rgb(ref: ImageRef):
         with Image.open(ref.path) as im:
             im.load()
             return to_rgb(ImageOps.exif_transpose(im))
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ImageError(f"image '{ref.path}' cannot be read: {e}") from e
 
 

@@ -128,10 +128,12 @@ class Chat:
         files instead of copying each MatMul weight into a prepacked buffer (the folder's own
         ``genai_config.json`` is not changed): a float32 folder then costs file pages, not
         anonymous memory (the 36-layer 3B fp32 folder: 16.4 GB of weights). ``check_images``: every
-        image file is decoded by the pipeline's own reader first (:func:`vlsens.data.images.open_rgb`,
-        once per file version), so a file that is no image, or a truncated one, raises an
-        ImageError naming it instead of reaching onnxruntime-genai's decoder (which ends the
-        process on the first and hangs on the second). ``verify``: the folder is checked against
+        image file is decoded by the pipeline's own reader (:func:`vlsens.data.images.open_rgb`,
+        once per file version) and handed to onnxruntime-genai as RGB PNG bytes, so a file that is
+        no image, a truncated one or a decompression bomb raises an ImageError naming it instead of
+        reaching onnxruntime-genai's decoder (which ends the process on the first and hangs on the
+        second), and GIF, TIFF, WebP, CMYK JPEG or 16-bit PNG files are read as the pipeline reads
+        them (onnxruntime-genai reads only RGB / grayscale PNG and JPEG). ``verify``: the folder is checked against
         its records before it is loaded (:func:`verify_folder`)."""
         import onnxruntime_genai as og
 
@@ -140,7 +142,7 @@ class Chat:
 
         self.og = og
         self.folder = Path(folder)
-        self.check_images, self._checked = check_images, set()
+        self.check_images, self._decoded_cache = check_images, {}
         from vlsens.core.device import NO_SPIN, passive
 
         config = og.Config(str(self.folder))
@@ -165,38 +167,39 @@ class Chat:
         return self.tokenizer.apply_chat_template(json.dumps([{"role": "user", "content": content}]),
                                                   add_generation_prompt=True)
 
-    def _check(self, path: str | Path) -> None:
-        """Decode ``path`` with the pipeline's reader (an ImageError naming it when it is not a
-        readable image); a file version (path, size, mtime) is checked once."""
+    def _decoded(self, path: str | Path) -> bytes:
+        """``path`` decoded by the pipeline's reader (an ImageError naming it when it is not a
+        readable image; EXIF orientation, 16-bit and CMYK / palette / alpha modes handled as for
+        calibration), as 8-bit RGB PNG bytes: onnxruntime-genai's own decoder reads only RGB and
+        grayscale PNG / JPEG (a GIF, TIFF, WebP or CMYK JPEG fails there with a message naming no
+        file). A file version (path, size, mtime) is decoded once (the last 16 kept)."""
+        from vlsens.core.errors import ImageError
         from vlsens.data.images import ImageRef, open_rgb
 
         st = Path(path).stat() if Path(path).is_file() else None
-        key = (str(path), st.st_size, st.st_mtime_ns) if st else None
-        if key is not None and key in self._checked:
-            return
         if st is None:
-            from vlsens.core.errors import ImageError
-
             raise ImageError(f"image '{path}' does not exist (or is not a file)")
-        open_rgb(ImageRef(Path(path), Path(path).name))
-        self._checked.add(key)
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in self._decoded_cache:
+            buf = io.BytesIO()
+            open_rgb(ImageRef(Path(path), Path(path).name)).save(buf, format="PNG", compress_level=1)
+            while len(self._decoded_cache) >= 16:
+                self._decoded_cache.pop(next(iter(self._decoded_cache)))
+            self._decoded_cache[key] = buf.getvalue()
+        return self._decoded_cache[key]
 
     def _images(self, images: Sequence):
         if not images:
             return None
-        if self.check_images:
-            for i in images:
-                if isinstance(i, (str, Path)):
-                    self._check(i)
-        if all(isinstance(i, (str, Path)) for i in images):
+        if not self.check_images and all(isinstance(i, (str, Path)) for i in images):
             return self.og.Images.open(*[str(i) for i in images])
         blobs = []
-        for im in images:  # PIL images: as PNG bytes
+        for im in images:  # files decoded by the pipeline's reader, PIL images as they are: PNG bytes
             if isinstance(im, (str, Path)):
-                blobs.append(Path(im).read_bytes())
+                blobs.append(self._decoded(im) if self.check_images else Path(im).read_bytes())
             else:
                 buf = io.BytesIO()
-                im.convert("RGB").save(buf, format="PNG")
+                im.convert("RGB").save(buf, format="PNG", compress_level=1)
                 blobs.append(buf.getvalue())
         return self.og.Images.open_bytes(*blobs)
 
