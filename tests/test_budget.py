@@ -323,6 +323,25 @@ def test_a_requested_budget_picks_its_point_and_is_refused_when_badly_named():
         check_config(cfg)
 
 
+def test_a_budget_no_plan_meets_is_said_on_the_console_not_only_in_the_report(caplog):
+    """A budget below the smallest plan built no folder with exit 0 and a line in measured.md;
+    now both the search and the measured table warn (vlsens warnings reach the console)."""
+    from vlsens.budget.build import _budget_plans
+    from vlsens.budget.report import _requested
+
+    record = {"front": [{"bytes": 100, "kl": 3e-3}, {"bytes": 200, "kl": 1e-4}]}
+    with caplog.at_level("WARNING", logger="vlsens"):
+        out = _budget_plans([], record, [{"name": "tiny", "bits_per_weight": 0.5}], 800, eng=None)
+    assert out["tiny"]["plan"] is None and out["tiny"]["byte_limit"] == 12
+    assert "plan.budgets 'tiny' (bits_per_weight 0.5 = 12 bytes): no plan meets it" in caplog.text
+    assert "the smallest plan takes 100 bytes" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vlsens"):
+        got = _requested({"small": {"request": {"bytes": 150}, "byte_limit": 150, "plan": "small"}},
+                         {"small": {"bytes": 160, "kl": 1e-3}})
+    assert got["small"]["met"] is False and "does not meet it (160 bytes" in caplog.text
+
+
 def test_a_jobs_named_inputs_give_the_formats_and_the_anchors():
     from vlsens.budget.build import formats_of, named
 

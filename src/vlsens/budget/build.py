@@ -312,6 +312,14 @@ def _budget_plans(plans: list, record: dict, budgets: list[dict], fp32_bytes: in
                  "plan": None if point is None else request["name"]}
         if point is None:
             entry["note"] = "no front point meets the request"
+            smallest = min(record["front"], key=lambda q: q["bytes"], default=None)
+            near = (f"the smallest plan takes {smallest['bytes']} bytes (estimated KL {smallest['kl']:.3g})"
+                    if smallest and limit is not None else
+                    f"the lowest estimated KL is {min(q['kl'] for q in record['front']):.3g}" if record["front"] else "")
+            log.warning("plan.budgets %r (%s%s): no plan meets it, so deploy/plan-%s/ is not built; %s",
+                        request["name"], ", ".join(f"{k} {v}" for k, v in entry["request"].items()),
+                        f" = {limit} bytes" if limit is not None and "bytes" not in request else "",
+                        request["name"], near)
         else:
             plans.append(replace(_plans(record["curve"], [point], eng.ops, eng.settings.as_dict(), mixed)[0],
                                  name=request["name"]))

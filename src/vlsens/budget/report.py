@@ -14,6 +14,7 @@ the KL budget (``text.profile.target``), else the plan of lowest KL.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 #: A plan's measured KL at most this share of an anchor's, at equal or fewer bytes.
@@ -25,6 +26,9 @@ ESTIMATE_GOAL = 0.10
 NOISE_KL = 1e-7
 PLAN_PREFIX = "plan-"
 
+
+
+log = logging.getLogger(__name__)
 
 def _image_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["modality"] != "text"]
@@ -95,6 +99,9 @@ def _requested(requested: dict, plans: dict) -> dict:
             continue
         met = p["kl"] <= float(r["request"]["kl"]) if "kl" in r["request"] else p["bytes"] <= r["byte_limit"]
         out[name] = {**r, "bytes": p["bytes"], "kl": p["kl"], "met": bool(met)}
+        if not met:  # the estimate met it, the built folder does not: said where the run is watched
+            log.warning("plan.budgets %r (%s): the built deploy/plan-%s/ does not meet it (%d bytes, measured KL %.3g)",
+                        name, ", ".join(f"{k} {v}" for k, v in r["request"].items()), name, p["bytes"], p["kl"])
     return out
 
 
