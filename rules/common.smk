@@ -1,5 +1,6 @@
 # Shared setup: config validation, the plan, the towers, and the small functions every rule uses.
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -96,9 +97,16 @@ try:
             raise WorkflowError(f"vlsens: {_refused}")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
-except OSError as e:  # the results folder not writable: read-only file system, permissions, a full disk
+except OSError as e:
+    _results = Path.cwd() / paths.RESULTS
+    if e.filename and not Path(os.path.abspath(e.filename)).is_relative_to(_results):
+        # an input that cannot be read: a dangling symlink, a file without read permission
+        raise WorkflowError(
+            f"cannot read {e.filename}: {e.strerror or e} (a broken symlink, or no permission to read it)"
+        ) from None
+    # the results folder not writable: read-only file system, permissions, a full disk
     raise WorkflowError(
-        f"cannot write the run's input manifests under {Path.cwd() / paths.RESULTS}: {e.strerror or e} "
+        f"cannot write the run's input manifests under {_results}: {e.strerror or e} "
         f"({e.filename or ''}); run from a directory you can write (snakemake -d DIR)"
     ) from None
 SCRIPTS = VLSENS_ROOT / "workflow" / "scripts"

@@ -88,6 +88,8 @@ def test_missing_and_foreign_checkpoints(tmp_path):
     ("config.json", '{"model_type": ', "is not valid JSON"),
     ("preprocessor_config.json", "7", "holds a JSON int"),
     ("tokenizer_config.json", b'{"x": "caf\xe9"}', "is not valid JSON"),  # not UTF-8
+    ("tokenizer.json", "{oops", "is not valid JSON"),
+    ("tokenizer.json", '{"model": {"vocab": {}}}', "holds no token ids"),
 ])
 def test_a_checkpoint_json_file_of_the_wrong_shape_is_named(tiny_ckpt, tmp_path, name, text, says):
     """Every JSON file vlsens or transformers reads from a checkpoint must be a JSON object (and
@@ -101,6 +103,53 @@ def test_a_checkpoint_json_file_of_the_wrong_shape_is_named(tiny_ckpt, tmp_path,
     with pytest.raises(CheckpointError, match=f"model.checkpoint: '{d / name}'.*") as e:
         check_checkpoint_dir(d)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def _edit_config(d, **changes):
+    import json
+
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        node, *path = k.split("__")
+        target = cfg[node] if path else cfg
+        target[path[0] if path else node] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"vision_config__num_heads": 7}, "vision_config.hidden_size 64 is not divisible by vision_config.num_heads 7"),
+    ({"text_config__num_key_value_heads": 3}, "text_config.num_attention_heads 4 is not a multiple of"),
+    ({"text_config__num_attention_heads": 3, "text_config__num_key_value_heads": 3},
+     "text_config.hidden_size 64 is not divisible by text_config.num_attention_heads 3"),
+    ({"image_token_id": 10**7}, "image_token_id 10000000 outside the embedding table"),
+    ({"text_config__vocab_size": 100}, "vocab_size 100 is smaller than the tokenizer's"),
+])
+def test_config_values_a_graph_is_built_from_are_checked_when_the_dag_is_built(tiny_ckpt, tmp_path, change, says):
+    """Inconsistent widths or token ids outside the table were accepted and failed later inside a
+    job (or indexed past the table): one line naming config.json and the keys, at DAG build."""
+    import shutil
+
+    d = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, d)
+    _edit_config(d, **change)
+    with pytest.raises(CheckpointError, match=f"'{d / 'config.json'}'") as e:
+        check_checkpoint_dir(d)
+    assert says in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("remove, says", [
+    (("preprocessor_config.json",), "has no preprocessor_config.json"),
+    (("tokenizer.json",), "has no tokenizer"),
+])
+def test_the_processor_files_are_required(tiny_ckpt, tmp_path, remove, says):
+    import shutil
+
+    d = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, d)
+    for name in remove:
+        (d / name).unlink()
+    with pytest.raises(CheckpointError, match=says):
+        check_checkpoint_dir(d)
 
 
 def test_unexpected_tensor_and_bad_index_are_named(tiny_ckpt, tmp_path):

@@ -286,6 +286,8 @@ def drop_previous(outputs: Iterable[str | Path]) -> None:
         prev = previous_path(out)
         for p in (prev, prev.with_name(prev.name + ".json"), prev.with_name(prev.name + ".kept.json")):
             _remove(p)
+        with contextlib.suppress(OSError):  # the folder, once empty
+            prev.parent.rmdir()
 
 
 def _date_back(path: Path, when: float) -> None:
@@ -316,5 +318,7 @@ def restore_previous(folder: str | Path) -> list[Path]:
         # the record's stat keys no longer match: the next check hashes the files (content as recorded)
         _date_back(out, float(meta.get("mtime", 0.0)))
         kept.unlink()
+        with contextlib.suppress(OSError):
+            kept.parent.rmdir()
         restored.append(out)
     return restored

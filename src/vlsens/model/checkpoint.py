@@ -29,7 +29,8 @@ def check_checkpoint_dir(path: str | Path, key: str = "model.checkpoint") -> Pat
     cfg = p / "config.json"
     if not cfg.is_file():
         raise CheckpointError(f"{key}: '{path}' has no config.json; is it a Hugging Face checkpoint directory?")
-    model_type = _json_object(cfg, key, sections=("vision_config", "text_config")).get("model_type")
+    config = _json_object(cfg, key, sections=("vision_config", "text_config"))
+    model_type = config.get("model_type")
     for name in CHECKPOINT_JSON:  # the other JSON files vlsens or transformers read from a checkpoint
         if (p / name).is_file():
             _json_object(p / name, key)
@@ -48,7 +49,87 @@ def check_checkpoint_dir(path: str | Path, key: str = "model.checkpoint") -> Pat
             )
         raise CheckpointError(f"{key}: '{path}' has no *.safetensors weight files.")
     check_safetensors_files(p, key)
+    check_processor_files(p, key)
+    check_config_values(config, cfg, key, max_token_id(p, key))
     return p
+
+
+def check_processor_files(p: Path, key: str = "model.checkpoint") -> None:
+    """The files transformers' processor is made from: a tokenizer (``tokenizer.json``, or
+    ``vocab.json`` + ``merges.txt``) and the image processor's settings (``preprocessor_config.json``,
+    or a ``processor_config.json`` that holds them); a CheckpointError naming what is missing."""
+    if not (p / "tokenizer.json").is_file() and not ((p / "vocab.json").is_file() and (p / "merges.txt").is_file()):
+        raise CheckpointError(f"{key}: '{p}' has no tokenizer (tokenizer.json, or vocab.json and merges.txt); copy "
+                              "the checkpoint's tokenizer files with its weights.")
+    proc = p / "processor_config.json"
+    if not (p / "preprocessor_config.json").is_file() and not (
+            proc.is_file() and isinstance(_json_object(proc, key).get("image_processor"), dict)):
+        raise CheckpointError(f"{key}: '{p}' has no preprocessor_config.json (the image processor's settings: patch "
+                              "size, pixel limits, normalization); copy it from the checkpoint's source.")
+
+
+def max_token_id(p: Path, key: str = "model.checkpoint") -> int | None:
+    """The largest token id of the checkpoint's ``tokenizer.json`` (its vocabulary and added
+    tokens); None without one. A CheckpointError naming the file when it is not a tokenizer."""
+    tok = p / "tokenizer.json"
+    if not tok.is_file():
+        return None
+    data = _json_object(tok, key)
+    vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) else None
+    ids = list(vocab.values()) if isinstance(vocab, dict) else [i for _, i in vocab] if isinstance(vocab, list) else []
+    ids += [t.get("id") for t in data.get("added_tokens") or [] if isinstance(t, dict)]
+    ids = [i for i in ids if isinstance(i, int)]
+    if not ids:
+        raise CheckpointError(f"{key}: '{tok}' holds no token ids (model.vocab, added_tokens); is it a tokenizers "
+                              "tokenizer.json?")
+    return max(ids)
+
+
+#: token ids of a VLM config that index its embedding table
+TOKEN_ID_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+                 "bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def check_config_values(config: dict, path: Path, key: str = "model.checkpoint", tokens: int | None = None) -> None:
+    """The config values a graph is built from, consistent before any job builds one: attention
+    widths divisible by their heads (where no ``head_dim`` is given), key/value heads dividing the
+    heads, and every token id (the config's and the tokenizer's largest, ``tokens``) inside the
+    embedding table (``vocab_size``). A CheckpointError naming the file and the keys."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    vision = config.get("vision_config") or {}
+
+    def ints(d, *names):
+        return [d.get(n) if isinstance(d.get(n), int) and not isinstance(d.get(n), bool) else None for n in names]
+
+    width = vision.get("embed_dim", vision.get("hidden_size"))
+    (heads,) = ints(vision, "num_heads")
+    if isinstance(width, int) and heads and "head_dim" not in vision and (heads < 1 or width % heads):
+        name = "embed_dim" if "embed_dim" in vision else "hidden_size"
+        raise CheckpointError(f"{key}: '{path}': vision_config.{name} {width} is not divisible by "
+                              f"vision_config.num_heads {heads}.")
+    hidden, heads, kv, vocab = ints(text, "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    where = "text_config." if text is not config else ""
+    if hidden and heads and "head_dim" not in text and (heads < 1 or hidden % heads):
+        raise CheckpointError(f"{key}: '{path}': {where}hidden_size {hidden} is not divisible by "
+                              f"{where}num_attention_heads {heads}.")
+    if heads and kv and (kv < 1 or heads % kv):
+        raise CheckpointError(f"{key}: '{path}': {where}num_attention_heads {heads} is not a multiple of "
+                              f"{where}num_key_value_heads {kv}.")
+    if not vocab:
+        return
+    ids = {}
+    for d, prefix in ((config, ""), (text, where)):
+        for k in TOKEN_ID_KEYS:
+            for v in (d.get(k) if isinstance(d.get(k), list) else [d.get(k)]):
+                if isinstance(v, int) and not isinstance(v, bool):
+                    ids.setdefault(f"{prefix}{k}", v)
+    bad = {k: v for k, v in ids.items() if not 0 <= v < vocab}
+    if bad:
+        raise CheckpointError(f"{key}: '{path}': {', '.join(f'{k} {v}' for k, v in bad.items())} outside the "
+                              f"embedding table ({where}vocab_size {vocab}: ids 0..{vocab - 1}).")
+    if tokens is not None and tokens >= vocab:
+        raise CheckpointError(f"{key}: '{path}': {where}vocab_size {vocab} is smaller than the tokenizer's "
+                              f"(tokenizer.json has token id {tokens}); the embedding table must hold every id.")
 
 
 
