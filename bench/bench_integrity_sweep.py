@@ -69,31 +69,34 @@ def edit_text(path: Path, old: str, new: str) -> None:
 
 
 def smk(work: Path, config: Path, *args: str, timeout: int = 600, extra_config: Path | None = None,
-        interrupt_after: float | None = None) -> tuple[int | None, str]:
+        interrupt_when=None) -> tuple[int | None, str]:
     cmd = [PY, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(work), "--cores", "2",
            "--configfile", str(config), *([str(extra_config)] if extra_config else []), *args]
-    return run(cmd, timeout, interrupt_after=interrupt_after)
+    return run(cmd, timeout, interrupt_when=interrupt_when)
 
 
-def run(cmd: list[str], timeout: int, cwd: Path | None = None, interrupt_after: float | None = None,
-        ) -> tuple[int | None, str]:
-    """(exit code, or None when it ran past ``timeout``; negative: killed by that signal), output."""
+def run(cmd: list[str], timeout: int, cwd: Path | None = None, interrupt_when=None) -> tuple[int | None, str]:
+    """(exit code, or None when it ran past ``timeout``; negative: killed by that signal), output.
+    ``interrupt_when``: a function polled every 0.1 s; when it returns true, Ctrl-C is sent (SIGINT
+    to the whole process group, as a terminal does)."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env,
-                         start_new_session=True)
-    try:
-        if interrupt_after is not None:
-            try:
-                out, _ = p.communicate(timeout=interrupt_after)
-                return p.returncode, out
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGINT)  # Ctrl-C: the whole process group, as a terminal does
-        out, _ = p.communicate(timeout=timeout)
-        return p.returncode, out
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        return None, out
+    with tempfile.TemporaryFile("w+") as buf:
+        # Ctrl-C as at a terminal: a command started in the background inherits SIGINT ignored
+        p = subprocess.Popen(cmd, stdout=buf, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env,
+                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        t0 = time.monotonic()
+        while p.poll() is None:
+            if time.monotonic() - t0 > timeout:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                buf.seek(0)
+                return None, buf.read()
+            if interrupt_when is not None and interrupt_when():
+                os.killpg(p.pid, signal.SIGINT)
+                interrupt_when = None
+            time.sleep(0.1)
+        buf.seek(0)
+        return p.returncode, buf.read()
 
 
 CHAT = """
@@ -129,8 +132,8 @@ def judge(case: Case, rc: int | None, out: str) -> None:
         case.line = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "")
     elif case.expect == "answer":
         case.outcome = "answered" if rc == 0 else "FAILED"
-        case.line = next((ln for ln in lines if ln.startswith("ANSWER") or "Nothing to be done" in ln
-                          or "all valid" in ln or "steps (100%) done" in ln), lines[-1] if lines else "")
+        marks = ("ANSWER", "back in place", "no plan meets", "Nothing to be done", "all valid")
+        case.line = next((ln for m in marks for ln in lines if m in ln), lines[-1] if lines else "")
         if rc != 0:
             case.line = _error_line(lines) or case.line
     elif rc == 0:
@@ -319,7 +322,7 @@ def cases(base: Path, results_name: str, config: Path, scratch: Path) -> list[tu
     def _(w, r, c):
         f = copied(r, w)
         p = f / "chat_template.jinja"
-        p.write_text(p.read_text().replace("user", "usr", 1))
+        p.write_text(p.read_text() + "{# a line added #}\n")
         return chat(f)
 
     @add("c4", "copied folder: vision.onnx.data taken from another plan's folder; Chat loads it", "refuse",
@@ -405,7 +408,8 @@ def cases(base: Path, results_name: str, config: Path, scratch: Path) -> list[tu
     @add("k8", "plan.budgets: bits_per_weight 0.5 (below the smallest plan); the search run (--until budget_front)",
          "answer")
     def _(w, r, c):
-        rc, o = with_config(w, "plan:\n  budgets: [{name: tiny, bits_per_weight: 0.5}]\n", "--until", "budget_front")
+        rc, o = with_config(w, "plan:\n  budgets: [{name: tiny, bits_per_weight: 0.5}]\n", "--forcerun", "budget_front",
+                            "--until", "budget_front")
         said = [ln for ln in o.splitlines() if "no plan meets it" in ln]
         return (rc, "\n".join(said) or o) if said or rc else (1, o + "\nvlsens sweep: no warning on the console")
 
@@ -475,16 +479,27 @@ def cases(base: Path, results_name: str, config: Path, scratch: Path) -> list[tu
     @add("f1", "Ctrl-C while the run rebuilds deploy/plan-p3 (--forcerun); then the run planned again", "answer")
     def _(w, r, c):
         folder = r / "deploy" / "plan-p3"
-        before = sorted((p.name, p.stat().st_size) for p in folder.iterdir())
-        rc, o = smk(w, config, "--forcerun", str(folder.relative_to(w)), interrupt_after=8)
-        after = sorted((p.name, p.stat().st_size) for p in folder.iterdir()) if folder.is_dir() else None
-        if after != before:
-            return 1, o + f"\nvlsens sweep: {folder} not whole after the interrupt ({after})"
+        log = r / "logs" / "deploy" / "deploy-plan-p3.log"
+        log.unlink(missing_ok=True)
+
+        kept = r / "deploy" / ".vlsens" / "previous" / "plan-p3"
+
+        def started():  # the run moved the old folder aside, its job started and has not finished
+            return kept.exists() and log.is_file()
+        rc, o = smk(w, config, "--forcerun", str(folder.relative_to(w)), interrupt_when=started)
+        if rc == 0:
+            return 1, o + "\nvlsens sweep: the run was not interrupted (it ended first)"
+        problems = []
+        if not folder.is_dir() or not (r / "deploy" / ".vlsens" / "plan-p3.json").is_file():
+            problems.append(f"{folder} or its record is missing after the interrupt")
         rc2, o2 = smk(w, config, "-n", "--quiet", "rules")
-        if rc2 != 0 or "deploy" not in o2:
-            return 1, o + o2 + "\nvlsens sweep: the interrupted job is not planned again"
+        if rc2 != 0 or "plan_folder" not in o2:
+            problems.append("the interrupted job is not planned again")
         rc3, o3 = records(r)
-        return rc3, o + o2 + o3
+        if rc3 != 0:
+            problems.append("vlsens records finds a problem")
+        said = [ln for ln in o.splitlines() if "previous version is back in place" in ln or "interrupted" in ln]
+        return (1 if problems else 0), "\n".join(said + [f"vlsens sweep: {p}" for p in problems]) + "\n" + o2[-500:] + o3
 
     return out
 
@@ -529,6 +544,9 @@ def main(results: Path, config: Path, only: list[str]) -> int:
             case.seconds = time.perf_counter() - t
             judge(case, rc, out)
             print(f"{case.name:7} {case.outcome:26} {case.seconds:6.1f} s  {case.line[:150]}", file=sys.stderr)
+            if case.outcome not in ("refused", "answered"):
+                print("    " + "\n    ".join((out or "")[-int(os.environ.get("SWEEP_SHOW", 3000)):].splitlines()),
+                      file=sys.stderr)
             shutil.rmtree(work, ignore_errors=True)
     ok = {"refused", "answered"}
     bad = [c for c, _ in todo if c.outcome not in ok]

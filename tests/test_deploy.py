@@ -523,3 +523,18 @@ def test_evaluation_cases_have_two_sizes_from_one_image(parity_refs, tmp_path):
         cases = eval_cases(refs, tmp_path)
         sizes = [f["size"] for f in cases[2]["images"]]
         assert len(sizes) == 2 and sizes[0] != sizes[1] and sizes[1][1] == sizes[0][1] * 2 // 3
+
+
+def test_chat_on_a_path_that_is_no_deploy_folder_is_one_error_naming_it(tmp_path):
+    """onnxruntime-genai raised 'Error opening <path>/genai_config.json' (a RuntimeError, a
+    traceback) for a missing folder and appended genai_config.json to a file's path."""
+    from vlsens.core.errors import VlsensError
+    from vlsens.deploy.genai.runtime import Chat
+
+    (tmp_path / "file.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    for path, says in ((tmp_path / "nope", "no such folder"), (tmp_path / "file.json", "not a folder"),
+                       (tmp_path / "empty", "no genai_config.json in it")):
+        with pytest.raises(VlsensError, match=says) as e:
+            Chat(path)
+        assert str(path) in str(e.value)

@@ -45,3 +45,18 @@ def test_known_noise_is_counted_not_logged(tmp_path, capsys, restore_logging):
     assert ("known-noise warnings not logged: 3 x onnxruntime quantizer: 'consider pre-processing', "
             "1 x torch TracerWarning") in log
     assert "a real caveat" in capsys.readouterr().err  # vlsens' own warnings also reach the console
+
+
+def test_ctrl_c_in_a_job_is_one_line_not_a_traceback(tmp_path, capsys, restore_logging):
+    """Ctrl-C reaches every job of the run: its traceback from deep inside a library was printed on
+    the console; now one line and exit status 130 (Snakemake then puts the previous output back)."""
+    from vlsens.core.scripting import run
+
+    def main(sm):
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        run(_sm(tmp_path), main)
+    assert e.value.code == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "vlsens ERROR [probe]: interrupted (Ctrl-C)" and "Traceback" not in err

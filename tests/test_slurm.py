@@ -36,6 +36,17 @@ def test_tiny_workflow_through_real_slurm(tmp_path):
             assert "gpu" not in j["tres_per_job"] and j["partition"] == "cpu", j
     assert (tmp_path / "results/tiny/vision/224x224/fp16/model.onnx").is_file()
     assert (tmp_path / "results/tiny/sensitivity/vision/224x224/fp32/shards/ort.0-of-2.csv").is_file()
+    # integrity through SLURM: each job recorded its outputs on the node, the run checks them
+    log = tmp_path / "log"
+    assert "all valid" in (log / "records.txt").read_text() and "rc=0" in (log / "records.txt").read_text()
+    fault = (log / "fault.log").read_text()
+    assert "rc=0" not in fault and "its previous version is back in place" in fault, fault[-3000:]
+    assert (log / "fp16-before.sha").read_text() == (log / "fp16-after.sha").read_text()  # the old model, whole
+    after = (log / "after-fault.log").read_text()
+    assert "rc=0" in after and "fp16" in after and "Nothing to be done" not in after, after[-2000:]  # runs again
+    tamper = (log / "tamper.log").read_text()
+    assert "rc=0" not in tamper and "ort.0-of-2.csv" in tamper and "changed after they were written" in tamper, \
+        tamper[-3000:]
     assert "stopped daemons" in r.stdout
     left = subprocess.run(["pgrep", "-x", "slurmctld|slurmd"], capture_output=True, text=True).stdout.split()
     assert not left, f"daemons left running: {left}"

@@ -151,4 +151,31 @@ for j in jobs:
     print(j["id"], j["rule"], j["state"], j["partition"], j["tres_per_job"] or "-")
 EOF
 log "snakemake exit code $RC"
+
+# --- integrity through SLURM (the test reads these files) ----------------------------------------
+# every job recorded its outputs on the node; the planning process checks them; a job that fails on
+# the node leaves the previous output in place (onerror runs in the planning process)
+if [ "$RC" = 0 ]; then
+    SMK=("$PY" -m snakemake --snakefile "$REPO/Snakefile" --directory "$WORK" --configfile "$WORK/config.yaml"
+         --workflow-profile "$REPO/profiles/slurm" --slurm-status-command squeue
+         --slurm-init-seconds-before-status-checks 1 --slurm-logdir "$WORK/slurm_logs")
+    FP16=results/tiny/vision/224x224/fp16/model.onnx
+    CSV=results/tiny/sensitivity/vision/224x224/fp32/shards/ort.0-of-2.csv
+    set +e
+    (cd "$WORK" && "$PY" -m vlsens.core.records results/tiny >"$WORK/log/records.txt" 2>&1; echo "rc=$?" >>"$WORK/log/records.txt")
+    sha256sum "$WORK/$FP16" "$WORK/$FP16.data" >"$WORK/log/fp16-before.sha"
+    (cd "$WORK" && VLSENS_FAULT=fp16:publish "${SMK[@]}" --forcerun "$FP16" -- "$FP16" >"$WORK/log/fault.log" 2>&1; echo "rc=$?" >>"$WORK/log/fault.log")
+    sha256sum "$WORK/$FP16" "$WORK/$FP16.data" >"$WORK/log/fp16-after.sha" 2>&1
+    (cd "$WORK" && "${SMK[@]}" -n "$FP16" >"$WORK/log/after-fault.log" 2>&1; echo "rc=$?" >>"$WORK/log/after-fault.log")
+    "$PY" - "$WORK/$CSV" <<'EOF2'
+import os, sys
+p = sys.argv[1]
+st = os.stat(p)
+s = open(p).read()
+open(p, "w").write(s.replace("0.", "1.", 1))
+os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+EOF2
+    (cd "$WORK" && "${SMK[@]}" -n "${TARGETS[@]}" >"$WORK/log/tamper.log" 2>&1; echo "rc=$?" >>"$WORK/log/tamper.log")
+    set -e
+fi
 exit $RC

@@ -28,7 +28,7 @@ runs, so a job that then fails would leave nothing where a good folder was. Inst
 starts, each output a job of the run will write is moved aside with its record
 (:func:`keep_previous`: a rename into ``<dir>/.vlsens/previous/``, no copy); a job that completes
 drops it (:func:`drop_previous`), and when the run ends (or, after a run that was killed, when the
-next run is planned) every output that is still missing gets its previous version back
+next run builds its DAG) every output that is still missing gets its previous version back
 (:func:`restore_previous`), dated just before its job's inputs, so the next run builds it again
 while the old one stays usable until then.
 """

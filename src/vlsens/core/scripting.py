@@ -162,6 +162,9 @@ def run(snakemake: Any, main: Callable[[Any], Any]) -> None:
             log.error("parity record:\n%s", json.dumps(e.record, indent=2, sort_keys=True, default=str),
                       extra=LOG_ONLY)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C reaches the job too: one line, not a traceback from deep inside
+        log.error("interrupted (Ctrl-C)")
+        sys.exit(130)
     except Exception:
         log.exception("job failed", extra=LOG_ONLY)
         raise

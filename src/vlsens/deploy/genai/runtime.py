@@ -137,6 +137,14 @@ class Chat:
         its records before it is loaded (:func:`verify_folder`)."""
         import onnxruntime_genai as og
 
+        from vlsens.core.errors import VlsensError
+
+        if not Path(folder).is_dir():
+            raise VlsensError(f"{folder}: {'not a folder' if Path(folder).exists() else 'no such folder'}; Chat takes a "
+                              "deploy folder (results/<model>/deploy/<precision>/, with genai_config.json)")
+        if not (Path(folder) / "genai_config.json").is_file():
+            raise VlsensError(f"{folder}: no genai_config.json in it; is it a deploy folder "
+                              "(results/<model>/deploy/<precision>/)?")
         if verify:
             verify_folder(folder)
 
