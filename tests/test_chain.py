@@ -103,9 +103,10 @@ def int4(chain):
     (root / "q4").mkdir()
     q = quantize(fp32, root / "q4" / "model.onnx", dict.fromkeys(ops, 4), SETTINGS)
     folder = root / "int4"
-    # a measurement vehicle, not a folder vlsens published: without the fp32 folder's record, which
-    # lists the decoder it replaces (the runtime checks a folder against its record before loading it)
-    shutil.copytree(chain["fp32"], folder, ignore=shutil.ignore_patterns(genai.GRAPHS["decoder"] + "*", "parity.json"))
+    # a measurement vehicle, not a folder vlsens published: without the fp32 folder's records, which
+    # list the decoder it replaces (the runtime checks a folder against them before loading it)
+    shutil.copytree(chain["fp32"], folder,
+                    ignore=shutil.ignore_patterns(genai.GRAPHS["decoder"] + "*", "parity.json", "eval.json"))
     copy_model(q, folder / genai.GRAPHS["decoder"])
     return {"model": q, "folder": folder, "ops": ops,
             "measure": measure_folder(folder, chain["ref"], chain["cases"], "int4"),

@@ -28,13 +28,25 @@ def folder_files(folder: Path) -> dict:
     return out
 
 
+def _finish(tmp: Path, record: dict, extra: dict[str, Path] | None) -> None:
+    """The folder's last files: ``extra`` (a plan's file), then ``eval.json`` with every other file
+    of the folder as it ships (a copy of the folder is checked against these)."""
+    import shutil
+
+    from vlsens.core.fsutil import write_json
+
+    for name, src in (extra or {}).items():
+        shutil.copyfile(src, tmp / name)
+    record["files"] = folder_files(tmp)
+    write_json(tmp / DONE, record)
+
+
 def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, decoder: str | Path,
                  embedding: str | Path, vision: str | Path, images, checks: Checks,
                  extra: dict[str, Path] | None = None) -> dict:
     """Assemble, gate and evaluate one deploy folder (``checks``: what it is checked against, the
     tied embedding gate among them); publish it only when every check passed. ``extra``: files
     copied into the folder under the given names (a plan's file)."""
-    import shutil
     import tempfile
 
     from vlsens.core.artifacts import file_entries
@@ -83,9 +95,5 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         del runtime
         for c in record["cases"]:  # the images lived in a temporary folder: keep their names
             c["images"] = [{"source": f["source"], "size": f["size"]} for f in c["images"]]
-        for name, src in (extra or {}).items():  # a plan's file
-            shutil.copyfile(src, tmp / name)
-        # every other file of the folder as it ships (a copy of it is checked against these)
-        record["files"] = folder_files(tmp)
-        write_json(tmp / DONE, record)
+        _finish(Path(tmp), record, extra)
     return record
