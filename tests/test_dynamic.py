@@ -137,6 +137,22 @@ def test_vision_encoder_runtime_any_size(dyn, tiny_ckpt):
             np.testing.assert_allclose(f, r.numpy(), atol=1e-4)
 
 
+def test_vision_encoder_checks_a_published_graph_against_its_record(dyn, tiny_ckpt, tmp_path):
+    """Like Chat, the other public loader checks what vlsens published before it loads it."""
+    import shutil
+
+    from vlsens.core.errors import ArtifactError
+    from vlsens.deploy.genai.runtime import VisionEncoder
+
+    folder = tmp_path / "dynamic"
+    shutil.copytree(dyn.model().parent, folder)
+    data = folder / "model.onnx.data"
+    data.write_bytes(bytes(data.stat().st_size))  # zeroed, same size
+    with pytest.raises(ArtifactError, match=r"model.onnx.data"):
+        VisionEncoder(folder / "model.onnx", tiny_ckpt)
+    VisionEncoder(folder / "model.onnx", tiny_ckpt, verify=False)  # the opt-out
+
+
 def test_calibration_set_holds_every_size(dyn):
     from vlsens.data.samples import Samples
 

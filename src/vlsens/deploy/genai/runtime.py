@@ -34,12 +34,19 @@ def _session(path, threads: int = 0, device: str = "auto"):
 class VisionEncoder:
     """The dynamic vision graph + the checkpoint's image processor."""
 
-    def __init__(self, model: str | Path, checkpoint: str | Path, threads: int = 0, device: str = "auto"):
+    def __init__(self, model: str | Path, checkpoint: str | Path, threads: int = 0, device: str = "auto",
+                 verify: bool = True):
+        """``verify``: a graph vlsens published (a record beside it lists it) is checked against its
+        record first, size and SHA-256 of the graph and its data file (:func:`vlsens.core.artifacts.verify`);
+        a graph without a record is loaded as it is."""
         from transformers import AutoConfig
 
+        from vlsens.core import artifacts
         from vlsens.model.checkpoint import check_checkpoint_dir
         from vlsens.model.processor import load_image_processor
 
+        if verify and artifacts.find_record(model) is not None:
+            artifacts.verify(model)
         check_checkpoint_dir(checkpoint)
         self.config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
         self.vision_config = self.config.vision_config
