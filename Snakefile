@@ -46,14 +46,14 @@ onsuccess:
     if not (workflow.remote_exec or workflow.subprocess_exec):
         from vlsens.core.outputs import restore_previous
 
-        restore_previous(paths.fill(paths.MODEL, model=PLAN.model))
+        restore_previous(RUN_DIR)
 
 
 onerror:
     if not (workflow.remote_exec or workflow.subprocess_exec):
         from vlsens.core.outputs import restore_previous
 
-        for _kept in restore_previous(paths.fill(paths.MODEL, model=PLAN.model)):
+        for _kept in restore_previous(RUN_DIR):
             logger.warning(
                 f"vlsens: {_kept}: its job did not complete; its previous version is back in place "
                 "(the next run builds it again)"

@@ -1,6 +1,5 @@
 # Shared setup: config validation, the plan, the towers, and the small functions every rule uses.
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from vlsens.config import SCHEMA, VARIANTS, canonical, check_images, schema_erro
 from vlsens.core.device import gpu_present
 from vlsens.core.errors import ConfigError
 from vlsens.dag.plan import configure, lm_config
-from vlsens.data.inputs import write_manifests
+from vlsens.data.inputs import os_error_message as _os_error_message, write_manifests
 from vlsens.quantize.nbits import NBitsSettings
 from vlsens.precision.weight_only import PER_CHANNEL
 from vlsens.model.presets import rule_names as _preset_rule_names
@@ -40,6 +39,7 @@ except WorkflowError:
     raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
 try:
     PLAN, TOWERS = configure(config, workdir=Path.cwd())
+    RUN_DIR = paths.fill(paths.MODEL, model=PLAN.model)  # results/<model>
     # every job computes with this many threads (auto: 1 on a tiny preset; vlsens.dag.resources)
     config["threads"] = compute_threads(config["threads"], PLAN.preset)
     # The deployment target's quantization settings, resolved once (the CPU is read here).
@@ -90,25 +90,15 @@ try:
         # A run killed before it could put back what its failed jobs had replaced: put it back now
         # (not while another Snakemake run holds this directory: its jobs are writing those outputs).
         if not any(Path(".snakemake/locks").glob("*")):
-            for _kept in restore_previous(paths.fill(paths.MODEL, model=PLAN.model)):
+            for _kept in restore_previous(RUN_DIR):
                 logger.warning(f"vlsens: {_kept}: restored its previous version (its job did not complete)")
-        _refused = refusal(check_run(paths.fill(paths.MODEL, model=PLAN.model)), *forced_from_argv(sys.argv[1:]))
+        _refused = refusal(check_run(RUN_DIR), *forced_from_argv(sys.argv[1:]))
         if _refused:
             raise WorkflowError(f"vlsens: {_refused}")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
-except OSError as e:
-    _results = Path.cwd() / paths.RESULTS
-    if e.filename and not Path(os.path.abspath(e.filename)).is_relative_to(_results):
-        # an input that cannot be read: a dangling symlink, a file without read permission
-        raise WorkflowError(
-            f"cannot read {e.filename}: {e.strerror or e} (a broken symlink, or no permission to read it)"
-        ) from None
-    # the results folder not writable: read-only file system, permissions, a full disk
-    raise WorkflowError(
-        f"cannot write the run's input manifests under {_results}: {e.strerror or e} "
-        f"({e.filename or ''}); run from a directory you can write (snakemake -d DIR)"
-    ) from None
+except OSError as e:  # an input that cannot be read, or results/ not writable
+    raise WorkflowError(_os_error_message(e, Path.cwd() / paths.RESULTS)) from None
 SCRIPTS = VLSENS_ROOT / "workflow" / "scripts"
 INC_SCRIPT = str(SCRIPTS / "sensitivity_inc.py")
 

@@ -455,3 +455,14 @@ def test_a_results_folder_that_cannot_be_written_is_one_error(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode != 0 and f"cannot write the run's input manifests under {tmp_path / 'results'}" in out, out[-3000:]
     assert "Traceback" not in out
+
+
+def test_a_manifest_os_error_names_an_unreadable_input_or_the_results_folder(tmp_path):
+    from vlsens.data.inputs import os_error_message
+
+    results = tmp_path / "results"
+    gone = OSError(2, "No such file or directory", str(tmp_path / "ckpt" / "model.safetensors"))
+    assert os_error_message(gone, results).startswith(f"cannot read {tmp_path}/ckpt/model.safetensors: No such file")
+    ro = OSError(30, "Read-only file system", str(results / "tiny" / "inputs" / "checkpoint.json"))
+    assert os_error_message(ro, results).startswith(f"cannot write the run's input manifests under {results}: "
+                                                    "Read-only file system")

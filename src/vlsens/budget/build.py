@@ -312,10 +312,12 @@ def _budget_plans(plans: list, record: dict, budgets: list[dict], fp32_bytes: in
                  "plan": None if point is None else request["name"]}
         if point is None:
             entry["note"] = "no front point meets the request"
-            smallest = min(record["front"], key=lambda q: q["bytes"], default=None)
-            near = (f"the smallest plan takes {smallest['bytes']} bytes (estimated KL {smallest['kl']:.3g})"
-                    if smallest and limit is not None else
-                    f"the lowest estimated KL is {min(q['kl'] for q in record['front']):.3g}" if record["front"] else "")
+            near = ""
+            if record["front"] and limit is not None:
+                smallest = min(record["front"], key=lambda q: q["bytes"])
+                near = f"the smallest plan takes {smallest['bytes']} bytes (estimated KL {smallest['kl']:.3g})"
+            elif record["front"]:
+                near = f"the lowest estimated KL is {min(q['kl'] for q in record['front']):.3g}"
             log.warning("plan.budgets %r (%s%s): no plan meets it, so deploy/plan-%s/ is not built; %s",
                         request["name"], ", ".join(f"{k} {v}" for k, v in entry["request"].items()),
                         f" = {limit} bytes" if limit is not None and "bytes" not in request else "",

@@ -26,9 +26,8 @@ ESTIMATE_GOAL = 0.10
 NOISE_KL = 1e-7
 PLAN_PREFIX = "plan-"
 
-
-
 log = logging.getLogger(__name__)
+
 
 def _image_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["modality"] != "text"]

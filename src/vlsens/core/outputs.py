@@ -235,6 +235,12 @@ def previous_path(output: str | Path) -> Path:
     return output.parent / RECORD_DIR / PREVIOUS / output.name
 
 
+def _kept_files(output: Path) -> tuple[Path, Path, Path]:
+    """The previous version of ``output``, its record and the note of what it is dated back to."""
+    prev = previous_path(output)
+    return prev, prev.with_name(prev.name + ".json"), prev.with_name(prev.name + ".kept.json")
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -268,14 +274,14 @@ def keep_previous(jobs: Iterable[tuple[Iterable[str | Path], Iterable[str | Path
         for out in outputs:
             if not os.path.lexists(out):
                 continue
-            prev = previous_path(out)
+            prev, rec, note = _kept_files(out)
             prev.parent.mkdir(parents=True, exist_ok=True)
-            for stale in (prev, prev.with_name(prev.name + ".json"), prev.with_name(prev.name + ".kept.json")):
+            for stale in (prev, rec, note):
                 _remove(stale)
             os.replace(out, prev)
             if record_path(out).is_file():
-                os.replace(record_path(out), prev.with_name(prev.name + ".json"))
-            write_json(prev.with_name(prev.name + ".kept.json"), {"output": str(out), "mtime": before})
+                os.replace(record_path(out), rec)
+            write_json(note, {"output": str(out), "mtime": before})
             moved.append(out)
     return moved
 
@@ -283,11 +289,11 @@ def keep_previous(jobs: Iterable[tuple[Iterable[str | Path], Iterable[str | Path
 def drop_previous(outputs: Iterable[str | Path]) -> None:
     """The job that writes ``outputs`` completed: their previous versions are not needed."""
     for out in map(Path, outputs):
-        prev = previous_path(out)
-        for p in (prev, prev.with_name(prev.name + ".json"), prev.with_name(prev.name + ".kept.json")):
+        files = _kept_files(out)
+        for p in files:
             _remove(p)
         with contextlib.suppress(OSError):  # the folder, once empty
-            prev.parent.rmdir()
+            files[0].parent.rmdir()
 
 
 def _date_back(path: Path, when: float) -> None:
@@ -303,15 +309,14 @@ def restore_previous(folder: str | Path) -> list[Path]:
     or the run stopped before it ran), with its record, dated back to before its job's inputs so
     that Snakemake runs the job again; drop those whose output exists. Returns the outputs restored."""
     restored = []
-    for kept in sorted(Path(folder).rglob(f"{RECORD_DIR}/{PREVIOUS}/*.kept.json")):
-        prev = kept.with_name(kept.name.removesuffix(".kept.json"))
-        out = kept.parent.parent.parent / prev.name
+    for found in sorted(Path(folder).rglob(f"{RECORD_DIR}/{PREVIOUS}/*.kept.json")):
+        out = found.parent.parent.parent / found.name.removesuffix(".kept.json")
+        prev, rec, kept = _kept_files(out)
         if os.path.lexists(out) or not os.path.lexists(prev):
             drop_previous([out])
             continue
         meta = _load(kept) or {}
         os.replace(prev, out)
-        rec = prev.with_name(prev.name + ".json")
         if rec.is_file():
             record_path(out).parent.mkdir(parents=True, exist_ok=True)
             os.replace(rec, record_path(out))

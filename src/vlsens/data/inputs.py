@@ -129,6 +129,19 @@ def checkpoint_dir(path: str | Path) -> str:
     return str(p)
 
 
+def os_error_message(e: OSError, results: str | Path) -> str:
+    """What the DAG build says when writing the manifests fails with ``e``: a file outside
+    ``results`` that cannot be read (a broken symlink, no read permission), or ``results`` itself
+    not writable (a read-only file system, permissions, a full disk)."""
+    import os
+
+    results = Path(results)
+    if e.filename and not Path(os.path.abspath(e.filename)).is_relative_to(results.absolute()):
+        return f"cannot read {e.filename}: {e.strerror or e} (a broken symlink, or no permission to read it)"
+    return (f"cannot write the run's input manifests under {results}: {e.strerror or e} ({e.filename or ''}); "
+            "run from a directory you can write (snakemake -d DIR)")
+
+
 def write_manifests(folder: str | Path, checkpoint: str | Path | None, parity: Sequence[ImageRef],
                     calibration: Sequence[ImageRef],
                     outside: dict[str, tuple[str, Sequence[ImageRef]]] | None = None) -> dict[str, str]:
