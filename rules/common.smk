@@ -39,7 +39,7 @@ except WorkflowError:
     raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
 try:
     PLAN, TOWERS = configure(config, workdir=Path.cwd())
-    RUN_DIR = paths.fill(paths.MODEL, model=PLAN.model)  # results/<model>
+    RUN_DIR = paths.fill(paths.MODEL, model=PLAN.model)  # the model's run folder
     # every job computes with this many threads (auto: 1 on a tiny preset; vlsens.dag.resources)
     config["threads"] = compute_threads(config["threads"], PLAN.preset)
     # The deployment target's quantization settings, resolved once (the CPU is read here).
@@ -97,7 +97,7 @@ try:
             raise WorkflowError(f"vlsens: {_refused}")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}") from None
-except OSError as e:  # an input that cannot be read, or results/ not writable
+except OSError as e:  # an input that cannot be read, or the results folder not writable
     raise WorkflowError(_os_error_message(e, Path.cwd() / paths.RESULTS)) from None
 SCRIPTS = VLSENS_ROOT / "workflow" / "scripts"
 INC_SCRIPT = str(SCRIPTS / "sensitivity_inc.py")
