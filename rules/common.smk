@@ -140,7 +140,7 @@ def measured_folders(wildcards):
 # --- the whole-VLM plan (rules/budget.smk) -------------------------------------------------
 
 PLAN_ON = config["plan"]["enabled"] and config["deploy"]["enabled"]
-# plan names: p1.. along the front, at-<anchor> at an anchor's bytes
+# plan names: p1.. along the front (the anchors' among them; at-<anchor> should one not be picked)
 PLAN_NAME = r"p[0-9]+|at-[A-Za-z0-9_.-]+|[a-z][a-z0-9_-]*"  # and plan.budgets' names
 BUDGET_DECODER = {
     k: paths.fill(f"{paths.VARIANT}/{f}", graph=_deploy.DECODER_GRAPH, variant="fp32")

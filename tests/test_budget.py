@@ -2,6 +2,7 @@
 the parts' combinations, and on the tiny decoder the searched curve, the plans and the built
 decoders agree with the engine."""
 
+import math
 import time
 from pathlib import Path
 
@@ -97,14 +98,28 @@ def test_pick_spreads_distinct_points_over_the_front():
     b = [p["bytes"] for p in got]
     assert len(b) == 5 == len(set(b)) and b == sorted(b)
     assert b[0] == 100 and b[-1] == 10000
-    # targets 100, 316, 1000, 3162, 10000: the largest point at or below each
-    assert b == [100, 300, 1000, 1010, 10000]
-    # crowded at the bottom: the ties go to the nearest unpicked points
+    # the middle of the widest gap each time (log bytes): 1000, then 5000 (1000..10000), then 300
+    assert b == [100, 300, 1000, 5000, 10000]
+    # crowded at the bottom: only gaps with points inside are filled
     crowded = [{"bytes": x, "kl": 1.0 / x} for x in (100, 101, 102, 103, 10000)]
-    assert [p["bytes"] for p in fr.pick(crowded, 4)] == [100, 102, 103, 10000]
+    assert [p["bytes"] for p in fr.pick(crowded, 4)] == [100, 101, 103, 10000]
     assert fr.pick(front[:3], 8) == front[:3]
     with pytest.raises(ValueError):
         fr.pick(front, 1)
+
+
+def test_pick_keeps_the_anchor_points_and_fills_wide_gaps():
+    """The points at the anchors' bytes are picked and count towards ``points``; the widest gaps
+    are filled on until none is wider than GAP_FACTOR x the even spacing (here one more point)."""
+    front = [{"bytes": b, "kl": 1.0 / b} for b in (100, 101, 102, 103, 150, 300, 1000, 1010, 5000, 10000)]
+    got = [p["bytes"] for p in fr.pick(front, 5, [front[4], front[7]])]
+    assert got == [100, 150, 300, 1010, 5000, 10000]
+    between = [(a, b) for a, b in zip(got, got[1:]) if any(a < p["bytes"] < b for p in front)]
+    assert between and max(math.log(b / a) for a, b in between) <= fr.GAP_FACTOR * math.log(10000 / 100) / 4
+    # anchors and ends already more than ``points``, no gap wider than GAP_FACTOR spacings: none added
+    assert [p["bytes"] for p in fr.pick(front, 3, front[4:8])] == [100, 150, 300, 1000, 1010, 10000]
+    with pytest.raises(ValueError, match="not on the front"):
+        fr.pick(front, 5, [{"bytes": 7, "kl": 1.0}])
 
 
 # -- the tiny decoder ------------------------------------------------------------------------------
@@ -198,7 +213,11 @@ def test_curve_keeps_a_smaller_budgets_better_point():
 def test_search_returns_plans_spread_over_the_front(searched, engine, tmp_path):
     plans, record = searched
     b, folder = engine
-    assert min(8, len(record["front"])) == len(plans) >= 6
+    assert len(plans) >= min(8, len(record["front"])) >= 6
+    logs = sorted(math.log(p["bytes"]) for p in record["front"])
+    inner = [(a.estimate["bytes"], b.estimate["bytes"]) for a, b in zip(plans, plans[1:])]
+    inner = [(a, b) for a, b in inner if any(a < p["bytes"] < b for p in record["front"])]
+    assert all(math.log(b / a) <= fr.GAP_FACTOR * (logs[-1] - logs[0]) / 7 for a, b in inner)
     assert [p.name for p in plans] == [f"p{i}" for i in range(1, len(plans) + 1)]
     sizes = [p.estimate["bytes"] for p in plans]
     assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)

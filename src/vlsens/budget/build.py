@@ -331,11 +331,11 @@ def _budget_plans(plans: list, record: dict, budgets: list[dict], fp32_bytes: in
 
 def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_dir, search_settings: dict,
                 extra: Mapping | None = None, threads: int = 0) -> dict:
-    """The job: :func:`vlsens.budget.front.search` for ``search_settings["points"]`` plans along
-    the front (``p1`` .. in increasing bytes) at most ``search_settings["max_evals"]`` assignments
-    per budget, per anchor folder (name -> folder) the plan of lowest estimated KL within its
-    bytes (a plan already picked, or ``at-<anchor>``), and each of ``search_settings["budgets"]``
-    (:func:`budget_point`) under its own name; each plan saved as ``plans_dir/<name>.yaml``, the
+    """The job: :func:`vlsens.budget.front.search` for at least ``search_settings["points"]`` plans
+    along the front (``p1`` .. in increasing bytes; at most ``search_settings["max_evals"]``
+    assignments per budget), among them per anchor folder (name -> folder) the plan of lowest
+    estimated KL within its bytes (``at-<anchor>`` only should it not be picked), and each of
+    ``search_settings["budgets"]`` (:func:`budget_point`) under its own name; each plan saved as ``plans_dir/<name>.yaml``, the
     search's record as ``front.json``. ``extra``: ``anchors`` (name -> folder) and ``vision_csv``
     (the vision Linears' table, :mod:`vlsens.budget.vision`, whose mixed curve joins the vision
     formats; ``int4`` and ``int8-wo`` among ``components``)."""
@@ -349,12 +349,13 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     extra = extra or {}
     anchors, vision_csv = extra.get("anchors") or {}, extra.get("vision_csv")
     mixed, scale = _mixed_options(parts["vision"], vision_csv) if vision_csv else ({}, None)
+    sizes = {n: folder_weight_bytes(f) for n, f in anchors.items()}
     plans, record = search(engine_dir, eval_npz, csv, parts, int(components["decoder_other_bytes"]),
-                           int(search_settings["points"]), int(search_settings["max_evals"]), threads, mixed)
+                           int(search_settings["points"]), int(search_settings["max_evals"]), threads, mixed,
+                           anchor_bytes=list(sizes.values()))
     record["mixed_vision"] = mixed
     record["mixed_vision_calibration"] = [{"int4": k, "ratio": r} for k, r in scale] if scale else None
     eng = nb.Prepared(engine_dir)
-    sizes = {n: folder_weight_bytes(f) for n, f in anchors.items()}
     record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict(), mixed)
     fp32_bytes = sum(int(components[p]["fp32"]["bytes"]) for p in ("vision", "embedding")) + \
         int(components["decoder_other_bytes"]) + sum(c["bytes_float"] for c in _csv_rows(csv))

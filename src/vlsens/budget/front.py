@@ -13,8 +13,9 @@ plans (:class:`~vlsens.budget.plan.Plan`) spread along it.
    other parts float: an additive estimate (the parts' errors are small and enter the decoder at
    different places), which the folders built from the picked plans test. The Pareto set of the
    combinations is the estimated front.
-3. The pick (:func:`pick`): a few points spread evenly in log bytes from the front's smallest to
-   its largest folder, so the built folders cover the whole range of sizes.
+3. The pick (:func:`pick`): the front's point at each anchor's bytes (the plan compared with
+   that anchor), its two ends, and points filling the widest gaps in log bytes, so the built
+   folders cover the whole range of sizes and no anchor needs a folder of its own.
 
 :func:`search` runs the three on an engine folder and its sensitivity CSV and returns the plans
 (``p1``.. in increasing bytes) and a record of the search.
@@ -158,24 +159,42 @@ def combine(curve: Sequence[Mapping], components: Mapping, other_bytes: int) -> 
     return pareto(points)
 
 
-def pick(front: Sequence[Mapping], points: int) -> list[dict]:
-    """``points`` (>= 2) front points spread from its smallest to its largest bytes: for targets
-    evenly spaced in log bytes, the point with the largest bytes <= the target (the ends: the
-    smallest and the largest point); a point already picked gives way to the unpicked point nearest
-    the target in log bytes. All of the front when it has no more than ``points``; increasing bytes."""
+#: :func:`pick` goes on adding points while a gap between two picked points is wider in log bytes
+#: than this many times the even spacing of ``points`` points over the front.
+GAP_FACTOR = 1.5
+
+
+def pick(front: Sequence[Mapping], points: int, required: Sequence[Mapping] = ()) -> list[dict]:
+    """At least ``points`` (>= 2) front points from its smallest to its largest bytes: the two ends
+    and every point of ``required`` (the plans at the anchors' bytes: built anyway, so they count
+    towards ``points``), then, one at a time, the point nearest in log bytes to the middle of the
+    widest gap between two picked points (among the points inside it), until ``points`` are
+    picked and no gap is wider than :data:`GAP_FACTOR` x the even spacing of ``points`` points.
+    All of the front when it has no more than ``points``; increasing bytes."""
     if points < 2:
         raise ValueError(f"pick: points must be >= 2, got {points}")
     front = sorted(front, key=lambda p: p["bytes"])
     if len(front) <= points:
         return [dict(p) for p in front]
     logs = [math.log(max(p["bytes"], 1)) for p in front]
+    spacing = (logs[-1] - logs[0]) / (points - 1)
+    key = {(p["bytes"], p["kl"], p.get("decoder"), p.get("vision"), p.get("embedding")): i for i, p in enumerate(front)}
     chosen = {0, len(front) - 1}
-    for k in range(1, points - 1):
-        target = logs[0] + (logs[-1] - logs[0]) * k / (points - 1)
-        i = max(j for j, v in enumerate(logs) if v <= target + 1e-12)
-        if i in chosen:
-            i = min((j for j in range(len(front)) if j not in chosen), key=lambda j: (abs(logs[j] - target), -j))
-        chosen.add(i)
+    for p in required:
+        k = (p["bytes"], p["kl"], p.get("decoder"), p.get("vision"), p.get("embedding"))
+        if k not in key:
+            raise ValueError(f"pick: a required point is not on the front: {k}")
+        chosen.add(key[k])
+    while True:
+        order = sorted(chosen)
+        gaps = [(logs[b] - logs[a], a, b) for a, b in zip(order, order[1:]) if b - a > 1]
+        if not gaps:
+            break
+        width, a, b = max(gaps)
+        if len(chosen) >= points and width <= GAP_FACTOR * spacing:
+            break
+        middle = (logs[a] + logs[b]) / 2
+        chosen.add(min(range(a + 1, b), key=lambda j: (abs(logs[j] - middle), -j)))
     return [dict(front[i]) for i in sorted(chosen)]
 
 
@@ -233,13 +252,14 @@ def shipped_rows(eng_dir, rows: Sequence[Mapping]) -> list[dict]:
 
 def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, components: Mapping, other_bytes: int,
            points: int = 8, max_evals: int = 60, threads: int = 0,
-           mixed: Mapping[str, Mapping] | None = None) -> tuple[list[Plan], dict]:
+           mixed: Mapping[str, Mapping] | None = None, anchor_bytes: Sequence[int] = ()) -> tuple[list[Plan], dict]:
     """The plans of the measured front and the search's record. On the ``nbits`` engine folder
     (its session on ``eval_npz``, ``threads``) and its sensitivity ``csv``: the decoder's curve at
     :data:`BUDGETS` budgets geometric between the all-INT4 and all-float weight bytes (at most
     ``max_evals`` measured assignments each, :func:`decoder_curve`), combined with ``components``
-    and ``other_bytes`` (:func:`combine`), ``points`` plans picked (:func:`pick`). ``mixed``: the
-    Linears' bits of each ``mixed:<k>`` vision option ``components`` holds."""
+    and ``other_bytes`` (:func:`combine`), ``points`` plans picked (:func:`pick`), among them the
+    point at each of ``anchor_bytes`` (:func:`at_bytes`). ``mixed``: the Linears' bits of each
+    ``mixed:<k>`` vision option ``components`` holds."""
     import pandas as pd
 
     from vlsens.sensitivity import nbits as nb
@@ -261,7 +281,8 @@ def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, compon
     # the all-float point with the fp32 vision graph and table is the fp32 folder, the reference
     front = [p for p in combine(curve, components, other_bytes)
              if not (p["vision"] == "fp32" and p["embedding"] == "fp32" and not any(curve[p["decoder"]]["bits"].values()))]
-    plans = _plans(curve, pick(front, points), eng_dir.ops, eng_dir.settings.as_dict(), mixed)
+    required = [p for p in (at_bytes(front, b) for b in anchor_bytes) if p is not None]
+    plans = _plans(curve, pick(front, points, required), eng_dir.ops, eng_dir.settings.as_dict(), mixed)
     record = {"engine_dir": str(engine_dir), "metric": "kl", "settings": eng_dir.settings.as_dict(),
               "budgets": budgets, "max_evals": max_evals, "other_bytes": int(other_bytes),
               "components": {k: dict(v) for k, v in components.items()}, "curve": curve, "front": front,
