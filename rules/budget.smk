@@ -102,11 +102,12 @@ checkpoint budget_front:
         components=paths.BUDGET_COMPONENTS,
         engine=paths.BUDGET_ENGINE,
         eval=paths.BUDGET_FEEDS,
+        fp32_folder=paths.fill(DEPLOY, precision="fp32"),
     output:
         front=paths.BUDGET_FRONT,
         plans=directory(paths.BUDGET_PLANS),
     params:
-        search={k: config["plan"][k] for k in ("points", "max_evals", "budgets")},
+        search={k: config["plan"][k] for k in ("points", "max_evals", "budgets", "decode_context")},
         provenance=provenance("deploy", "budget_front.py"),
     log:
         paths.model_log("budget_front"),
@@ -155,10 +156,35 @@ rule plan_folder:
         "../workflow/scripts/plan_folder.py"
 
 
+# Every plan folder's decode step beside the uniform decoders', timed in one job (the estimate's check).
+rule budget_latency:
+    input:
+        unpack(plan_folders),
+        engine=paths.BUDGET_ENGINE,
+        front=paths.BUDGET_FRONT,
+    output:
+        latency=paths.BUDGET_LATENCY,
+    params:
+        context=config["plan"]["decode_context"],
+        provenance=provenance("deploy", "budget_latency.py"),
+    log:
+        paths.model_log("budget_latency"),
+    benchmark:
+        paths.model_benchmark("budget_latency")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("budget_latency", threads=config["threads"]),
+    script:
+        "../workflow/scripts/budget_latency.py"
+
+
 rule budget_measured:
     input:
         unpack(budget_measures),
         front=paths.BUDGET_FRONT,
+        latency=paths.BUDGET_LATENCY,
     output:
         json=paths.BUDGET_MEASURED["json"],
         md=paths.BUDGET_MEASURED["md"],

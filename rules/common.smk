@@ -186,6 +186,15 @@ def anchor_folders(wildcards):
     return {f"anchor_{p}": paths.fill(DEPLOY, model=wildcards.model, precision=p) for p in anchors()}
 
 
+def plan_folders(wildcards):
+    """Every plan folder the front's search wrote a plan for (a checkpoint), as ``plan_<name>``."""
+    plans_dir = checkpoints.budget_front.get(model=wildcards.model).output.plans
+    return {
+        f"plan_{Path(f).stem}": paths.fill(DEPLOY, model=wildcards.model, precision=f"plan-{Path(f).stem}")
+        for f in sorted(Path(plans_dir).glob("*.yaml"))
+    }
+
+
 def budget_measures(wildcards):
     """The measure records the measured front is drawn from: every plan the front's search wrote
     (a checkpoint), and the anchors and int4-mixed."""

@@ -2,6 +2,7 @@
 the parts' combinations, and on the tiny decoder the searched curve, the plans and the built
 decoders agree with the engine."""
 
+import json
 import math
 import time
 from pathlib import Path
@@ -327,15 +328,24 @@ def test_a_requested_budget_picks_its_point_and_is_refused_when_badly_named():
     assert budget_point(front, {"kl": 2e-3}, 800) == (front[1], None)
     assert budget_point(front, {"kl": 1e-5}, 800) == (None, None)
     assert budget_point(front, {"bytes": 50}, 800) == (None, 50)
+    # a decode-step limit: alone, the lowest KL among the points fast enough; with bytes or KL, both
+    timed = [{**p, "decode_ms": ms} for p, ms in zip(front, (1.0, 2.0, 3.0))] + \
+        [{"bytes": 120, "kl": 2e-3, "decode_ms": 1.5}]
+    assert budget_point(timed, {"decode_ms": 2.5}, 800) == (timed[1], None)
+    assert budget_point(timed, {"decode_ms": 2.5, "bytes": 130}, 800) == (timed[3], 130)
+    assert budget_point(timed, {"decode_ms": 1.8, "kl": 2.5e-3}, 800) == (timed[3], None)
+    assert budget_point(timed, {"decode_ms": 0.5}, 800) == (None, None)
+    assert budget_point(front, {"decode_ms": 9.0}, 800) == (None, None)  # no step timed: none fits
     def errors(budgets):
         cfg = default_config()
         cfg["plan"]["budgets"] = budgets
         return schema_errors(with_defaults(cfg))
 
     for bad in ({"name": "p3", "bytes": 1}, {"name": "at-x", "kl": 1e-3}, {"name": "small"},
-                {"name": "small", "bytes": 1, "kl": 1e-3}):
+                {"name": "small", "bytes": 1, "bits_per_weight": 4}, {"name": "fast", "decode_ms": 0}):
         assert any("budgets" in e for e in errors([bad])), bad
-    assert not errors([{"name": "small", "bits_per_weight": 4.5}, {"name": "q", "kl": 1e-4}])
+    assert not errors([{"name": "small", "bits_per_weight": 4.5}, {"name": "q", "kl": 1e-4},
+                       {"name": "fast", "decode_ms": 80, "bytes": 2500000000}, {"name": "both", "bytes": 9, "kl": 1e-3}])
     cfg = default_config()
     cfg["plan"]["budgets"] = [{"name": "small", "bytes": 10**6}, {"name": "small", "kl": 1e-4}]
     with pytest.raises(ConfigError, match="plan.budgets: names"):
@@ -350,7 +360,7 @@ def test_a_budget_no_plan_meets_is_said_on_the_console_not_only_in_the_report(ca
 
     record = {"front": [{"bytes": 100, "kl": 3e-3}, {"bytes": 200, "kl": 1e-4}]}
     with caplog.at_level("WARNING", logger="vlsens"):
-        out = _budget_plans([], record, [{"name": "tiny", "bits_per_weight": 0.5}], 800, eng=None)
+        out = _budget_plans([], record, record["front"], [{"name": "tiny", "bits_per_weight": 0.5}], 800, eng=None)
     assert out["tiny"]["plan"] is None and out["tiny"]["byte_limit"] == 12
     assert "plan.budgets 'tiny' (bits_per_weight 0.5 = 12 bytes): no plan meets it" in caplog.text
     assert "the smallest plan takes 100 bytes" in caplog.text
@@ -417,11 +427,13 @@ def test_the_mixed_vision_curve_moves_the_cheapest_linears_per_byte_first():
     measured = mixed_curve(rows, int8, int4, [point])
     assert [(p["int4"], p["bytes"]) for p in measured] == [(2, curve[1]["bytes"])]
     assert measured[0]["kl"] == pytest.approx(point["kl"]) and measured[0]["ratio"] == pytest.approx(3.0)
+    # a point whose graph's bytes in the folder were recorded: those, not the Linears' savings
+    assert [p["bytes"] for p in mixed_curve(rows, int8, int4, [{**point, "bytes": 934}])] == [934]
     # without, every k: the additive KL times the ratio interpolated from 1 (k = 0) to 2 (the INT4 end)
     est = mixed_curve(rows, int8, int4)
     assert [round(p["ratio"], 9) for p in est] == [1.25, 1.5, 1.75]
     assert est[2]["kl"] == pytest.approx(1.75 * (1e-6 + 1e-4 + 1e-5))
-    assert [p["bytes"] for p in est] == [p["bytes"] for p in curve]  # bytes are exact: not calibrated
+    assert [p["bytes"] for p in est] == [p["bytes"] for p in curve]  # bytes are not calibrated
     from vlsens.budget.vision import point_ks
 
     assert point_ks(22) == [3, 6, 8, 11, 14, 16, 19, 20, 21] and point_ks(4) == [1, 2, 3]
@@ -439,3 +451,56 @@ def test_a_front_point_on_the_mixed_curve_becomes_a_mixed_plan():
         fr._plans(_curve(), [point], ["op"], NBitsSettings().as_dict(), {})
     with pytest.raises(ConfigError, match="vision"):
         fr.combine(_curve(), {**comps, "vision": {"mixed-1": {"bytes": 1, "kl": 0.0}}}, 0)
+
+
+# -- decode latency (vlsens.budget.latency) --------------------------------------------------------
+
+
+def _genai_folder(tiny_ckpt, path):
+    """A folder holding only the genai_config.json a decode step is sized from (the tiny preset's)."""
+    cfg = json.loads((tiny_ckpt / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    path.mkdir(parents=True, exist_ok=True)
+    heads = int(text["num_attention_heads"])
+    (path / "genai_config.json").write_text(json.dumps({"model": {"decoder": {
+        "num_key_value_heads": int(text["num_key_value_heads"]), "head_size": int(text["hidden_size"]) // heads,
+        "hidden_size": int(text["hidden_size"])}}}))
+    return path
+
+
+def test_decode_steps_are_timed_in_turn_and_estimated_by_byte_shares(engine, tiny_ckpt, tmp_path):
+    """The three uniform decoders of the engine run one decode step each (one token after 64
+    cached ones) in the same loop; an assignment's estimate is the byte-weighted mean of theirs."""
+    from vlsens.budget.build import uniform_latency
+    from vlsens.budget.latency import estimate_ms, step_feed
+
+    b, folder = engine
+    got = uniform_latency(folder / "engine", {"folder": _genai_folder(tiny_ckpt, tmp_path / "fp32"), "context": 64},
+                          threads=1)
+    assert sorted(got["uniform"]) == ["0", "4", "8"] and got["context"] == 64
+    for t in got["uniform"].values():
+        assert 0 < t["q1"] <= t["ms"] <= t["q3"] and t["steps"] == 30
+    feed = step_feed(folder / "engine" / "float.onnx", json.loads(
+        (tmp_path / "fp32" / "genai_config.json").read_text())["model"]["decoder"], 64)
+    assert feed["attention_mask"].shape == (1, 65) and feed["position_ids"].ravel().tolist() == [64] * 3
+    rows = _rows(folder)
+    uniform = {0: 3.0, 4: 1.0, 8: 2.0}
+    ops = [r["op"] for r in rows]
+    assert estimate_ms({}, rows, uniform) == pytest.approx(3.0)
+    assert estimate_ms(dict.fromkeys(ops, 4), rows, uniform) == pytest.approx(1.0)
+    half = {r["op"]: 8 for r in rows[: len(rows) // 2]}
+    share = sum(r["bytes_float"] for r in rows[: len(rows) // 2]) / sum(r["bytes_float"] for r in rows)
+    assert estimate_ms(half, rows, uniform) == pytest.approx(2.0 * share + 3.0 * (1 - share))
+    with pytest.raises(VlsensError, match="width"):
+        estimate_ms(dict.fromkeys(ops, 4), rows, {0: 3.0})
+
+
+def test_the_search_carries_the_estimated_decode_step_to_every_point_and_plan(engine):
+    b, folder = engine
+    rows = _rows(folder)
+    plans, record = fr.search(folder / "engine", b.calib / "eval.npz", folder / "nbits.csv", _components(rows),
+                              other_bytes=1000, points=4, max_evals=10, threads=2,
+                              extras=fr.Extras(uniform_ms={0: 3.0, 4: 1.0, 8: 2.0}))
+    assert record["curve"][0]["decode_ms"] == pytest.approx(1.0) and record["curve"][-1]["decode_ms"] == pytest.approx(3.0)
+    assert all(p["decode_ms"] == record["curve"][p["decoder"]]["decode_ms"] for p in record["front"])
+    assert all(1.0 - 1e-9 <= p.estimate["decode_ms"] <= 3.0 + 1e-9 for p in plans)

@@ -55,7 +55,7 @@ REPORT_RULES = {"report_heatmap", "report_ranked", "report_pareto", "report_engi
                 "report_tables", "report_int4"}
 #: The folders' measure and the whole-VLM plan: run with onnxruntime(-genai) or downstream of it.
 MEASURE_RULES = {"vision_features", "budget_vision", "measure_reference", "measure", "measure_compare", "budget_nbits",
-                 "budget_components", "budget_front", "plan_folder",
+                 "budget_components", "budget_front", "plan_folder", "budget_latency",
                  "budget_measured"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
               "sensitivity_compare", "deploy", "sensitivity_nbits", "profile_nbits", "builder_int4",
@@ -201,6 +201,13 @@ def _check_measure_and_plan(res):
     errors = [p["estimate_error"] for p in measured["plans"] if p["estimate_error"] is not None]
     assert len(errors) >= 5 and all(abs(e) <= 0.1 for e in errors), errors
     assert measured["recommended"]["folder"].startswith("plan-")
+    # every plan's decode step timed beside the uniform decoders; the estimate lies between them
+    latency = json.loads((res / "budget" / "latency.json").read_text())
+    assert sorted(latency["plans"]) == sorted(f"plan-{p['name']}" for p in front["plans"])
+    low, high = min(t["ms"] for t in latency["uniform"].values()), max(t["ms"] for t in latency["uniform"].values())
+    for t in latency["plans"].values():
+        assert t["measured"]["ms"] > 0 and low - 1e-9 <= t["estimate_ms"] <= high + 1e-9, t
+    assert all("decode_ms" in p for p in measured["plans"]) and "est. ms" in (res / "budget" / "measured.md").read_text()
 
 
 @pytest.mark.slow
@@ -286,12 +293,15 @@ def test_every_record_matches_its_schema(finished_run):
     # analysed graph and variant; 7 deploy folders, the int4 comparison, engine nbits of the decoder;
     # the 4 fixed-size graphs' fp32 parts and their calibration archives
     # the measure and the plan: 3 NNCF decoders, 3 weight-only vision graphs and 2 tables (parity);
-    # 5 peers' and 13 plans' folders; every folder but fp32 measured; engine nbits on the measure's cases;
-    # the vision Linears' table
+    # 5 peers' and every plan's folders (at least 8); every folder but fp32 measured; engine nbits on the
+    # measure's cases; the vision Linears' table; the plans' decode steps
+    plans = len(json.loads((finished_run / "results" / "tiny" / "budget" / "front.json").read_text())["plans"])
+    assert plans >= 8
     assert kinds == {"parity": 36, "manifest": 7, "engine": 10, "ort": 10, "eval": 10, "inc": 2, "compare": 2,
-                     "deploy_parity": 25, "deploy_eval": 25, "deploy_int4": 1, "nbits_engine": 2, "nbits": 2,
-                     "parts": 4, "parts_calibration": 4, "measure": 24, "measure_cases": 1, "measure_compare": 1,
-                     "budget_components": 1, "budget_front": 1, "budget_measured": 1, "budget_vision": 1}, kinds
+                     "deploy_parity": 12 + plans, "deploy_eval": 12 + plans, "deploy_int4": 1, "nbits_engine": 2,
+                     "nbits": 2, "parts": 4, "parts_calibration": 4, "measure": 11 + plans, "measure_cases": 1,
+                     "measure_compare": 1, "budget_components": 1, "budget_front": 1, "budget_measured": 1,
+                     "budget_vision": 1, "budget_latency": 1}, kinds
     assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
     for name, key in (("parity.json", "passed"), ("ort.json", "ops"), ("manifest.json", "counts"),
                       ("deploy_eval", "cases"), ("deploy_parity", "images"), ("parts", "parts"),

@@ -9,9 +9,9 @@ from vlsens.core.scripting import run
 
 
 def main(sm):
-    measures = {k: v for k, v in sm.input.items() if k not in ("front", "components")}
+    measures = {k: v for k, v in sm.input.items() if k not in ("front", "components", "latency")}
     write(json.loads(open(sm.input.front).read()), measures, sm.output.json, sm.output.md, sm.output.png,
-          kl_budget=sm.params.kl_budget)
+          kl_budget=sm.params.kl_budget, latency=json.loads(open(sm.input.latency).read()))
 
 
 run(snakemake, main)  # noqa: F821

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
@@ -210,11 +211,15 @@ def vision_job(inputs: Mapping, outputs: Mapping, settings: Mapping) -> dict:
 
 def front_job(inputs: Mapping, outputs: Mapping, search_settings: dict, threads: int = 0) -> dict:
     """The ``budget_front`` job on its named inputs and outputs: :func:`write_front` on the
-    components' record (``components``) with the anchors' folders (``anchor_<name>``)."""
+    components' record (``components``) with the anchors' folders (``anchor_<name>``) and, with
+    ``fp32_folder``, the decode steps timed at ``search_settings["decode_context"]`` tokens."""
     components = json.loads(Path(inputs["components"]).read_text())
+    latency = {"folder": inputs["fp32_folder"], "context": search_settings["decode_context"]} \
+        if "fp32_folder" in inputs else None
     return write_front(inputs["engine"], inputs["eval"], inputs["csv"], components, outputs["front"],
                        outputs["plans"], search_settings,
-                       {"anchors": named(inputs, "anchor_"), "vision_csv": inputs.get("vision_ops")}, threads)
+                       {"anchors": named(inputs, "anchor_"), "vision_csv": inputs.get("vision_ops"), "latency": latency},
+                       threads)
 
 
 def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 0) -> dict:
@@ -286,47 +291,72 @@ def _mixed_options(vision: dict, vision_csv) -> tuple[dict[str, dict], float]:
     return out, scale
 
 
-def budget_point(front: list, request: dict, fp32_bytes: int) -> tuple[dict | None, int | None]:
-    """``(front point, byte limit)`` for a ``plan.budgets`` entry: ``bytes`` (the folder's graphs
-    and data files), ``bits_per_weight`` (bits per parameter of the fp32 folder, whose graphs hold
-    ``fp32_bytes / 4`` float32 values: the byte limit ``bits x fp32_bytes / 32``) -- the point of
-    lowest estimated KL within the limit; ``kl`` (mean KL per generated step) -- the point of fewest
-    bytes whose estimated KL meets it. None where no front point does."""
-    from vlsens.budget.front import at_bytes
-
+def budget_point(points: list, request: dict, fp32_bytes: int) -> tuple[dict | None, int | None]:
+    """``(point, byte limit)`` for a ``plan.budgets`` entry among ``points`` (the search's
+    combinations, :func:`vlsens.budget.front.combinations`). Limits: ``bytes`` (the folder's graphs
+    and data files) or ``bits_per_weight`` (bits per parameter of the fp32 folder, whose graphs hold
+    ``fp32_bytes / 4`` float32 values: the byte limit ``bits x fp32_bytes / 32``), and
+    ``decode_ms`` (the estimated decode step, :mod:`vlsens.budget.latency`). Within them: with
+    ``kl`` (mean KL per generated step) the point of fewest bytes whose estimated KL meets it, else
+    the point of lowest estimated KL. None where no point does."""
+    limit = int(request["bytes"]) if "bytes" in request else \
+        int(float(request["bits_per_weight"]) * fp32_bytes / 32) if "bits_per_weight" in request else None
+    fits = [p for p in points if (limit is None or p["bytes"] <= limit)
+            and ("decode_ms" not in request or p.get("decode_ms", math.inf) <= float(request["decode_ms"]))]
     if "kl" in request:
-        meets = [p for p in front if p["kl"] <= float(request["kl"])]
-        return (dict(min(meets, key=lambda p: p["bytes"])) if meets else None), None
-    limit = int(request["bytes"]) if "bytes" in request else int(float(request["bits_per_weight"]) * fp32_bytes / 32)
-    return at_bytes(front, limit), limit
+        fits = [p for p in fits if p["kl"] <= float(request["kl"])]
+        return (dict(min(fits, key=lambda p: (p["bytes"], p["kl"]))) if fits else None), limit
+    return (dict(min(fits, key=lambda p: (p["kl"], p["bytes"]))) if fits else None), limit
 
 
-def _budget_plans(plans: list, record: dict, budgets: list[dict], fp32_bytes: int, eng, mixed=None) -> dict:
-    """Each requested budget as a plan of its own name (appended to ``plans``), and its record."""
+def _nearest(points: list, request: dict, limit: int | None) -> str:
+    """What the points come nearest to a request none meets, in words."""
+    said = []
+    if limit is not None:
+        smallest = min(points, key=lambda q: q["bytes"])
+        said.append(f"the smallest plan takes {smallest['bytes']} bytes (estimated KL {smallest['kl']:.3g})")
+    if "decode_ms" in request:
+        timed = [q["decode_ms"] for q in points if "decode_ms" in q]
+        said.append(f"the fastest estimated decode step is {min(timed):.3g} ms" if timed else
+                    "no decode step was measured")
+    if "kl" in request:
+        said.append(f"the lowest estimated KL is {min(q['kl'] for q in points):.3g}")
+    return "; ".join(said)
+
+
+def _budget_plans(plans: list, record: dict, points: list, budgets: list[dict], fp32_bytes: int, eng,
+                  mixed=None) -> dict:
+    """Each requested budget as a plan of its own name (appended to ``plans``), and its record.
+    ``points``: the search's combinations (:func:`budget_point`)."""
     from vlsens.budget.front import _plans
 
     out = {}
     for request in budgets:
-        point, limit = budget_point(record["front"], request, fp32_bytes)
+        point, limit = budget_point(points, request, fp32_bytes)
         entry = {"request": {k: v for k, v in request.items() if k != "name"}, "byte_limit": limit,
                  "plan": None if point is None else request["name"]}
         if point is None:
             entry["note"] = "no front point meets the request"
-            near = ""
-            if record["front"] and limit is not None:
-                smallest = min(record["front"], key=lambda q: q["bytes"])
-                near = f"the smallest plan takes {smallest['bytes']} bytes (estimated KL {smallest['kl']:.3g})"
-            elif record["front"]:
-                near = f"the lowest estimated KL is {min(q['kl'] for q in record['front']):.3g}"
             log.warning("plan.budgets %r (%s%s): no plan meets it, so deploy/plan-%s/ is not built; %s",
                         request["name"], ", ".join(f"{k} {v}" for k, v in entry["request"].items()),
                         f" = {limit} bytes" if limit is not None and "bytes" not in request else "",
-                        request["name"], near)
+                        request["name"], _nearest(points, request, limit) if points else "")
         else:
             plans.append(replace(_plans(record["curve"], [point], eng.ops, eng.settings.as_dict(), mixed)[0],
                                  name=request["name"]))
         out[request["name"]] = entry
     return out
+
+
+def uniform_latency(engine_dir, latency: Mapping, threads: int = 0) -> dict:
+    """The decode step of the engine's uniform decoders (all float, all INT8, all INT4:
+    :func:`vlsens.budget.latency.time_steps`) at ``latency["context"]`` cached tokens, sized by the
+    deploy folder ``latency["folder"]``'s ``genai_config.json``: ``{"context", "uniform": {width: timing}}``."""
+    from vlsens.budget.latency import decoder_config, time_steps, uniform_graphs
+
+    timed = time_steps({str(w): g for w, g in uniform_graphs(engine_dir).items()}, decoder_config(latency["folder"]),
+                       int(latency["context"]), threads=threads)
+    return {"context": int(latency["context"]), "uniform": timed}
 
 
 def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_dir, search_settings: dict,
@@ -335,11 +365,12 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     along the front (``p1`` .. in increasing bytes; at most ``search_settings["max_evals"]``
     assignments per budget), among them per anchor folder (name -> folder) the plan of lowest
     estimated KL within its bytes (``at-<anchor>`` only should it not be picked), and each of
-    ``search_settings["budgets"]`` (:func:`budget_point`) under its own name; each plan saved as ``plans_dir/<name>.yaml``, the
-    search's record as ``front.json``. ``extra``: ``anchors`` (name -> folder) and ``vision_csv``
-    (the vision Linears' table, :mod:`vlsens.budget.vision`, whose mixed curve joins the vision
-    formats; ``int4`` and ``int8-wo`` among ``components``)."""
-    from vlsens.budget.front import search
+    ``search_settings["budgets"]`` (:func:`budget_point`) under its own name; each plan saved as
+    ``plans_dir/<name>.yaml``, the search's record as ``front.json``. ``extra``: ``anchors`` (name
+    -> folder), ``vision_csv`` (the vision Linears' table, :mod:`vlsens.budget.vision`, whose mixed
+    curve joins the vision formats; ``int4`` and ``int8-wo`` among ``components``) and ``latency``
+    (``folder``: the fp32 deploy folder, ``context``: :func:`uniform_latency`)."""
+    from vlsens.budget.front import Extras, combinations, search
     from vlsens.core.fsutil import atomic_dir, write_json
     from vlsens.deploy.genai.measure import folder_weight_bytes
     from vlsens.sensitivity import nbits as nb
@@ -350,17 +381,23 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     anchors, vision_csv = extra.get("anchors") or {}, extra.get("vision_csv")
     mixed, scale = _mixed_options(parts["vision"], vision_csv) if vision_csv else ({}, None)
     sizes = {n: folder_weight_bytes(f) for n, f in anchors.items()}
+    latency = uniform_latency(engine_dir, extra["latency"], threads) if extra.get("latency") else None
+    uniform = {int(w): t["ms"] for w, t in latency["uniform"].items()} if latency else None
     plans, record = search(engine_dir, eval_npz, csv, parts, int(components["decoder_other_bytes"]),
-                           int(search_settings["points"]), int(search_settings["max_evals"]), threads, mixed,
-                           anchor_bytes=list(sizes.values()))
+                           int(search_settings["points"]), int(search_settings["max_evals"]), threads,
+                           Extras(mixed, tuple(sizes.values()), uniform))
+    if latency:
+        record["latency"] = latency
     record["mixed_vision"] = mixed
     record["mixed_vision_calibration"] = [{"int4": k, "ratio": r} for k, r in scale] if scale else None
     eng = nb.Prepared(engine_dir)
     record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict(), mixed)
     fp32_bytes = sum(int(components[p]["fp32"]["bytes"]) for p in ("vision", "embedding")) + \
         int(components["decoder_other_bytes"]) + sum(c["bytes_float"] for c in _csv_rows(csv))
-    record["requested"] = _budget_plans(plans, record, list(search_settings.get("budgets") or []), fp32_bytes, eng,
-                                        mixed)
+    points = [p for p in combinations(record["curve"], parts, int(components["decoder_other_bytes"]))
+              if any(record["curve"][p["decoder"]]["bits"].values()) or (p["vision"], p["embedding"]) != ("fp32", "fp32")]
+    record["requested"] = _budget_plans(plans, record, points, list(search_settings.get("budgets") or []),
+                                        fp32_bytes, eng, mixed)
     record["fp32_bytes"] = fp32_bytes
     with atomic_dir(plans_dir) as tmp:
         for plan in plans:

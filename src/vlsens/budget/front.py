@@ -27,6 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vlsens.budget.plan import EMBEDDING_FORMATS, VISION_FORMATS, Plan
@@ -136,11 +137,17 @@ def pareto(points: Sequence[Mapping]) -> list[dict]:
 
 
 def combine(curve: Sequence[Mapping], components: Mapping, other_bytes: int) -> list[dict]:
-    """The estimated front (:func:`pareto`) of every (decoder point, vision format, embedding
-    format): ``bytes`` = decoder weight bytes + ``other_bytes`` (the decoder graph's bytes outside
-    its weight MatMuls) + vision + embedding; ``kl`` = the sum of the parts' KL (``components``:
-    ``{"vision": {fmt: {"bytes", "kl"}}, "embedding": {...}}``, each measured with the other parts
-    float). ``decoder``: the index of the decoder point in ``curve`` (the same assignment once)."""
+    """The estimated front: the :func:`pareto` set of :func:`combinations`."""
+    return pareto(combinations(curve, components, other_bytes))
+
+
+def combinations(curve: Sequence[Mapping], components: Mapping, other_bytes: int) -> list[dict]:
+    """Every (decoder point, vision format, embedding format): ``bytes`` = decoder weight bytes +
+    ``other_bytes`` (the decoder graph's bytes outside its weight MatMuls) + vision + embedding;
+    ``kl`` = the sum of the parts' KL (``components``: ``{"vision": {fmt: {"bytes", "kl"}},
+    "embedding": {...}}``, each measured with the other parts float); ``decode_ms`` the decoder
+    point's (:mod:`vlsens.budget.latency`) where it has one. ``decoder``: the index of the decoder
+    point in ``curve`` (the same assignment once)."""
     vision, embedding = _components(components)
     seen: set[tuple] = set()
     points = []
@@ -155,8 +162,9 @@ def combine(curve: Sequence[Mapping], components: Mapping, other_bytes: int) -> 
                          "vision": vc, "embedding": ec}
                 points.append({"bytes": sum(p["bytes"] for p in parts.values()),
                                "kl": sum(p.get("kl", 0.0) for p in parts.values()),
-                               "decoder": i, "vision": v, "embedding": e, "parts": parts})
-    return pareto(points)
+                               "decoder": i, "vision": v, "embedding": e, "parts": parts,
+                               **({"decode_ms": float(d["decode_ms"])} if "decode_ms" in d else {})})
+    return points
 
 
 #: :func:`pick` goes on adding points while a gap between two picked points is wider in log bytes
@@ -223,7 +231,8 @@ def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[st
     for k, p in enumerate(picked, 1):
         d = curve[p["decoder"]]
         estimate = {"bytes": int(p["bytes"]), "kl": float(p["kl"]), "decoder_budget": int(d["budget"]),
-                    "parts": {part: dict(v) for part, v in p["parts"].items()}}
+                    "parts": {part: dict(v) for part, v in p["parts"].items()},
+                    **({"decode_ms": float(p["decode_ms"])} if "decode_ms" in p else {})}
         vision, vision_ops = p["vision"], {}
         if vision.startswith(MIXED_PREFIX):
             if not mixed or vision not in mixed:
@@ -250,16 +259,28 @@ def shipped_rows(eng_dir, rows: Sequence[Mapping]) -> list[dict]:
     return [{**r, **{f"bytes_int{b}": int(round(r[f"bytes_int{b}"] + extra[b])) for b in (4, 8)}} for r in rows]
 
 
+@dataclass(frozen=True)
+class Extras:
+    """What a search adds to the decoder's curve and the parts: ``mixed``, the Linears' bits of each
+    ``mixed:<k>`` vision option the components hold; ``anchor_bytes``, the anchors' folder bytes
+    (the point at each is picked); ``uniform_ms``, the measured decode step of the uniform
+    decoders (width -> ms), from which each decoder point's ``decode_ms`` is estimated
+    (:func:`vlsens.budget.latency.estimate_ms`)."""
+
+    mixed: Mapping[str, Mapping] | None = None
+    anchor_bytes: Sequence[int] = ()
+    uniform_ms: Mapping[int, float] | None = None
+
+
 def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, components: Mapping, other_bytes: int,
            points: int = 8, max_evals: int = 60, threads: int = 0,
-           mixed: Mapping[str, Mapping] | None = None, anchor_bytes: Sequence[int] = ()) -> tuple[list[Plan], dict]:
+           extras: Extras | None = None) -> tuple[list[Plan], dict]:
     """The plans of the measured front and the search's record. On the ``nbits`` engine folder
     (its session on ``eval_npz``, ``threads``) and its sensitivity ``csv``: the decoder's curve at
     :data:`BUDGETS` budgets geometric between the all-INT4 and all-float weight bytes (at most
     ``max_evals`` measured assignments each, :func:`decoder_curve`), combined with ``components``
     and ``other_bytes`` (:func:`combine`), ``points`` plans picked (:func:`pick`), among them the
-    point at each of ``anchor_bytes`` (:func:`at_bytes`). ``mixed``: the Linears' bits of each
-    ``mixed:<k>`` vision option ``components`` holds."""
+    point at each anchor's bytes (:func:`at_bytes`; :class:`Extras`)."""
     import pandas as pd
 
     from vlsens.sensitivity import nbits as nb
@@ -277,14 +298,21 @@ def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, compon
     low = assignment_bytes(rows, {r["op"]: 4 for r in rows})
     budgets = budgets_between(low, assignment_bytes(rows, {}))
     curve = decoder_curve(measured, rows, budgets, max_evals)
+    extras = extras or Extras()
+    if extras.uniform_ms:
+        from vlsens.budget.latency import estimate_ms
+
+        for d in curve:
+            d["decode_ms"] = estimate_ms(d["bits"], rows, extras.uniform_ms)
     t_curve = time.perf_counter()
     # the all-float point with the fp32 vision graph and table is the fp32 folder, the reference
     front = [p for p in combine(curve, components, other_bytes)
              if not (p["vision"] == "fp32" and p["embedding"] == "fp32" and not any(curve[p["decoder"]]["bits"].values()))]
-    required = [p for p in (at_bytes(front, b) for b in anchor_bytes) if p is not None]
-    plans = _plans(curve, pick(front, points, required), eng_dir.ops, eng_dir.settings.as_dict(), mixed)
+    required = [p for p in (at_bytes(front, b) for b in extras.anchor_bytes) if p is not None]
+    plans = _plans(curve, pick(front, points, required), eng_dir.ops, eng_dir.settings.as_dict(), extras.mixed)
     record = {"engine_dir": str(engine_dir), "metric": "kl", "settings": eng_dir.settings.as_dict(),
               "budgets": budgets, "max_evals": max_evals, "other_bytes": int(other_bytes),
+              "float_bytes": {r["op"]: int(r["bytes_float"]) for r in rows},
               "components": {k: dict(v) for k, v in components.items()}, "curve": curve, "front": front,
               "picked": [{"name": p.name, "digest": p.digest(), **p.estimate, **p.bits_summary(),
                           "vision": p.vision_label(), "embedding": p.embedding} for p in plans],

@@ -33,8 +33,9 @@ def _image_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["modality"] != "text"]
 
 
-def _plans(front: dict, measures: dict[str, dict]) -> list[dict]:
+def _plans(front: dict, measures: dict[str, dict], latency: dict | None = None) -> list[dict]:
     rows = []
+    timed = (latency or {}).get("plans", {})
     for p in front.get("plans", front["picked"]):
         m = measures.get(PLAN_PREFIX + p["name"])
         if m is None:
@@ -45,6 +46,10 @@ def _plans(front: dict, measures: dict[str, dict]) -> list[dict]:
                      "estimate_bytes": p["bytes"], "bytes": m["bytes"], "estimate_kl": est, "kl": m["mean_kl"],
                      "estimate_error": (est - m["mean_kl"]) / m["mean_kl"] if m["mean_kl"] > NOISE_KL else None,
                      "modalities": {k: v["mean_kl"] for k, v in m["modalities"].items()}, "top1": m["top1"]})
+        t = timed.get(PLAN_PREFIX + p["name"]) or timed.get(p["name"])
+        if t:
+            rows[-1].update({"decode_ms": t["measured"]["ms"], "decode_q": [t["measured"]["q1"], t["measured"]["q3"]],
+                             "estimate_decode_ms": t["estimate_ms"], "decode_error": t["error"]})
     return rows
 
 
@@ -64,10 +69,12 @@ def _versus(plans: list[dict], measures: dict[str, dict], anchor: str) -> dict |
     return out
 
 
-def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | None = None) -> dict:
-    """The record: plans (estimate and measure), anchors, the comparisons, the recommendation."""
+def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | None = None,
+          latency: dict | None = None) -> dict:
+    """The record: plans (estimate and measure; with ``latency``, budget/latency.json, their decode
+    step too), anchors, the comparisons, the recommendation."""
     measures = {n: json.loads(Path(f).read_text()) for n, f in measure_files.items()}
-    plans = _plans(front, measures)
+    plans = _plans(front, measures, latency)
     anchors = {n: {"bytes": m["bytes"], "kl": m["mean_kl"], "top1": m["top1"],
                    "modalities": {k: v["mean_kl"] for k, v in m["modalities"].items()}}
                for n, m in measures.items() if not n.startswith(PLAN_PREFIX)}
@@ -84,23 +91,33 @@ def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | 
                 "why": (f"the smallest plan whose measured KL meets the KL budget {kl_budget:g}" if meeting
                         else "no plan meets the KL budget: the plan of lowest KL")},
             "requested": requested,
+            "latency": None if not latency else {
+                "context": latency["context"], "uniform_ms": {w: t["ms"] for w, t in latency["uniform"].items()},
+                "within": sum(abs(p["decode_error"]) <= ESTIMATE_GOAL for p in plans if "decode_error" in p),
+                "of": sum("decode_error" in p for p in plans)},
             "search": {k: front.get(k) for k in ("evaluations", "seconds", "budgets")}}
 
 
 def _requested(requested: dict, plans: dict) -> dict:
-    """Each ``plan.budgets`` request against its built folder's measure: met when the folder's
-    bytes are within the byte limit, or its measured KL within the KL asked for."""
+    """Each ``plan.budgets`` request against its built folder's measure: met when every limit it
+    sets holds on the folder: its bytes within the byte limit, its measured KL within the KL asked
+    for, its measured decode step within ``decode_ms``."""
     out = {}
     for name, r in requested.items():
         p = plans.get(r["plan"]) if r["plan"] else None
         if p is None:
             out[name] = {**r, "met": False}
             continue
-        met = p["kl"] <= float(r["request"]["kl"]) if "kl" in r["request"] else p["bytes"] <= r["byte_limit"]
-        out[name] = {**r, "bytes": p["bytes"], "kl": p["kl"], "met": bool(met)}
+        ask = r["request"]
+        met = (r["byte_limit"] is None or p["bytes"] <= r["byte_limit"]) and \
+            ("kl" not in ask or p["kl"] <= float(ask["kl"])) and \
+            ("decode_ms" not in ask or p.get("decode_ms", float("inf")) <= float(ask["decode_ms"]))
+        out[name] = {**r, "bytes": p["bytes"], "kl": p["kl"], "met": bool(met),
+                     **({"decode_ms": p["decode_ms"]} if "decode_ms" in p else {})}
         if not met:  # the estimate met it, the built folder does not: said where the run is watched
-            log.warning("plan.budgets %r (%s): the built deploy/plan-%s/ does not meet it (%d bytes, measured KL %.3g)",
-                        name, ", ".join(f"{k} {v}" for k, v in r["request"].items()), name, p["bytes"], p["kl"])
+            step = f", decode step {p['decode_ms']:.3g} ms" if "decode_ms" in p else ""
+            log.warning("plan.budgets %r (%s): the built deploy/plan-%s/ does not meet it (%d bytes, measured KL %.3g%s)",
+                        name, ", ".join(f"{k} {v}" for k, v in ask.items()), name, p["bytes"], p["kl"], step)
     return out
 
 
@@ -108,14 +125,21 @@ def markdown(result: dict) -> str:
     from vlsens.deploy.peers import pair_cell
 
     mods = ("text", "image", "images")
+    timed = bool(result.get("latency"))
     lines = ["| plan | vision | embedding | INT4 / INT8 / float MatMuls | MB | est. KL | KL | est. error | "
-             + " | ".join(f"KL {m}" for m in mods) + " | top-1 |",
-             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in mods) + " | ---: |"]
+             + " | ".join(f"KL {m}" for m in mods) + " | top-1 |" + (" est. ms | ms [q1, q3] |" if timed else ""),
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in mods) + " | ---: |"
+             + (" ---: | ---: |" if timed else "")]
     for p in result["plans"]:
         err = "noise" if p["estimate_error"] is None else f"{p['estimate_error']:+.0%}"
+        step = ""
+        if timed:
+            step = (f" {p['estimate_decode_ms']:.3g} | {p['decode_ms']:.3g} [{p['decode_q'][0]:.3g}, {p['decode_q'][1]:.3g}] |"
+                    if "decode_ms" in p else " - | - |")
         lines.append(f"| {p['plan']} | {p['vision']} | {p['embedding']} | {p['int4']} / {p['int8']} / {p['float']} | "
                      f"{p['bytes'] / 1e6:.3f} | {p['estimate_kl']:.3g} | {p['kl']:.3g} | {err} | "
-                     + " | ".join(f"{p['modalities'].get(m, float('nan')):.3g}" for m in mods) + f" | {p['top1']:.3f} |")
+                     + " | ".join(f"{p['modalities'].get(m, float('nan')):.3g}" for m in mods) + f" | {p['top1']:.3f} |"
+                     + step)
     lines += ["", "| anchor | MB | KL | best plan within its bytes | plan / anchor, all prompts | image prompts | goal |",
               "| --- | ---: | ---: | --- | --- | --- | --- |"]
     for v in result["versus"]:
@@ -133,9 +157,19 @@ def markdown(result: dict) -> str:
               "", f"Estimate vs built: {e['within']} of {e['of']} plans within {e['goal']:.0%} of their measured KL "
                   f"(the others' error is printed with its sign); the plans measured below {NOISE_KL:g} per step "
                   "(\"noise\") are at the rounding of two runtimes, where a relative error says nothing."]
+    if timed:
+        t = result["latency"]
+        lines += ["", f"Decode step: one generated token after {t['context']} cached tokens, ms, the median of the "
+                      "timed steps with its quartiles, on the machine and threads of this run; all plans and the "
+                      "uniform decoders (" + ", ".join(f"{'float' if w == '0' else 'INT' + w} {ms:.3g}"
+                                                       for w, ms in t["uniform_ms"].items())
+                      + ") timed in the same rounds. The estimate shares the uniform steps by the MatMuls' float "
+                      f"bytes: {t['within']} of {t['of']} plans within {ESTIMATE_GOAL:.0%} of their measured step."]
     for name, q in result.get("requested", {}).items():
         asked = ", ".join(f"{k} {v:g}" for k, v in q["request"].items())
         got = f"{q['bytes'] / 1e6:.3f} MB, KL {q['kl']:.3g}" if "kl" in q else q.get("note", "not built")
+        if "decode_ms" in q:
+            got += f", decode step {q['decode_ms']:.3g} ms"
         lines += ["", f"Requested `plan-{name}` ({asked}): {got}: {'met' if q['met'] else 'NOT met'}."]
     if r:
         lines += ["", f"Recommended: `{r['folder']}` ({r['bytes'] / 1e6:.3f} MB, KL {r['kl']:.3g}): {r['why']}."]
@@ -179,9 +213,9 @@ def figure(result: dict, out: str | Path) -> None:
 
 
 def write(front: dict, measure_files: dict[str, str | Path], out_json, out_md, out_png,
-          kl_budget: float | None = None) -> dict:
+          kl_budget: float | None = None, latency: dict | None = None) -> dict:
     from vlsens.deploy.compare import write_pair
 
-    result = write_pair(table(front, measure_files, kl_budget), markdown, out_json, out_md)
+    result = write_pair(table(front, measure_files, kl_budget, latency), markdown, out_json, out_md)
     figure(result, out_png)
     return result

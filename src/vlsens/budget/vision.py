@@ -53,6 +53,7 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
 
     from transformers import AutoConfig
 
+    from vlsens.budget.build import _in_folder
     from vlsens.core.errors import VlsensError
     from vlsens.deploy.genai import folder as genai
     from vlsens.deploy.genai.assemble import assemble
@@ -80,6 +81,7 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
         quantize_vision(graphs["fp32"], staged, settings, per_op=per_op)
         genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], vc, work / f"{name}-preamble")
         m = measure_folder(folder, reference, cases, f"vision-{name}", modalities=image_modalities)
+        m["bytes_in_folder"] = _in_folder(folder, "vision")
         shutil.rmtree(staged.parent, ignore_errors=True)
         return sum(float(r["kl"]) for r in m["cases"]) / len(cases), m
 
@@ -94,9 +96,9 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
     points, order = [], order_of(rows)
     for k in point_ks(len(rows)):  # whole mixed graphs along the curve: how the errors add up there
         first = {rows[i]["op"] for i in order[:k]}
-        kl, _ = measured(f"mixed{k}", {o["name"]: FORMATS["int4"] if o["name"] in first else FORMATS["int8-wo"]
+        kl, m = measured(f"mixed{k}", {o["name"]: FORMATS["int4"] if o["name"] in first else FORMATS["int8-wo"]
                                        for o in ops})
-        points.append({"int4": k, "kl": kl})
+        points.append({"int4": k, "kl": kl, "bytes": m["bytes_in_folder"]})  # as the folder ships it
         log.info("vision mixed, %d of %d Linears INT4: KL %.4g", k, len(rows), kl)
     return rows, points
 
@@ -179,13 +181,15 @@ def mixed_curve(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = N
     """``[{"name": "mixed:<k>", "bytes", "kl", "ops": {Linear: 4 | 8}, "int4": k, "ratio"}]`` for
     k = 1 .. n - 1 (k = 0 is ``int8-wo`` itself, k = n the ``int4`` graph, both measured as
     components): ``int8`` / ``int4``: the ``int8-wo`` and ``int4`` components (bytes in the folder,
-    KL); ``points``: whole mixed graphs measured along the curve (``{"int4": k, "kl"}``). Linears
-    move to INT4 in :func:`order_of`. With ``points``, the curve is those points alone, each
-    with its measured KL (the estimate of the vision part is then a measurement); without, every
-    k, its KL :func:`additive` times the ratio measured whole (:func:`calibration`) interpolated
-    at k."""
+    KL); ``points``: whole mixed graphs measured along the curve (``{"int4": k, "kl", "bytes"?}``:
+    their bytes as the folder shipped them, where recorded; else the INT8 graph's less the Linears'
+    savings, which misses the graph's own bytes per node). Linears move to INT4 in
+    :func:`order_of`. With ``points``, the curve is those points alone, each with its measured KL
+    (the estimate of the vision part is then a measurement); without, every k, its KL
+    :func:`additive` times the ratio measured whole (:func:`calibration`) interpolated at k."""
     cal, sums = calibration(rows, int8, int4, points), additive(rows, int8)
     measured = {int(p["int4"]): float(p["kl"]) for p in points}
+    built = {int(p["int4"]): int(p["bytes"]) for p in points if "bytes" in p}  # the mixed graph as it shipped
     order = order_of(rows)
     out, nbytes, moved = [], int(int8["bytes"]), set()
     for k, i in enumerate(order[:-1], 1):
@@ -195,6 +199,6 @@ def mixed_curve(rows: Sequence[Mapping], int8: Mapping, int4: Mapping | None = N
         if measured and k not in measured:
             continue
         ratio = measured[k] / sums[k] if k in measured else _ratio(cal, k)
-        out.append({"name": f"{MIXED_PREFIX}{k}", "bytes": nbytes, "kl": sums[k] * ratio, "int4": k,
+        out.append({"name": f"{MIXED_PREFIX}{k}", "bytes": built.get(k, nbytes), "kl": sums[k] * ratio, "int4": k,
                     "ratio": ratio, "ops": {x["op"]: (4 if x["op"] in moved else 8) for x in rows}})
     return out

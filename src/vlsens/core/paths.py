@@ -80,6 +80,7 @@ BUDGET = MODEL + "/budget"
 BUDGET_FEEDS, BUDGET_ENGINE, BUDGET_COMPONENTS, BUDGET_FRONT, BUDGET_PLANS = (
     f"{BUDGET}/{n}" for n in ("decoder.npz", "nbits-engine", "components.json", "front.json", "plans"))
 #: The vision Linears each at INT4, measured on the folders' measure (vlsens.budget.vision).
+BUDGET_LATENCY = f"{BUDGET}/latency.json"
 BUDGET_VISION = {k: f"{BUDGET}/{n}" for k, n in (("csv", "vision.csv"), ("summary", "vision.json"))}
 BUDGET_NBITS = {k: f"{BUDGET}/{n}" for k, n in (("csv", "nbits.csv"), ("summary", "nbits.json"))}
 BUDGET_MEASURED = {k: f"{BUDGET}/{n}" for k, n in (("json", "measured.json"), ("md", "measured.md"),

@@ -25,6 +25,7 @@ record                 where                                                 sch
 ``components.json``    ``budget/``                                           ``budget_components``
 ``front.json``         ``budget/``                                           ``budget_front``
 ``measured.json``      ``budget/``                                           ``budget_measured``
+``latency.json``       ``budget/``                                           ``budget_latency``
 ``nbits.json``         ``budget/``                                           ``nbits``
 ``vision.json``        ``budget/``                                           ``budget_vision``
 ``engine.json``        ``budget/nbits-engine/``                              ``nbits_engine``
@@ -49,7 +50,7 @@ BY_NAME = {"parity.json": "parity", "manifest.json": "manifest", "engine.json": 
            "parts.json": "parts"}
 #: The whole-VLM plan's records in ``budget/`` (its ``nbits.json`` and ``nbits-engine/engine.json``: BY_NAME's).
 BUDGET = {"components.json": "budget_components", "front.json": "budget_front", "measured.json": "budget_measured",
-          "vision.json": "budget_vision"}
+          "vision.json": "budget_vision", "latency.json": "budget_latency"}
 
 
 def schema_name(path: str | Path) -> str | None:
