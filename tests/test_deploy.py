@@ -538,3 +538,30 @@ def test_chat_on_a_path_that_is_no_deploy_folder_is_one_error_naming_it(tmp_path
         with pytest.raises(VlsensError, match=says) as e:
             Chat(path)
         assert str(path) in str(e.value)
+
+
+def test_a_folder_reuses_the_fp32_folders_preamble_node_for_node(folders, graph_builder, vision_config, tmp_path):
+    """Every folder but fp32 takes its vision preamble from the fp32 folder's vision.onnx (no torch
+    export, no transformers config in the job): the same nodes and values as the one exported from
+    the config, the same features; another opset is refused."""
+    import onnx
+
+    from vlsens.core.errors import VlsensError
+    from vlsens.deploy.genai import folder as genai
+
+    src = graph_builder("vision/dynamic").model("fp32")
+    fp32_vision = folders["fp32"] / genai.GRAPHS["vision"]
+    fresh = genai.wrap_vision(src, tmp_path / "fresh" / "vision.onnx", vision_config, tmp_path / "w")
+    reused = genai.wrap_vision(src, tmp_path / "reused" / "vision.onnx", None, tmp_path / "w2", fp32_vision)
+    a, b = (onnx.load(str(p), load_external_data=False) for p in (fresh, reused))
+    assert [(n.name, n.op_type, list(n.input), list(n.output)) for n in a.graph.node] == \
+        [(n.name, n.op_type, list(n.input), list(n.output)) for n in b.graph.node]
+    grid = np.array([[1, 16, 12]], np.int64)
+    pixels = np.random.default_rng(0).standard_normal((16 * 12, 1176)).astype(np.float32)
+    run = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(
+        None, {"pixel_values": pixels, "image_grid_thw": grid})[0] for p in (fresh, reused)]
+    assert np.array_equal(run[0], run[1])
+    with pytest.raises(VlsensError, match="opset"):
+        genai.preamble_of(fp32_vision, 17)
+    with pytest.raises(VlsensError, match="no preamble"):
+        genai.preamble_of(src, 19)

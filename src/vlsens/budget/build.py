@@ -40,10 +40,12 @@ def _in_folder(folder: Path, part: str) -> int:
 def _measure_one(name: str, parts: dict, checkpoint, reference, cases, work: Path) -> tuple[Path, dict]:
     """One component folder assembled from ``parts`` (decoder, embedding, vision graphs) and measured."""
     from vlsens.deploy.genai.assemble import assemble
+    from vlsens.deploy.genai.folder import GRAPHS
     from vlsens.deploy.genai.measure import measure_folder
 
     folder = work / name
-    assemble(folder, checkpoint, parts["decoder"], parts["embedding"], parts["vision"], work / f"{name}-preamble")
+    assemble(folder, checkpoint, parts["decoder"], parts["embedding"], parts["vision"], work / f"{name}-preamble",
+             preamble_from=Path(parts["folder"]) / GRAPHS["vision"] if parts.get("folder") else None)
     m = measure_folder(folder, reference, cases, name)
     return folder, {"kl": m["mean_kl"], "top1": m["top1"], "modalities": m["modalities"], "cases": m["cases"]}
 

@@ -48,10 +48,9 @@ COLUMNS = ("op", "K", "N", "bytes_float", "bytes_int4", "bytes_int8", "kl_int4",
 def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, work: str | Path) -> list[dict]:
     """One row per Linear of the fp32 vision graph (``graphs["fp32"]``; ``graphs["int4"]`` and
     ``graphs["int8-wo"]``: the gated weight-only graphs its bytes are read from): its INT4 KL in
-    the fp32 folder (``base``: the folder's decoder, embedding and vision graphs), per modality."""
+    the fp32 folder (``base``: the folder's decoder, embedding and vision graphs and the ``folder``
+    itself, whose vision preamble is reused), per modality."""
     import shutil
-
-    from transformers import AutoConfig
 
     from vlsens.budget.build import _in_folder
     from vlsens.core.errors import VlsensError
@@ -71,15 +70,16 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
     image_modalities = {c["modality"] for c in cases if c["images"]}
     work = Path(work)
     folder = work / "folder"  # the fp32 folder, its vision graph replaced by each one measured
-    assemble(folder, checkpoint, base["decoder"], base["embedding"], base["vision"], work / "preamble")
-    vc = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False).vision_config
+    preamble = Path(base["folder"]) / genai.GRAPHS["vision"]  # the fp32 folder's, reused: no torch here
+    assemble(folder, checkpoint, base["decoder"], base["embedding"], base["vision"], work / "preamble",
+             preamble_from=preamble)
 
     def measured(name: str, per_op: dict) -> tuple[float, dict]:
         """The fp32 folder with the vision graph of ``per_op``: the mean KL over every case (the
         text cases do not reach the vision graph and are not run: 0; run, 1e-14) and the measure."""
         staged = work / name / "model.onnx"
         quantize_vision(graphs["fp32"], staged, settings, per_op=per_op)
-        genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], vc, work / f"{name}-preamble")
+        genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], None, work / f"{name}-preamble", preamble)
         m = measure_folder(folder, reference, cases, f"vision-{name}", modalities=image_modalities)
         m["bytes_in_folder"] = _in_folder(folder, "vision")
         shutil.rmtree(staged.parent, ignore_errors=True)

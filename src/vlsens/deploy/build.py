@@ -11,6 +11,7 @@ from vlsens.core import paths
 from vlsens.deploy import DONE, prepacked
 from vlsens.deploy.genai.assemble import assemble
 from vlsens.deploy.genai.evaluate import Checks, eval_cases, evaluate, transformers_generate, vision_parity
+from vlsens.deploy.genai.folder import GRAPHS
 from vlsens.deploy.genai.runtime import Chat
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
     fp32_eval = json.loads((Path(fp32_folder) / DONE).read_text()) if fp32_folder else None
     with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="vlsens-deploy-") as work:
         t0 = time.perf_counter()
-        files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble", tied=tied is not None)
+        files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble", tied=tied is not None,
+                         preamble_from=Path(fp32_folder) / GRAPHS["vision"] if fp32_folder else None)
         embedding_gate = None
         if tied is not None:
             from vlsens.precision.weight_only import gate_tied

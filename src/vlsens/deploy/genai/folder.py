@@ -102,10 +102,55 @@ def vision_preamble(vision_config, workdir: str | Path, opset: int = 19):
     return onnx.load(str(path))
 
 
-def wrap_vision(src: str | Path, dst: str | Path, vision_config, workdir: str | Path) -> Path:
+PREAMBLE_PREFIX = "/preamble/"
+
+
+def _prefixed_preamble(vision_config, workdir, opset: int) -> tuple[list, list]:
+    """The preamble's nodes and initializers (:func:`vision_preamble`), named under
+    :data:`PREAMBLE_PREFIX` but for its input and outputs."""
+    pre = vision_preamble(vision_config, workdir, opset=opset)
+    nodes = []
+    for node in pre.graph.node:
+        node.name = PREAMBLE_PREFIX + (node.name or node.op_type)
+        for seq in (node.input, node.output):
+            for i, x in enumerate(seq):
+                if x and x != "image_grid_thw" and x not in PREAMBLE_OUTPUTS:
+                    seq[i] = PREAMBLE_PREFIX + x
+        nodes.append(node)
+    for init in pre.graph.initializer:
+        init.name = PREAMBLE_PREFIX + init.name
+    return nodes, list(pre.graph.initializer)
+
+
+def preamble_of(folder_vision: str | Path, opset: int) -> tuple[list, list]:
+    """The preamble's nodes and initializers as a deploy folder's ``vision.onnx`` holds them (the
+    fp32 folder's: built from the same checkpoint, its vision parity passed), for a graph of
+    ``opset``; a VlsensError when it holds none or was written at another opset. Reading it
+    saves a job torch and transformers (the preamble is exported with torch from the config)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from vlsens.core.onnxutil import tensor_array
+
+    folder_vision = Path(folder_vision)
+    model = onnx.load(str(folder_vision), load_external_data=False)
+    nodes = [n for n in model.graph.node if n.name.startswith(PREAMBLE_PREFIX)]
+    if not nodes:
+        raise VlsensError(f"{folder_vision}: no preamble nodes ({PREAMBLE_PREFIX}*) to reuse")
+    if _opset(model) != opset:
+        raise VlsensError(f"{folder_vision}: its preamble is at opset {_opset(model)}, the graph to wrap at {opset}")
+    inits = [numpy_helper.from_array(tensor_array(t, folder_vision.parent), t.name) for t in model.graph.initializer
+             if t.name.startswith(PREAMBLE_PREFIX)]
+    return nodes, inits
+
+
+def wrap_vision(src: str | Path, dst: str | Path, vision_config, workdir: str | Path,
+                preamble_from: str | Path | None = None) -> Path:
     """``dst`` (+ ``dst.data``): the dynamic vision graph ``src`` (vlsens layout, any variant)
     with the preamble in front: inputs ``pixel_values`` and ``image_grid_thw`` (1, 3), output
-    ``image_features``. The weights are copied as bytes, never loaded."""
+    ``image_features``. The weights are copied as bytes, never loaded. ``preamble_from``: a deploy
+    folder's ``vision.onnx`` whose preamble is reused (:func:`preamble_of`; ``vision_config`` is
+    then not read), else it is exported from ``vision_config``."""
     import onnx
     from onnx import helper
 
@@ -117,19 +162,8 @@ def wrap_vision(src: str | Path, dst: str | Path, vision_config, workdir: str | 
     have = [i.name for i in model.graph.input]
     if have != list(INPUTS) or model.graph.output[0].name != OUTPUT:
         raise VlsensError(f"{src}: not a dynamic vision graph (inputs {have}, expected {list(INPUTS)})")
-    pre = vision_preamble(vision_config, workdir, opset=_opset(model))
-    prefix = "/preamble/"
-    rename = {o: o for o in PREAMBLE_OUTPUTS}  # the preamble's outputs feed the graph's inputs as named
-    nodes = []
-    for node in pre.graph.node:
-        node.name = prefix + (node.name or node.op_type)
-        for seq in (node.input, node.output):
-            for i, x in enumerate(seq):
-                if x and x != "image_grid_thw" and x not in rename:
-                    seq[i] = prefix + x
-        nodes.append(node)
-    for init in pre.graph.initializer:
-        init.name = prefix + init.name
+    nodes, inits = preamble_of(preamble_from, _opset(model)) if preamble_from is not None else \
+        _prefixed_preamble(vision_config, workdir, _opset(model))
     patches = model.graph.input[0]
     for node in model.graph.node:
         for i, x in enumerate(node.input):
@@ -143,7 +177,7 @@ def wrap_vision(src: str | Path, dst: str | Path, vision_config, workdir: str | 
     old_nodes = list(model.graph.node)
     del model.graph.node[:]
     model.graph.node.extend(nodes + old_nodes)
-    model.graph.initializer.extend(pre.graph.initializer)
+    model.graph.initializer.extend(inits)
     model.graph.node.append(helper.make_node("Identity", [OUTPUT], ["image_features"], name="/image_features/Identity"))
     model.graph.output[0].name = "image_features"
     return copy_model(src, dst, model)
