@@ -76,8 +76,8 @@ def main() -> None:
             print(f"built {name}: {model_bytes(graphs[name]) / 1e6:.3g} MB", flush=True)
         timed = time_steps(graphs, config, a.context, a.steps, a.threads)
         widths = {0: timed["float"]["ms"], 8: timed["int8"]["ms"], 4: timed["int4"]["ms"]}
-        print(f"\n{len(names)} weight MatMuls; one decode step after {a.context} cached tokens, "
-              f"median of {a.steps} steps [quartiles], threads {a.threads or 'auto'}\n")
+        print(f"\n{len(names)} weight MatMuls; one decode step after {a.context} cached tokens, the median of the "
+              f"quietest of 3 rounds [the quartiles of all {a.steps} steps], threads {a.threads or 'auto'}\n")
         print("| decoder | MB | estimated ms | measured ms [q1, q3] | estimate error |")
         print("| --- | ---: | ---: | ---: | ---: |")
         errors = []

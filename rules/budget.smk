@@ -22,6 +22,7 @@ rule budget_nbits:
         engine=directory(paths.BUDGET_ENGINE),
     params:
         settings=nbits_settings(),
+        algorithms=config["plan"]["algorithms"],
         suffix_cuts=config["sensitivity"]["suffix_cuts"],
         provenance=provenance("deploy", "budget_nbits.py"),
     log:

@@ -5,6 +5,7 @@ decoders agree with the engine."""
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -249,13 +250,14 @@ def test_a_built_plan_is_the_engine_assignment(searched, engine, tmp_path):
     nodes = quantized_nodes(tmp_path / "model.onnx")
     assert {n: v["bits"] for n, v in nodes.items()} == {n: bt for n, bt in plan.decoder.items() if bt}
     assert facts["bits"] == plan.bits_summary() and facts["digest"] == plan.digest()
-    # the weights as the CSV counts them; the graph file as the estimate counts it (the per-node
-    # bytes of MatMulNBits spread evenly over the MatMuls: within 0.2 % of the file)
+    # the weights as the CSV counts them; the graph file as the estimate counts it (each op's node
+    # and initializer entries, read from the engine's graphs; the opset entry and the data offsets' digits
+    # make the rest: 59 bytes here, against 415 with the entries spread evenly)
     assert facts["weight_bytes"] == fr.assignment_bytes(_rows(folder), plan.decoder)
     float_model = eng_dir.folder / nb.FILES["float"]
     other = model_bytes(float_model) - sum(r["bytes_float"] for r in _rows(folder))
     built = model_bytes(tmp_path / "model.onnx") - other
-    assert abs(built - plan.estimate["parts"]["decoder"]["bytes"]) <= 2e-3 * built, (built, plan.estimate)
+    assert abs(built - plan.estimate["parts"]["decoder"]["bytes"]) <= 128, (built, plan.estimate)
     eng, ref = eng_dir.session(b.calib / "eval.npz", threads=2), eng_dir.reference()
     want = nb.error(eng.evaluate(plan.decoder, ref), True)
     sess, acc = make_session(tmp_path / "model.onnx", threads=2), Metrics(True)
@@ -479,7 +481,7 @@ def test_decode_steps_are_timed_in_turn_and_estimated_by_byte_shares(engine, tin
                           threads=1)
     assert sorted(got["uniform"]) == ["0", "4", "8"] and got["context"] == 64
     for t in got["uniform"].values():
-        assert 0 < t["q1"] <= t["ms"] <= t["q3"] and t["steps"] == 30
+        assert 0 < t["ms"] <= t["q3"] and t["q1"] <= t["q3"] and t["steps"] == 30  # ms: the quietest round's median
     feed = step_feed(folder / "engine" / "float.onnx", json.loads(
         (tmp_path / "fp32" / "genai_config.json").read_text())["model"]["decoder"], 64)
     assert feed["attention_mask"].shape == (1, 65) and feed["position_ids"].ravel().tolist() == [64] * 3
@@ -504,3 +506,84 @@ def test_the_search_carries_the_estimated_decode_step_to_every_point_and_plan(en
     assert record["curve"][0]["decode_ms"] == pytest.approx(1.0) and record["curve"][-1]["decode_ms"] == pytest.approx(3.0)
     assert all(p["decode_ms"] == record["curve"][p["decoder"]]["decode_ms"] for p in record["front"])
     assert all(1.0 - 1e-9 <= p.estimate["decode_ms"] <= 3.0 + 1e-9 for p in plans)
+
+
+# -- per-op algorithms (plan.algorithms) -----------------------------------------------------------
+
+
+def _packed(model) -> dict[str, list]:
+    """Per float MatMul the packed weight / scale tensors of its MatMulNBits node, as arrays."""
+    import onnx
+
+    from vlsens.core.onnxutil import tensor_array
+
+    m = onnx.load(str(model), load_external_data=False)
+    inits = {i.name: i for i in m.graph.initializer}
+    return {n.name.rsplit("_Q", 1)[0]: [tensor_array(inits[x], Path(model).parent) for x in n.input[1:] if x in inits]
+            for n in m.graph.node if n.op_type == "MatMulNBits"}
+
+
+def test_a_plan_names_per_op_algorithms_and_its_decoder_takes_them(engine, tmp_path):
+    """quantize(algorithms=...) gives each named MatMul its algorithm's weights and bytes, every
+    other one the settings'; a plan carries them in its file and digest, and build_decoder
+    builds them; an unknown algorithm or one given to a float MatMul is refused."""
+    from vlsens.quantize.nbits import quantize
+
+    b, _ = engine
+    fp32 = b.model("fp32")
+    ops = [o["name"] for o in weight_matmuls(fp32)]
+    kq = NBitsSettings(algorithm="k_quant", block_size=32, accuracy_level=4)
+    every = {}
+    for a in ("k_quant", "rtn"):
+        (tmp_path / a).mkdir()
+        every[a] = _packed(quantize(fp32, tmp_path / a / "model.onnx", dict.fromkeys(ops, 4), replace(kq, algorithm=a)))
+    picked = {ops[0]: "rtn", ops[3]: "rtn"}
+    plan = Plan("x", "fp16", "fp32", dict.fromkeys(ops, 4), kq.as_dict(), algorithms=picked)
+    (tmp_path / "plan").mkdir()
+    built = build_decoder(plan, fp32, tmp_path / "plan" / "model.onnx")
+    got = _packed(built["model"])
+    differ = [op for op in ops if any(not np.array_equal(x, y) for x, y in zip(every["rtn"][op], every["k_quant"][op]))]
+    assert differ, "rtn and k_quant wrote the same weights: the test would not see a swap"
+    for op in ops:
+        want = every[picked.get(op, "k_quant")][op]
+        assert all(np.array_equal(x, y) for x, y in zip(got[op], want)), op
+    # the bytes follow each op's algorithm (k_quant writes zero points where symmetric RTN has none)
+    q = {a: quantized_nodes(tmp_path / a / "model.onnx") for a in ("k_quant", "rtn")}
+    assert {op: v["bytes"] for op, v in quantized_nodes(built["model"]).items()} == \
+        {op: q[picked.get(op, "k_quant")][op]["bytes"] for op in ops}
+    same = Plan("x", "fp16", "fp32", dict.fromkeys(ops, 4), kq.as_dict())
+    assert plan.digest() != same.digest() and Plan.load(plan.save(tmp_path / "p.yaml")) == plan
+    assert "algorithms" not in same.as_dict()  # a plan without per-op algorithms keeps its file and digest
+    with pytest.raises(ConfigError, match="algorithms"):
+        Plan("x", "fp16", "fp32", dict.fromkeys(ops, 4), kq.as_dict(), algorithms={ops[0]: "gptq"})
+    with pytest.raises(ConfigError, match="not quantized"):
+        Plan("x", "fp16", "fp32", {**dict.fromkeys(ops, 4), ops[0]: 0}, kq.as_dict(), algorithms={ops[0]: "rtn"})
+
+
+def test_each_op_takes_the_algorithm_it_costs_least_under(engine, tmp_path):
+    """choose_algorithms scores every MatMul alone under each algorithm; the engine built with the
+    choice scores each op at the lowest of them, its bytes those of the chosen algorithm."""
+    b, _ = engine
+    kq = NBitsSettings(algorithm="k_quant", block_size=32, accuracy_level=4)
+    choice = nb.choose_algorithms(b.model("fp32"), b.calib / "eval.npz", kq, ["rtn"], tmp_path / "work", 2,
+                                  logits=True)
+    assert choice["candidates"] == ["k_quant", "rtn"] and not (tmp_path / "work" / "rtn").exists()
+    errors = choice["errors"]
+    for w in ("4", "8"):
+        for op in errors["k_quant"]:
+            best = min(("k_quant", "rtn"), key=lambda a: (errors[a][op][w], a != "k_quant"))
+            assert choice["chosen"].get(w, {}).get(op, "k_quant") == best
+    assert choice["chosen"], "no op is cheaper under rtn: the choice is never exercised"
+    eng = tmp_path / "engine"
+    nb.prepare(b.model("fp32"), b.calib / "eval.npz", eng, kq, 2, logits=True,
+               algorithms={int(w): a for w, a in choice["chosen"].items()})
+    assert nb.Prepared(eng).meta["algorithms"] == choice["chosen"]
+    nb.sensitivity(eng, b.calib / "eval.npz", tmp_path / "nbits.csv", tmp_path / "nbits.json", 2)
+    for r in _rows(tmp_path):
+        for w in ("4", "8"):
+            low = min(errors[a][r["op"]][w] for a in ("k_quant", "rtn"))
+            assert r[f"error_int{w}"] == pytest.approx(low, rel=1e-5, abs=1e-12), (r["op"], w)
+    plan = fr._plans([{"budget": 1, "bits": {op: 4 for op in errors["k_quant"]}}],
+                     [{"bytes": 1, "kl": 0.0, "decoder": 0, "vision": "fp16", "embedding": "fp32", "parts": {}}],
+                     list(errors["k_quant"]), kq.as_dict(), algorithms=choice["chosen"])[0]
+    assert plan.algorithms == choice["chosen"].get("4", {})

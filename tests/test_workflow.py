@@ -203,7 +203,7 @@ def _check_measure_and_plan(res):
     assert measured["recommended"]["folder"].startswith("plan-")
     # every plan's decode step timed beside the uniform decoders; the estimate lies between them
     latency = json.loads((res / "budget" / "latency.json").read_text())
-    assert sorted(latency["plans"]) == sorted(f"plan-{p['name']}" for p in front["plans"])
+    assert sorted(latency["plans"]) == sorted(p["name"] for p in front["plans"])
     low, high = min(t["ms"] for t in latency["uniform"].values()), max(t["ms"] for t in latency["uniform"].values())
     for t in latency["plans"].values():
         assert t["measured"]["ms"] > 0 and low - 1e-9 <= t["estimate_ms"] <= high + 1e-9, t
@@ -380,7 +380,8 @@ def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
     # the plan's decoder evaluation set and the weight-only table / vision graphs
     deploy = {"deploy", "deploy_int4", "report_latency", "report_tables", "report_int4", "vision_features",
               "measure_reference", "measure",
-              "measure_compare", "budget_nbits", "budget_vision", "budget_components", "budget_measured"}
+              "measure_compare", "budget_nbits", "budget_vision", "budget_components", "budget_latency",
+              "budget_measured"}
     for module, graphs, whole in (("vlsens.export.towers.prompts", {"text", "decoder"}, deploy | {"embedding_nbits"}),
                                   ("vlsens.export.towers.text", {"text"}, {"report_latency", "report_tables"}),
                                   ("vlsens.export.towers.vision_dynamic", {"vision/dynamic"}, deploy | {"vision_nbits"}),

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from vlsens.budget.plan import PLAN_FILE
 
-PLAN_FILE = "plan.yaml"
+log = logging.getLogger(__name__)
 
 
 def _in_folder(folder: Path, part: str) -> int:
@@ -186,6 +186,40 @@ def fp32_parts(inputs: Mapping) -> dict[str, Path]:
             "folder": Path(inputs["fp32_folder"])}
 
 
+def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 0) -> dict:
+    """The ``budget_nbits`` job: the measure's cases as the decoder's evaluation set
+    (:func:`vlsens.deploy.genai.chain.decoder_feeds`), engine nbits on it and every MatMul's INT4 /
+    INT8 error there. With ``params["algorithms"]`` naming algorithms beside the settings' one,
+    each MatMul first gets, per width, the one under which it alone costs least
+    (:func:`vlsens.sensitivity.nbits.choose_algorithms`); the engine is built with those, and
+    ``nbits.json`` records the choice."""
+    from vlsens.core.fsutil import write_json
+    from vlsens.data.inputs import checkpoint_dir
+    from vlsens.deploy.cases import load_cases
+    from vlsens.deploy.genai.chain import decoder_feeds
+    from vlsens.quantize.nbits import NBitsSettings
+    from vlsens.sensitivity import nbits
+
+    decoder_feeds(inputs["folder"], inputs["reference"], load_cases(inputs["cases"]), checkpoint_dir(inputs["checkpoint"]),
+                  outputs["feeds"])
+    settings = NBitsSettings.from_config(params["settings"])
+    choice = None
+    if set(params.get("algorithms") or ()) - {settings.algorithm}:
+        engine = Path(outputs["engine"])
+        engine.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".vlsens-algorithms-", dir=engine.parent) as work:
+            choice = nbits.choose_algorithms(inputs["model"], outputs["feeds"], settings, params["algorithms"], work,
+                                             threads, logits=True, suffix_cuts=params["suffix_cuts"])
+    nbits.prepare(inputs["model"], outputs["feeds"], outputs["engine"], settings, threads, logits=True,
+                  suffix_cuts=params["suffix_cuts"],
+                  algorithms={int(w): a for w, a in choice["chosen"].items()} if choice else None)
+    summary = nbits.sensitivity(outputs["engine"], outputs["feeds"], outputs["csv"], outputs["summary"], threads)
+    if choice:
+        summary["algorithms"] = choice
+        write_json(outputs["summary"], summary)
+    return summary
+
+
 def components_job(inputs: Mapping, outputs: Mapping) -> dict:
     """The ``budget_components`` job on its named inputs: each vision and table format measured in
     the fp32 folder (:func:`write_components`)."""
@@ -255,7 +289,8 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
     return record
 
 
-def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, settings: dict, mixed=None) -> dict:
+def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, settings: dict, mixed=None,
+                  algorithms=None) -> dict:
     """Per anchor (name -> its folder's bytes), the plan of lowest estimated KL within its bytes:
     one of ``plans`` where the same (by digest), else a new plan ``at-<anchor>`` (appended)."""
     from vlsens.budget.front import _plans, at_bytes
@@ -266,7 +301,7 @@ def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, setti
         if point is None:
             out[name] = {"bytes": nbytes, "plan": None, "note": "no front point at or below the anchor's bytes"}
             continue
-        plan = _plans(record["curve"], [point], ops, settings, mixed)[0]
+        plan = _plans(record["curve"], [point], ops, settings, mixed, algorithms)[0]
         same = [p for p in plans if p.digest() == plan.digest()]
         if not same:
             plan = replace(plan, name=f"at-{name}")
@@ -344,8 +379,8 @@ def _budget_plans(plans: list, record: dict, points: list, budgets: list[dict], 
                         f" = {limit} bytes" if limit is not None and "bytes" not in request else "",
                         request["name"], _nearest(points, request, limit) if points else "")
         else:
-            plans.append(replace(_plans(record["curve"], [point], eng.ops, eng.settings.as_dict(), mixed)[0],
-                                 name=request["name"]))
+            plans.append(replace(_plans(record["curve"], [point], eng.ops, eng.settings.as_dict(), mixed,
+                                        eng.meta.get("algorithms"))[0], name=request["name"]))
         out[request["name"]] = entry
     return out
 
@@ -393,7 +428,8 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     record["mixed_vision"] = mixed
     record["mixed_vision_calibration"] = [{"int4": k, "ratio": r} for k, r in scale] if scale else None
     eng = nb.Prepared(engine_dir)
-    record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict(), mixed)
+    record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict(), mixed,
+                                      eng.meta.get("algorithms"))
     fp32_bytes = sum(int(components[p]["fp32"]["bytes"]) for p in ("vision", "embedding")) + \
         int(components["decoder_other_bytes"]) + sum(c["bytes_float"] for c in _csv_rows(csv))
     points = [p for p in combinations(record["curve"], parts, int(components["decoder_other_bytes"]))

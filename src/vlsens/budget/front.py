@@ -220,10 +220,14 @@ def budgets_between(low: int, high: int, count: int = BUDGETS) -> list[int]:
 
 
 def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[str], settings: dict,
-           mixed: Mapping[str, Mapping] | None = None) -> list[Plan]:
+           mixed: Mapping[str, Mapping] | None = None,
+           algorithms: Mapping[str, Mapping[str, str]] | None = None) -> list[Plan]:
     """The picked points as plans ``p1``.. (increasing bytes; the decoder's MatMuls in ``ops``'
     order), the estimate of each part in them. ``mixed``: the mixed vision options by name
-    (``mixed:<k>`` -> its Linears' bits, :func:`vlsens.budget.vision.mixed_curve`)."""
+    (``mixed:<k>`` -> its Linears' bits, :func:`vlsens.budget.vision.mixed_curve`);
+    ``algorithms``: the engine's per-op algorithms by width (``engine.json``), which each plan
+    takes for its quantized MatMuls."""
+    per_width = {int(w): dict(a) for w, a in (algorithms or {}).items()}
     from vlsens.budget.plan import MIXED
     from vlsens.budget.vision import MIXED_PREFIX
 
@@ -239,24 +243,58 @@ def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[st
                 raise VlsensError(f"front point names vision {vision!r}, which the search was not given")
             estimate["vision_option"] = vision
             vision, vision_ops = MIXED, dict(mixed[vision])
-        plans.append(Plan(f"p{k}", vision, p["embedding"], {n: d["bits"][n] for n in ops}, settings, estimate,
-                          vision_ops))
+        bits = {n: d["bits"][n] for n in ops}
+        algos = {n: per_width[b][n] for n, b in bits.items() if b and n in per_width.get(b, {})}
+        plans.append(Plan(f"p{k}", vision, p["embedding"], bits, settings, estimate, vision_ops, algos))
     return plans
+
+
+def _entry_bytes(message) -> int:
+    """What one element of a repeated message field of a graph costs in the file beside any tensor
+    bytes it holds inline (those the CSV counts): its tag (one byte: ``node`` and ``initializer``
+    are fields 1 and 5), its length as a varint, itself."""
+    n = message.ByteSize()
+    inline = len(message.raw_data) if hasattr(message, "raw_data") else 0
+    return 1 + max(1, (n.bit_length() + 6) // 7) + n - inline
+
+
+def op_entries(model) -> dict[str, int]:
+    """Per weight MatMul of a graph (float ``MatMul`` or ``MatMulNBits`` ``<name>_Q<bits>``) the
+    bytes its node and its initializers' entries take in the ``.onnx`` file (their data is in
+    the data file): names differ in length, so each op's are its own."""
+    import onnx
+
+    m = onnx.load(str(model), load_external_data=False)
+    inits = {i.name: i for i in m.graph.initializer}
+    out = {}
+    for n in m.graph.node:
+        if n.op_type not in ("MatMul", "MatMulNBits") or not any(x in inits for x in n.input[1:]):
+            continue
+        out[n.name.rsplit("_Q", 1)[0] if n.op_type == "MatMulNBits" else n.name] = \
+            _entry_bytes(n) + sum(_entry_bytes(inits[x]) for x in n.input[1:] if x in inits)
+    return out
 
 
 def shipped_rows(eng_dir, rows: Sequence[Mapping]) -> list[dict]:
     """``rows`` with each quantized MatMul's bytes as a graph file ships it: the CSV counts the
-    weights' bytes; a ``MatMulNBits`` node and its initializers' entries add about 340 bytes of
-    graph each on the tiny preset, measured here per width from the engine's all-INT4 / all-INT8
-    graphs against its float one (spread evenly over the MatMuls)."""
+    weights' bytes; a ``MatMulNBits`` node and its initializers' entries take other bytes in the
+    graph than the float node and weight they replace (about 340 more each on the tiny preset),
+    read per op and width from the engine's all-INT4 / all-INT8 graphs against its float one
+    (:func:`op_entries`; what is left of the graphs' difference, the external data offsets'
+    digits, spread evenly)."""
     from vlsens.core.onnxutil import model_bytes
     from vlsens.sensitivity import nbits as nb
 
     folder, n = Path(eng_dir.folder), len(rows)
     base = model_bytes(folder / nb.FILES["float"]) - sum(r["bytes_float"] for r in rows)
-    extra = {b: (model_bytes(folder / nb.FILES[f"q{b}"]) - sum(r[f"bytes_int{b}"] for r in rows) - base) / n
-             for b in (4, 8)}
-    return [{**r, **{f"bytes_int{b}": int(round(r[f"bytes_int{b}"] + extra[b])) for b in (4, 8)}} for r in rows]
+    flt = op_entries(folder / nb.FILES["float"])
+    extra = {}
+    for b in (4, 8):
+        q = op_entries(folder / nb.FILES[f"q{b}"])
+        per_op = {r["op"]: q.get(r["op"], 0) - flt.get(r["op"], 0) for r in rows}
+        rest = model_bytes(folder / nb.FILES[f"q{b}"]) - sum(r[f"bytes_int{b}"] for r in rows) - base - sum(per_op.values())
+        extra[b] = {op: v + rest / n for op, v in per_op.items()}
+    return [{**r, **{f"bytes_int{b}": int(round(r[f"bytes_int{b}"] + extra[b][r["op"]])) for b in (4, 8)}} for r in rows]
 
 
 @dataclass(frozen=True)
@@ -309,7 +347,8 @@ def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, compon
     front = [p for p in combine(curve, components, other_bytes)
              if not (p["vision"] == "fp32" and p["embedding"] == "fp32" and not any(curve[p["decoder"]]["bits"].values()))]
     required = [p for p in (at_bytes(front, b) for b in extras.anchor_bytes) if p is not None]
-    plans = _plans(curve, pick(front, points, required), eng_dir.ops, eng_dir.settings.as_dict(), extras.mixed)
+    plans = _plans(curve, pick(front, points, required), eng_dir.ops, eng_dir.settings.as_dict(), extras.mixed,
+                   eng_dir.meta.get("algorithms"))
     record = {"engine_dir": str(engine_dir), "metric": "kl", "settings": eng_dir.settings.as_dict(),
               "budgets": budgets, "max_evals": max_evals, "other_bytes": int(other_bytes),
               "float_bytes": {r["op"]: int(r["bytes_float"]) for r in rows},

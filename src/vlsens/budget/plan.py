@@ -1,7 +1,8 @@
 """A plan: the file that rebuilds one deploy folder exactly, and the decoder it builds.
 
 A folder of the byte-budget front is decided by four things: the bits of every weight MatMul of
-the decoder (0: float, 4 or 8: ``MatMulNBits``), the settings the decoder is quantized with
+the decoder (0: float, 4 or 8: ``MatMulNBits``) and, where it is not the settings', the
+algorithm each quantized one is quantized with, the settings the decoder is quantized with
 (:class:`~vlsens.quantize.nbits.NBitsSettings`), the vision graph's format and the embedding
 table's format. A :class:`Plan` holds exactly these, plus a name and the search's estimate
 (bytes and KL per part), and is saved as YAML, so the folder a search proposed can be built,
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlsens.core.errors import ConfigError, VlsensError
-from vlsens.quantize.nbits import BITS, FLOAT, NBitsSettings
+from vlsens.quantize.nbits import ALGORITHMS, BITS, FLOAT, NBitsSettings
 
 #: The vision graph's formats a plan may name: the exported graphs (``fp32``, ``fp16``), the
 #: INT8 QDQ profile (``int8-mixed``), the weight-only ones
@@ -34,6 +35,8 @@ VISION_FORMATS = ("fp32", "fp16", "int8-mixed", "int4", "int4-rtn128", "int8-wo"
 MIXED = "mixed"
 #: The embedding table's formats: the exported FP32 table and ``GatherBlockQuantized`` at 8 / 4 bits.
 EMBEDDING_FORMATS = ("fp32", "int8", "int4")
+#: A plan folder's copy of its plan file.
+PLAN_FILE = "plan.yaml"
 #: The widths a decoder MatMul may take (0: float).
 PLAN_BITS = (FLOAT, *BITS)
 KEYS = ("name", "vision", "embedding", "decoder", "settings")  # and vision_ops where vision is mixed
@@ -81,6 +84,22 @@ def _check(vision, embedding, decoder, where: str, vision_ops=None) -> None:
                           f"{dict(list(bad.items())[:5])}")
 
 
+def _check_algorithms(algorithms, decoder, where: str) -> None:
+    """A ConfigError naming ``where`` for an algorithm not in :data:`ALGORITHMS` or one given to
+    a MatMul the plan leaves float or does not list."""
+    if algorithms is None:
+        return
+    if not isinstance(algorithms, Mapping):
+        raise ConfigError(f"{where}: algorithms: a mapping of quantized MatMuls to one of {list(ALGORITHMS)}, "
+                          f"got {algorithms!r}")
+    bad = {n: a for n, a in algorithms.items() if a not in ALGORITHMS}
+    if bad:
+        raise ConfigError(f"{where}: algorithms: one of {list(ALGORITHMS)} per MatMul; got {dict(list(bad.items())[:5])}")
+    loose = sorted(n for n in algorithms if not (isinstance(decoder, Mapping) and decoder.get(n)))
+    if loose:
+        raise ConfigError(f"{where}: algorithms: {loose[:5]} are not quantized MatMuls of the plan's decoder")
+
+
 @dataclass(frozen=True)
 class Plan:
     """One folder: ``decoder`` (every weight MatMul -> 0 / 4 / 8), its quantization ``settings``
@@ -95,10 +114,15 @@ class Plan:
     estimate: dict = field(default_factory=dict)
     #: a mixed vision graph's Linears (MatMul name -> 0 / 4 / 8); empty for every other format
     vision_ops: dict[str, int] = field(default_factory=dict)
+    #: the quantized decoder MatMuls quantized by another algorithm than ``settings``' (MatMul ->
+    #: one of :data:`~vlsens.quantize.nbits.ALGORITHMS`; empty: every one by the settings')
+    algorithms: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         where = f"plan {self.name!r}"
         _check(self.vision, self.embedding, self.decoder, where, self.vision_ops)
+        _check_algorithms(self.algorithms, self.decoder, where)
+        object.__setattr__(self, "algorithms", {str(n): str(a) for n, a in (self.algorithms or {}).items()})
         object.__setattr__(self, "decoder", {str(n): int(b) for n, b in self.decoder.items()})
         object.__setattr__(self, "vision_ops", {str(n): int(b) for n, b in (self.vision_ops or {}).items()})
         object.__setattr__(self, "settings", _settings(self.settings, where))
@@ -109,6 +133,8 @@ class Plan:
              "estimate": self.estimate, "decoder": self.decoder}
         if self.vision_ops:
             d["vision_ops"] = self.vision_ops
+        if self.algorithms:
+            d["algorithms"] = self.algorithms
         return d
 
     def save(self, path: str | Path) -> Path:
@@ -135,18 +161,22 @@ class Plan:
         missing = [k for k in KEYS if k not in d]
         if missing:
             raise ConfigError(f"{path}: missing key {missing[0]!r} (a plan has {list(KEYS)})")
-        extra = sorted(set(d) - {*KEYS, "estimate", "vision_ops"})
+        optional = ("estimate", "vision_ops", "algorithms")
+        extra = sorted(set(d) - {*KEYS, *optional})
         if extra:
-            raise ConfigError(f"{path}: unknown key {extra[0]!r} (a plan has {[*KEYS, 'estimate', 'vision_ops']})")
+            raise ConfigError(f"{path}: unknown key {extra[0]!r} (a plan has {[*KEYS, *optional]})")
         _check(d["vision"], d["embedding"], d["decoder"], str(path), d.get("vision_ops"))
+        _check_algorithms(d.get("algorithms"), d["decoder"], str(path))
         return cls(str(d["name"]), d["vision"], d["embedding"], dict(d["decoder"]), _settings(d["settings"], str(path)),
-                   dict(d.get("estimate") or {}), dict(d.get("vision_ops") or {}))
+                   dict(d.get("estimate") or {}), dict(d.get("vision_ops") or {}), dict(d.get("algorithms") or {}))
 
     def digest(self) -> str:
         """sha256 of what is built (everything but ``name`` and ``estimate``), as canonical JSON."""
         built = {"vision": self.vision, "embedding": self.embedding, "decoder": self.decoder, "settings": self.settings}
         if self.vision_ops:  # (absent for the other formats: their digests are what they were)
             built["vision_ops"] = self.vision_ops
+        if self.algorithms:  # (absent where every op takes the settings' algorithm)
+            built["algorithms"] = self.algorithms
         return hashlib.sha256(json.dumps(built, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def bits_summary(self) -> dict[str, int]:
@@ -176,7 +206,7 @@ def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path) ->
         raise VlsensError(f"plan {plan.name!r} does not list the weight MatMuls of {float_model}: "
                           f"missing {missing[:5]} ({len(missing)}), extra {extra[:5]} ({len(extra)})")
     model = quantize(float_model, out_model, {n: b for n, b in plan.decoder.items() if b},
-                     NBitsSettings.from_config(plan.settings))
+                     NBitsSettings.from_config(plan.settings), algorithms=plan.algorithms)
     facts = weight_facts(model)
     if facts["bits"] != plan.decoder:
         wrong = sorted(n for n in plan.decoder if facts["bits"].get(n) != plan.decoder[n])

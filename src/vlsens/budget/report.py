@@ -160,7 +160,8 @@ def markdown(result: dict) -> str:
     if timed:
         t = result["latency"]
         lines += ["", f"Decode step: one generated token after {t['context']} cached tokens, ms, the median of the "
-                      "timed steps with its quartiles, on the machine and threads of this run; all plans and the "
+                      "quietest round with the quartiles of every step, on the machine and threads of this run; all "
+                      "plans and the "
                       "uniform decoders (" + ", ".join(f"{'float' if w == '0' else 'INT' + w} {ms:.3g}"
                                                        for w, ms in t["uniform_ms"].items())
                       + ") timed in the same rounds. The estimate shares the uniform steps by the MatMuls' float "

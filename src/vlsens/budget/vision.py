@@ -52,8 +52,8 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
     itself, whose vision preamble is reused), per modality."""
     import shutil
 
-    from vlsens.budget.build import _in_folder
     from vlsens.core.errors import VlsensError
+    from vlsens.core.onnxutil import model_bytes
     from vlsens.deploy.genai import folder as genai
     from vlsens.deploy.genai.assemble import assemble
     from vlsens.deploy.genai.measure import measure_folder
@@ -81,7 +81,7 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
         quantize_vision(graphs["fp32"], staged, settings, per_op=per_op)
         genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], None, work / f"{name}-preamble", preamble)
         m = measure_folder(folder, reference, cases, f"vision-{name}", modalities=image_modalities)
-        m["bytes_in_folder"] = _in_folder(folder, "vision")
+        m["bytes_in_folder"] = model_bytes(folder / genai.GRAPHS["vision"])  # with its preamble, as shipped
         shutil.rmtree(staged.parent, ignore_errors=True)
         return sum(float(r["kl"]) for r in m["cases"]) / len(cases), m
 

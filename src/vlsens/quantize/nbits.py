@@ -18,7 +18,7 @@ import contextlib
 import io
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from vlsens.model.family import NODE_NAMES
@@ -72,10 +72,13 @@ def weight_matmuls(model) -> list[dict]:
 
 
 def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, int], settings: NBitsSettings,
-             batch_bytes: int = 512 << 20) -> Path:
+             batch_bytes: int = 512 << 20, algorithms: Mapping[str, str] | None = None) -> Path:
     """Write ``float_model`` with every MatMul named in ``bits`` quantized to that width (4 or 8)
     and every other MatMul left float, by ONNX Runtime's ``MatMulNBitsQuantizer``; ``out_model`` +
-    its data file. Node ``<name>`` becomes ``<name>_Q<bits>``.
+    its data file. Node ``<name>`` becomes ``<name>_Q<bits>``. ``algorithms``: per MatMul an
+    algorithm other than ``settings.algorithm`` (one of :data:`ALGORITHMS`: the same
+    ``MatMulNBits`` blocks; k_quant also writes zero points where symmetric RTN has none, 0.5
+    byte a block).
 
     The quantizer is run on models of a few MatMuls each (about ``batch_bytes`` of float weights,
     read from ``float_model``'s data file) and its nodes and weights are put into the float graph:
@@ -91,6 +94,10 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
     bad = {n: b for n, b in bits.items() if b not in BITS}
     if bad:
         raise ValueError(f"bits must be one of {BITS} (float: leave the op out); got {bad}")
+    algorithms = dict(algorithms or {})
+    bad = {n: a for n, a in algorithms.items() if a not in ALGORITHMS or n not in bits}
+    if bad:
+        raise ValueError(f"algorithms: each a quantized MatMul's, one of {list(ALGORITHMS)}; got {dict(list(bad.items())[:5])}")
     float_model = Path(float_model)
     model = onnx.load(str(float_model), load_external_data=False)
     ops = weight_matmuls(model)
@@ -99,17 +106,12 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
         raise ValueError(f"not weight MatMuls of {float_model}: {unknown[:5]}")
     inits = {i.name: i for i in model.graph.initializer}
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-    done: dict[str, tuple] = {}
-    batch: list[dict] = []
-    size = 0
     chosen = [o for o in ops if o["name"] in bits]
-    fb = float_bytes(chosen)
-    for k, o in enumerate(chosen):
-        batch.append(o)
-        size += fb[o["name"]]
-        if k == len(chosen) - 1 or size >= batch_bytes:
-            done.update(_quantize_batch(batch, inits, float_model.parent, bits, settings, opset))
-            batch, size = [], 0
+    done: dict[str, tuple] = {}
+    for algo in sorted({algorithms.get(o["name"], settings.algorithm) for o in chosen}):  # one run per algorithm
+        group = [o for o in chosen if algorithms.get(o["name"], settings.algorithm) == algo]
+        for batch in _batches(group, batch_bytes):
+            done.update(_quantize_batch(batch, inits, float_model.parent, bits, replace(settings, algorithm=algo), opset))
     nodes = []
     for node in model.graph.node:
         if node.name not in done:
@@ -128,6 +130,19 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     return save_streamed(model, float_model.parent, out_model)
+
+
+def _batches(ops: Sequence[dict], batch_bytes: int) -> list[list[dict]]:
+    """``ops`` in graph order, cut into runs of about ``batch_bytes`` of float weights each."""
+    fb = float_bytes(ops)
+    out, batch, size = [], [], 0
+    for o in ops:
+        batch.append(o)
+        size += fb[o["name"]]
+        if size >= batch_bytes:
+            out.append(batch)
+            batch, size = [], 0
+    return out + ([batch] if batch else [])
 
 
 def _quantize_batch(batch: Sequence[dict], inits: dict, weights_dir: Path, bits: Mapping[str, int],

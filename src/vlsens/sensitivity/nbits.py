@@ -240,10 +240,13 @@ class Prepared:
 
 
 def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path, settings: NBitsSettings,
-            threads: int = 0, *, logits: bool, suffix_cuts: int = 32) -> dict:
+            threads: int = 0, *, logits: bool, suffix_cuts: int = 32,
+            algorithms: Mapping[int, Mapping[str, str]] | None = None) -> dict:
     """Engine folder of ``base_model``: the float model, the all-INT4 and all-INT8 models, the
     switch model (segmented for the suffix engine when ``suffix_cuts`` > 0, its probe beside it),
-    the float reference on the evaluation set; ``engine.json`` written last."""
+    the float reference on the evaluation set; ``engine.json`` written last. ``algorithms``: per
+    width (4, 8) the MatMuls quantized by another algorithm than ``settings.algorithm``
+    (:func:`vlsens.quantize.nbits.quantize`), recorded in ``engine.json``."""
     from vlsens.core.artifacts import verify
     from vlsens.core.fsutil import savez_stream, write_json
     from vlsens.data.samples import Samples
@@ -261,7 +264,8 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     for b in BITS:
         log.info("quantizing all %d weight MatMuls to %d bits (%s, block %d)", len(names), b, settings.algorithm,
                  settings.block_size)
-        paths[b] = quantize(fl, d / FILES[f"q{b}"], dict.fromkeys(names, b), settings)
+        paths[b] = quantize(fl, d / FILES[f"q{b}"], dict.fromkeys(names, b), settings,
+                            algorithms=(algorithms or {}).get(b))
     t_q = time.perf_counter()
     log.info("quantized in %.0f s; building the switch model", t_q - t0)
     nodes = {b: quantized_nodes(p) for b, p in paths.items()}
@@ -280,6 +284,7 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
         "engine": "nbits",
         "base_model": str(base_model),
         "settings": settings.as_dict(),
+        "algorithms": {str(b): dict(a) for b, a in (algorithms or {}).items() if a},
         "logits": bool(logits),
         "ops": [{**o, "bytes": {"float": fb[o["name"]], **{str(b): nodes[b][o["name"]]["bytes"] for b in BITS}}}
                 for o in ops],
@@ -352,6 +357,42 @@ def _score(eng_dir: Prepared, eng: NBitsEngine, ref) -> tuple[list[dict], float,
     names = [r["op"] for r in rows]
     return rows, per_op, {"all_int4": eng.evaluate(dict.fromkeys(names, 4), ref),
                           "all_int8": eng.evaluate(dict.fromkeys(names, 8), ref)}
+
+
+def choose_algorithms(base_model: str | Path, eval_npz: str | Path, settings: NBitsSettings, candidates: Sequence[str],
+                      work: str | Path, threads: int = 0, *, logits: bool, suffix_cuts: int = 32) -> dict:
+    """Per MatMul and width the algorithm (of ``candidates`` and ``settings.algorithm``) under which
+    it alone costs the least: an engine per algorithm (:func:`prepare` in ``work``, removed after),
+    every op at 4 and at 8 bits alone scored as :func:`sensitivity` scores it; a tie keeps
+    ``settings.algorithm``. The algorithms write the same ``MatMulNBits`` blocks, k_quant with
+    zero points symmetric RTN omits (0.5 byte a block): the engine built with the choice reads each
+    op's bytes from its graphs, so the search counts them. ``{"candidates", "chosen": {width: {op:
+    algorithm}} (only where not settings.algorithm), "errors": {algorithm: {op: {"4", "8"}}}}``."""
+    import shutil
+    from dataclasses import replace
+
+    default = settings.algorithm
+    order = [default, *sorted(set(candidates) - {default})]
+    errors: dict[str, dict] = {}
+    for algo in order:
+        d = Path(work) / algo
+        prepare(base_model, eval_npz, d, replace(settings, algorithm=algo), threads, logits=logits,
+                suffix_cuts=suffix_cuts)
+        eng_dir = Prepared(d)
+        eng, ref = eng_dir.session(eval_npz, threads, cache_dir=d / "cache"), eng_dir.reference()
+        errors[algo] = {o["name"]: {str(b): error(eng.evaluate({o["name"]: b}, ref), eng.logits) for b in BITS}
+                        for o in eng_dir.meta["ops"]}
+        del eng, ref
+        shutil.rmtree(d, ignore_errors=True)
+        log.info("algorithm %s: every op alone scored at %s bits", algo, "/".join(map(str, BITS)))
+    chosen: dict[int, dict[str, str]] = {}
+    for b in BITS:
+        for op in errors[default]:
+            best = min(order, key=lambda a: (errors[a][op][str(b)], a != default))
+            if best != default:
+                chosen.setdefault(b, {})[op] = best
+    log.info("per-op algorithms: %s", {b: len(c) for b, c in chosen.items()} or "every op keeps " + default)
+    return {"candidates": order, "chosen": {str(b): c for b, c in chosen.items()}, "errors": errors}
 
 
 def error(metrics: Mapping[str, float], logits: bool) -> float:
