@@ -186,21 +186,24 @@ def anchor_folders(wildcards):
     return {f"anchor_{p}": paths.fill(DEPLOY, model=wildcards.model, precision=p) for p in anchors()}
 
 
-def plan_folders(wildcards):
-    """Every plan folder the front's search wrote a plan for (a checkpoint), as ``plan_<name>``."""
+def searched_plans(wildcards):
+    """The names of the plans the front's search wrote (a checkpoint: known once it has run)."""
     plans_dir = checkpoints.budget_front.get(model=wildcards.model).output.plans
+    return sorted(Path(f).stem for f in Path(plans_dir).glob("*.yaml"))
+
+
+def plan_folders(wildcards):
+    """Every plan folder the front's search wrote a plan for, as ``plan_<name>``."""
     return {
-        f"plan_{Path(f).stem}": paths.fill(DEPLOY, model=wildcards.model, precision=f"plan-{Path(f).stem}")
-        for f in sorted(Path(plans_dir).glob("*.yaml"))
+        f"plan_{p}": paths.fill(DEPLOY, model=wildcards.model, precision=f"plan-{p}") for p in searched_plans(wildcards)
     }
 
 
 def budget_measures(wildcards):
-    """The measure records the measured front is drawn from: every plan the front's search wrote
-    (a checkpoint), and the anchors and int4-mixed."""
-    plans_dir = checkpoints.budget_front.get(model=wildcards.model).output.plans
-    plans = sorted(Path(f).stem for f in Path(plans_dir).glob("*.yaml"))
-    names = [f"plan-{p}" for p in plans] + [p for p in deploy_folders() if p in anchors() or p == "int4-mixed"]
+    """The measure records the measured front is drawn from: every plan the front's search wrote,
+    and the anchors and int4-mixed."""
+    names = [f"plan-{p}" for p in searched_plans(wildcards)]
+    names += [p for p in deploy_folders() if p in anchors() or p == "int4-mixed"]
     return {n: paths.fill(paths.MEASURE_FOLDER, model=wildcards.model, precision=n) for n in names}
 
 

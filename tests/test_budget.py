@@ -473,8 +473,7 @@ def _genai_folder(tiny_ckpt, path):
 def test_decode_steps_are_timed_in_turn_and_estimated_by_byte_shares(engine, tiny_ckpt, tmp_path):
     """The three uniform decoders of the engine run one decode step each (one token after 64
     cached ones) in the same loop; an assignment's estimate is the byte-weighted mean of theirs."""
-    from vlsens.budget.build import uniform_latency
-    from vlsens.budget.latency import estimate_ms, step_feed
+    from vlsens.budget.latency import estimate_ms, step_feed, uniform_latency
 
     b, folder = engine
     got = uniform_latency(folder / "engine", {"folder": _genai_folder(tiny_ckpt, tmp_path / "fp32"), "context": 64},

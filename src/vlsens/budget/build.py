@@ -385,17 +385,6 @@ def _budget_plans(plans: list, record: dict, points: list, budgets: list[dict], 
     return out
 
 
-def uniform_latency(engine_dir, latency: Mapping, threads: int = 0) -> dict:
-    """The decode step of the engine's uniform decoders (all float, all INT8, all INT4:
-    :func:`vlsens.budget.latency.time_steps`) at ``latency["context"]`` cached tokens, sized by the
-    deploy folder ``latency["folder"]``'s ``genai_config.json``: ``{"context", "uniform": {width: timing}}``."""
-    from vlsens.budget.latency import decoder_config, time_steps, uniform_graphs
-
-    timed = time_steps({str(w): g for w, g in uniform_graphs(engine_dir).items()}, decoder_config(latency["folder"]),
-                       int(latency["context"]), threads=threads)
-    return {"context": int(latency["context"]), "uniform": timed}
-
-
 def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_dir, search_settings: dict,
                 extra: Mapping | None = None, threads: int = 0) -> dict:
     """The job: :func:`vlsens.budget.front.search` for at least ``search_settings["points"]`` plans
@@ -406,8 +395,9 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     ``plans_dir/<name>.yaml``, the search's record as ``front.json``. ``extra``: ``anchors`` (name
     -> folder), ``vision_csv`` (the vision Linears' table, :mod:`vlsens.budget.vision`, whose mixed
     curve joins the vision formats; ``int4`` and ``int8-wo`` among ``components``) and ``latency``
-    (``folder``: the fp32 deploy folder, ``context``: :func:`uniform_latency`)."""
-    from vlsens.budget.front import Extras, combinations, search
+    (``folder``: the fp32 deploy folder, ``context``: :func:`vlsens.budget.latency.uniform_latency`)."""
+    from vlsens.budget.front import Extras, combinations, is_reference, search
+    from vlsens.budget.latency import uniform_latency
     from vlsens.core.fsutil import atomic_dir, write_json
     from vlsens.deploy.genai.measure import folder_weight_bytes
     from vlsens.sensitivity import nbits as nb
@@ -433,7 +423,7 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     fp32_bytes = sum(int(components[p]["fp32"]["bytes"]) for p in ("vision", "embedding")) + \
         int(components["decoder_other_bytes"]) + sum(c["bytes_float"] for c in _csv_rows(csv))
     points = [p for p in combinations(record["curve"], parts, int(components["decoder_other_bytes"]))
-              if any(record["curve"][p["decoder"]]["bits"].values()) or (p["vision"], p["embedding"]) != ("fp32", "fp32")]
+              if not is_reference(record["curve"], p)]
     record["requested"] = _budget_plans(plans, record, points, list(search_settings.get("budgets") or []),
                                         fp32_bytes, eng, mixed)
     record["fp32_bytes"] = fp32_bytes

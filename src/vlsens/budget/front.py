@@ -167,6 +167,17 @@ def combinations(curve: Sequence[Mapping], components: Mapping, other_bytes: int
     return points
 
 
+def is_reference(curve: Sequence[Mapping], point: Mapping) -> bool:
+    """Whether a combination is the fp32 folder itself (all-float decoder, fp32 vision and table):
+    the reference every folder is measured against, no plan."""
+    return (point["vision"], point["embedding"]) == ("fp32", "fp32") and not any(curve[point["decoder"]]["bits"].values())
+
+
+def _key(p: Mapping) -> tuple:
+    """A front point's identity (bytes, KL and the combination it is)."""
+    return p["bytes"], p["kl"], p.get("decoder"), p.get("vision"), p.get("embedding")
+
+
 #: :func:`pick` goes on adding points while a gap between two picked points is wider in log bytes
 #: than this many times the even spacing of ``points`` points over the front.
 GAP_FACTOR = 1.5
@@ -186,10 +197,10 @@ def pick(front: Sequence[Mapping], points: int, required: Sequence[Mapping] = ()
         return [dict(p) for p in front]
     logs = [math.log(max(p["bytes"], 1)) for p in front]
     spacing = (logs[-1] - logs[0]) / (points - 1)
-    key = {(p["bytes"], p["kl"], p.get("decoder"), p.get("vision"), p.get("embedding")): i for i, p in enumerate(front)}
+    key = {_key(p): i for i, p in enumerate(front)}
     chosen = {0, len(front) - 1}
     for p in required:
-        k = (p["bytes"], p["kl"], p.get("decoder"), p.get("vision"), p.get("embedding"))
+        k = _key(p)
         if k not in key:
             raise ValueError(f"pick: a required point is not on the front: {k}")
         chosen.add(key[k])
@@ -344,8 +355,7 @@ def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, compon
             d["decode_ms"] = estimate_ms(d["bits"], rows, extras.uniform_ms)
     t_curve = time.perf_counter()
     # the all-float point with the fp32 vision graph and table is the fp32 folder, the reference
-    front = [p for p in combine(curve, components, other_bytes)
-             if not (p["vision"] == "fp32" and p["embedding"] == "fp32" and not any(curve[p["decoder"]]["bits"].values()))]
+    front = [p for p in combine(curve, components, other_bytes) if not is_reference(curve, p)]
     required = [p for p in (at_bytes(front, b) for b in extras.anchor_bytes) if p is not None]
     plans = _plans(curve, pick(front, points, required), eng_dir.ops, eng_dir.settings.as_dict(), extras.mixed,
                    eng_dir.meta.get("algorithms"))

@@ -92,6 +92,15 @@ def decoder_config(folder: str | Path) -> dict:
         raise VlsensError(f"{path}: no model.decoder to size a decode step from ({e})") from None
 
 
+def uniform_latency(engine_dir, latency: Mapping, threads: int = 0) -> dict:
+    """The decode step of the engine's uniform decoders (all float, all INT8, all INT4:
+    :func:`time_steps`) at ``latency["context"]`` cached tokens, sized by the deploy folder
+    ``latency["folder"]``'s ``genai_config.json``: ``{"context", "uniform": {width: timing}}``."""
+    timed = time_steps({str(w): g for w, g in uniform_graphs(engine_dir).items()}, decoder_config(latency["folder"]),
+                       int(latency["context"]), threads=threads)
+    return {"context": int(latency["context"]), "uniform": timed}
+
+
 def time_steps(graphs: Mapping[str, str | Path], decoder: Mapping, context: int, steps: int = 30,
                threads: int = 0, rounds: int = 3) -> dict[str, dict]:
     """Per graph (name -> deploy decoder graph) the milliseconds of one decode step (:func:`step_feed`).
@@ -159,7 +168,7 @@ def measure_plans(engine_dir: str | Path, folders: Mapping[str, str | Path], fro
         raise VlsensError("the front's record holds no float_bytes to share a decode step over")
     uniform = {f"uniform-{w}": g for w, g in uniform_graphs(engine_dir).items()}
     plans = {name: Path(f) for name, f in folders.items()}
-    config = json.loads((next(iter(plans.values())) / "genai_config.json").read_text())["model"]["decoder"]
+    config = decoder_config(next(iter(plans.values())))
     graphs = {**uniform, **{name: f / config["filename"] for name, f in plans.items()}}
     timed = time_steps(graphs, config, context, steps, threads)
     widths = {int(k.split("-")[1]): timed[k]["ms"] for k in uniform}

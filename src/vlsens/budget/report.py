@@ -46,7 +46,7 @@ def _plans(front: dict, measures: dict[str, dict], latency: dict | None = None) 
                      "estimate_bytes": p["bytes"], "bytes": m["bytes"], "estimate_kl": est, "kl": m["mean_kl"],
                      "estimate_error": (est - m["mean_kl"]) / m["mean_kl"] if m["mean_kl"] > NOISE_KL else None,
                      "modalities": {k: v["mean_kl"] for k, v in m["modalities"].items()}, "top1": m["top1"]})
-        t = timed.get(PLAN_PREFIX + p["name"]) or timed.get(p["name"])
+        t = timed.get(p["name"])
         if t:
             rows[-1].update({"decode_ms": t["measured"]["ms"], "decode_q": [t["measured"]["q1"], t["measured"]["q3"]],
                              "estimate_decode_ms": t["estimate_ms"], "decode_error": t["error"]})
