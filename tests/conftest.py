@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ TOL_FP32 = {"min_cosine": 0.99999, "max_rel_error": 1e-4}
 TOL_FP16 = {"min_cosine": 0.999, "max_rel_error": 2e-2}
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The hash cache of copied deploy folders (vlsens.data.inputs.user_cache) stays out of the user's own.
+os.environ.setdefault("VLSENS_CACHE_DIR", tempfile.mkdtemp(prefix="vlsens-test-cache-"))
 
 #: The planted INT8 sensitivity of the tiny preset's tests (function-preserving outlier).
 PLANT = {"block": 2, "channels": 2, "scale": 1000.0}

@@ -497,6 +497,40 @@ def test_chat_checks_a_folder_against_its_record_before_loading_it(folders, tmp_
         verify_folder(copy)
 
 
+def test_a_copied_folder_is_hashed_once_then_checked_by_stat_key(folders, tmp_path, monkeypatch):
+    """Loading a copied folder hashed every file on every load (about 1 s per GB): each file's
+    hash is now kept in the user's cache by (size, mtime, ctime, inode), so the second check reads
+    nothing, and an edit that puts the mtime back is still found (its ctime moved)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    import vlsens.data.inputs as inputs
+    from vlsens.core.errors import VlsensError
+    from vlsens.deploy.genai.runtime import verify_folder
+
+    monkeypatch.setenv("VLSENS_CACHE_DIR", str(tmp_path / "cache"))
+    hashed = []
+    real = inputs.file_sha256
+    monkeypatch.setattr(inputs, "file_sha256", lambda p: hashed.append(Path(p).name) or real(p))
+    copy = tmp_path / "fp16"
+    shutil.copytree(folders["fp16"], copy)
+    assert verify_folder(copy) == "eval.json"
+    assert "embedding.onnx.data" in hashed and (tmp_path / "cache" / "sha256-cache.json").is_file()
+    hashed.clear()
+    assert verify_folder(copy) == "eval.json" and hashed == []
+    data = copy / "embedding.onnx.data"
+    st = data.stat()
+    data.write_bytes(bytes(st.st_size))  # zeroed, same size, mtime put back
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(VlsensError, match=r"embedding.onnx.data: changed since vlsens wrote it"):
+        verify_folder(copy)
+    assert hashed == ["embedding.onnx.data"]
+    monkeypatch.setenv("VLSENS_CACHE_DIR", "/proc/no-cache-here")  # a cache that cannot be written costs time only
+    shutil.copy2(folders["fp16"] / "embedding.onnx.data", data)
+    assert verify_folder(copy) == "eval.json"
+
+
 def test_a_changed_fp32_folder_fails_the_folders_measured_against_it(folders, graph_builder, parity_refs, tmp_path):
     import shutil
 

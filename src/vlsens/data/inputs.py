@@ -59,10 +59,26 @@ class HashCache:
         self._dirty = True
         return st.st_size, digest
 
-    def save(self) -> None:
+    def save(self, must: bool = True) -> None:
+        """Write the cache; ``must=False``: a cache folder that cannot be written only costs the
+        next call its hashing (logged), so it is not an error."""
         if self._dirty:
-            write_json(self.path, self._data)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_json(self.path, self._data)
+            except OSError as e:
+                if must:
+                    raise
+                log.info("hash cache %s not written (%s): the next check hashes again", self.path, e)
             self._dirty = False
+
+
+def user_cache(name: str = "sha256-cache.json") -> Path:
+    """A file in the user's vlsens cache folder: ``$VLSENS_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/vlsens``, else ``~/.cache/vlsens``."""
+    base = os.environ.get("VLSENS_CACHE_DIR") or \
+        str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vlsens")
+    return Path(base) / name
 
 
 def write_if_changed(path: str | Path, data: dict) -> bool:

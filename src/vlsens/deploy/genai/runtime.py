@@ -83,12 +83,15 @@ def verify_folder(folder: str | Path) -> str:
     """Raise a VlsensError naming the first file of a deploy folder that is not what vlsens
     wrote; returns how it was checked. Inside ``results/``: against the record beside the folder
     (every file; unchanged stat keys are not read, :mod:`vlsens.core.outputs`). A folder copied
-    elsewhere: every file against the sizes and SHA-256 its ``eval.json`` lists (each read once:
-    about 1 s per GB; a folder written before eval.json listed them: its graphs and data files,
-    from ``parity.json``). A folder without either (not written by vlsens): not checked."""
+    elsewhere: every file against the sizes and SHA-256 its ``eval.json`` lists (a folder written
+    before eval.json listed them: its graphs and data files, from ``parity.json``). A file's hash
+    is remembered in the user's cache (:func:`vlsens.data.inputs.user_cache`) by its (size, mtime,
+    ctime, inode), which any write changes: a copied folder is read once (about 1 s per GB), and
+    later loads of the same files stat them only. A folder without either record (not written by
+    vlsens): not checked."""
     from vlsens.core.errors import VlsensError
-    from vlsens.core.fsutil import file_sha256
     from vlsens.core.outputs import check_output, record_path
+    from vlsens.data.inputs import HashCache, user_cache
 
     folder = Path(folder)
     if record_path(folder).is_file():
@@ -107,15 +110,19 @@ def verify_folder(folder: str | Path) -> str:
         if listed:
             source = rec
             break
-    for name, want in listed.items():
-        p = folder / name
-        if not p.is_file():
-            raise VlsensError(f"{p}: missing, but {source} lists it")
-        size = p.stat().st_size
-        if size != want["bytes"] or file_sha256(p) != want["sha256"]:
-            how = "truncated" if size < want["bytes"] else "changed"
-            raise VlsensError(f"{p}: {how} since vlsens wrote it ({size} bytes; {source} lists {want['bytes']} bytes, "
-                              f"sha256 {want['sha256'][:12]}…); copy the folder again or rebuild it")
+    cache = HashCache(user_cache())
+    try:
+        for name, want in listed.items():
+            p = folder / name
+            if not p.is_file():
+                raise VlsensError(f"{p}: missing, but {source} lists it")
+            size = p.stat().st_size
+            if size != want["bytes"] or cache.sha256(p)[1] != want["sha256"]:
+                how = "truncated" if size < want["bytes"] else "changed"
+                raise VlsensError(f"{p}: {how} since vlsens wrote it ({size} bytes; {source} lists {want['bytes']} "
+                                  f"bytes, sha256 {want['sha256'][:12]}…); copy the folder again or rebuild it")
+    finally:
+        cache.save(must=False)
     return source.name if source else "none"
 
 
