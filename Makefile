@@ -57,6 +57,7 @@ run: install
 	@if $(BIN)/python -m vlsens.sensitivity.inc.env enabled $(CONFIG); then $(MAKE) --no-print-directory inc-env; fi
 	$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --resources gpu=$(GPUS) $(if $(QUIET),--quiet $(QUIET)) $(ARGS)
 	@$(BIN)/python -m vlsens.budget --config $(CONFIG)
+	@$(BIN)/python -m vlsens.cli recommend --config $(CONFIG)
 
 # make test fails (not skips) when engine inc's environment is missing; test-fast skips it.
 test: install-test inc-env

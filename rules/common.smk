@@ -17,7 +17,7 @@ if Path(_SRC).is_dir() and _SRC not in sys.path:  # else vlsens must be pip-inst
 
 from vlsens import deploy as _deploy
 from vlsens.core import paths
-from vlsens.config import SCHEMA, VARIANTS, canonical, check_images, schema_errors, tolerance_for
+from vlsens.config import SCHEMA, VARIANTS, apply_goal, canonical, check_images, schema_errors, tolerance_for
 from vlsens.core.device import gpu_present
 from vlsens.core.errors import ConfigError
 from vlsens.dag.plan import configure, lm_config
@@ -37,6 +37,7 @@ try:
 except WorkflowError:
     # Snakemake's message buries the key in a dump of the whole schema: name it first, one line each.
     raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
+apply_goal(config)  # goal: deploy-int4 narrows deploy.precisions (vlsens.config.GOALS)
 try:
     PLAN, TOWERS = configure(config, workdir=Path.cwd())
     RUN_DIR = paths.fill(paths.MODEL, model=PLAN.model)  # the model's run folder
@@ -207,6 +208,50 @@ def budget_measures(wildcards):
     return {n: paths.fill(paths.MEASURE_FOLDER, model=wildcards.model, precision=n) for n in names}
 
 
+def recommend_items(wildcards):
+    """(kind, name, path) of what the recommendation reads (rules/report.smk): every deploy and
+    plan folder the goal builds, their measure where the run measures them, the plan's measured
+    front, and each fixed-size graph's NPU parts with the INT8 profile of that variant."""
+    goal, m, out = config["goal"], wildcards.model, []
+    if goal in ("all", "deploy", "deploy-int4") and deploy_folders():
+        names = deploy_folders() + ([f"plan-{p}" for p in searched_plans(wildcards)] if PLAN_ON else [])
+        out += [("folder", n, paths.fill(DEPLOY, model=m, precision=n)) for n in names]
+        if goal != "deploy-int4" and len(deploy_folders()) > 1:
+            out += [
+                ("measure", n, paths.fill(paths.MEASURE_FOLDER, model=m, precision=n)) for n in names if n != "fp32"
+            ]
+        if PLAN_ON:
+            out.append(("measured", "front", paths.fill(paths.BUDGET_MEASURED["json"], model=m)))
+    if goal in ("all", "npu"):
+        for g, t in TOWERS.items():
+            for v in t.parts_variants():
+                out.append(("parts", f"{g}/{v}", paths.fill(paths.PARTS, model=m, graph=g, variant=v)))
+                if v in t.analysed_variants():
+                    prof = paths.fill(paths.PROFILE, model=m, graph=g, variant=v)
+                    out.append(("profile", f"{g}/{v}", f"{prof}/{paths.PROFILE_FILES['eval']}"))
+    return out
+
+
+def recommend_inputs(wildcards):
+    return {f"{kind}_{i}": path for i, (kind, _, path) in enumerate(recommend_items(wildcards))}
+
+
+def recommend_params(wildcards):
+    """recommend_items by kind: {kind: {name: path}} (the script's arguments)."""
+    out = {}
+    for kind, name, path in recommend_items(wildcards):
+        out.setdefault(kind, {})[name] = path
+    return out
+
+
+def recommend_target():
+    """The recommendation, where the goal builds something to ship."""
+    builds = (config["goal"] in ("all", "deploy", "deploy-int4") and deploy_folders()) or (
+        config["goal"] in ("all", "npu") and any(t.parts_variants() for t in TOWERS.values())
+    )
+    return [paths.fill(paths.RECOMMEND["json"], model=PLAN.model)] if builds else []
+
+
 def get_final_output():
     deploy = config["deploy"]["precisions"] if config["deploy"]["enabled"] else []
     measure = (
@@ -218,10 +263,18 @@ def get_final_output():
     if "int4-mixed" in deploy and config["report"]["enabled"]:
         folder = paths.fill(paths.REPORT, model=PLAN.model)
         int4 += [f"{folder}/{paths.REPORT_FILES[k]}" for k in ("int4_pareto", "nbits_heatmap")]
+    goal = config["goal"]  # vlsens.config.GOALS
+    parts = dict(analysis=goal in ("all", "analyse"), npu=goal in ("all", "npu"))
+    graphs = all_targets(
+        PLAN, TOWERS.values(), config["report"]["enabled"], bool(config["embeddings"]["dtypes"]), **parts
+    )
+    if goal == "deploy-int4":  # the two folders, not their side-by-side table or measure
+        return [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy_folders()] + recommend_target()
+    if goal in ("npu", "analyse"):
+        return graphs + recommend_target()
     return (
-        all_targets(
-            PLAN, TOWERS.values(), report=config["report"]["enabled"], embeddings=bool(config["embeddings"]["dtypes"])
-        )
+        (graphs if goal == "all" else [])
+        + recommend_target()
         + [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy_folders()]
         + int4
         + measure

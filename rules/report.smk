@@ -139,6 +139,7 @@ rule report_latency:
 
 rule report_tables:
     input:
+        unpack(lambda wc: {"recommend": recommend_target()[0]} if recommend_target() else {}),
         profiles=lambda wc: list(report_profiles(wc).values()),
         records=report_records,
         deploy=lambda wc: list(report_deploy(wc).values()),
@@ -188,3 +189,25 @@ rule report_int4:
         **cluster("report_int4", gpu=False),
     script:
         "../workflow/scripts/report.py"
+
+
+rule recommend:
+    input:
+        unpack(recommend_inputs),
+    output:
+        json=paths.RECOMMEND["json"],
+        md=paths.RECOMMEND["md"],
+    params:
+        sources=recommend_params,
+        kl_budget=float(config["text"]["profile"]["target"]),
+        provenance=provenance("recommend", "recommend.py"),
+    log:
+        paths.model_log("recommend"),
+    benchmark:
+        paths.model_benchmark("recommend")
+    conda:
+        "../envs/report.yaml"
+    resources:
+        **cluster("recommend", gpu=False),
+    script:
+        "../workflow/scripts/recommend.py"

@@ -1,33 +1,109 @@
-"""The `vlsens` command: `vlsens run CHECKPOINT` writes its config and runs the workflow's DAG."""
+"""The `vlsens` command: `vlsens run CHECKPOINT` writes its config under the run's results, plans what
+its goal needs, prints one line a job and ends with the folder to ship."""
 
+import json
+import os
+import shutil
 import subprocess
 import sys
 
+import pytest
 import yaml
 from conftest import REPO
 
 
-def _vlsens(*args, cwd):
+def _vlsens(*args, cwd, env=None):
     return subprocess.run([sys.executable, "-m", "vlsens.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+                          cwd=cwd, timeout=900, env=env)
 
 
-def test_run_writes_the_config_and_plans_the_dag(tiny_ckpt, tmp_path):
+def _planned(out: str) -> dict[str, int]:
+    """The jobs a run's line ``vlsens: N jobs would run: rule n, ...`` lists."""
+    line = next(x for x in out.splitlines() if "jobs would run" in x or "jobs to run" in x)
+    return {r: int(n) for r, n in (c.rsplit(" ", 1) for c in line.split(": ", 2)[2].split(", "))}
+
+
+def test_run_writes_the_config_under_its_results_and_plans_the_dag(tiny_ckpt, tmp_path):
     r = _vlsens("run", tiny_ckpt, "--sizes", "224x224", "--set", "vision.batch_size=2", "--set",
-                "deploy.enabled=false", "--name", "mine", "-n", "--cores", "2", "--", "--quiet", "rules", cwd=tmp_path)
+                "deploy.enabled=false", "--name", "mine", "-n", "--cores", "2", cwd=tmp_path)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    cfg = yaml.safe_load((tmp_path / "vlsens-mine.yaml").read_text())
+    cfg = yaml.safe_load((tmp_path / "results" / "mine" / "run.yaml").read_text())
     assert cfg == {"model": {"checkpoint": str(tiny_ckpt), "name": "mine"}, "vision": {"sizes": ["224x224"],
                    "batch_size": 2}, "deploy": {"enabled": False}}
-    assert f"--snakefile {REPO / 'Snakefile'}" in out and "-n" in out
-    assert "export" in out and "Job stats" in out  # Snakemake planned the jobs
-    assert (tmp_path / "results" / "mine" / "inputs").is_dir()  # the DAG was built here, not in the checkout
+    assert _planned(out)["export"] >= 1 and "deploy" not in _planned(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".snakemake", "results"]  # no vlsens-<name>.yaml here
+    log = (tmp_path / "results" / "mine" / "logs" / "vlsens-run.log").read_text()
+    assert f"--snakefile {REPO / 'Snakefile'}" not in out and "Job stats" in log  # Snakemake's output: in the log
+    v = _vlsens("run", tiny_ckpt, "--name", "mine", "-n", "-v", "--set", "deploy.enabled=false", cwd=tmp_path)
+    assert v.returncode == 0 and "Job stats" in v.stdout  # -v: Snakemake's own output
 
 
-def test_bad_input_is_a_clear_error(tmp_path):
+def test_list_keys_take_a_comma_list_or_one_value_and_config_files_stack(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("deploy:\n  max_new_tokens: 4\nmodel:\n  name: other\n")
+    r = _vlsens("run", "tiny", "--config", mine, "--set", "vision.sizes=224x224", "--set",
+                "deploy.precisions=fp32,int4-mixed", "--precisions", "fp32", "fp16", "-n", "--dir", tmp_path / "run",
+                cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    cfg = yaml.safe_load((tmp_path / "run" / "results" / "other" / "run.yaml").read_text())
+    assert cfg["vision"]["sizes"] == ["224x224"] and cfg["deploy"]["precisions"] == ["fp32", "int4-mixed"]
+    assert f"and {mine}" in (tmp_path / "run" / "results" / "other" / "run.yaml").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("goal, has, lacks", [
+    ("npu", {"parts", "parts_calibration", "calibration_tar", "recommend"}, {"deploy", "sensitivity_nbits"}),
+    ("analyse", {"sensitivity_gather", "profile", "report_tables"}, {"deploy", "parts", "recommend"}),
+])
+def test_a_goal_plans_only_what_it_needs(goal, has, lacks, tmp_path):
+    r = _vlsens("run", "tiny", "--goal", goal, "-n", "--dir", tmp_path, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    planned = set(_planned(r.stdout))
+    assert has <= planned and not lacks & planned, planned
+
+
+def test_goal_deploy_int4_from_an_own_checkpoint_ends_with_the_folder_to_ship(tiny_ckpt, tmp_path):
+    """A new user's first INT4 folder: a copy of a checkpoint (not a preset), run from a folder
+    outside the checkout, one command: at most 20 jobs, one line each, the recommendation and its
+    path at the end, and nothing written outside the run's folder (its current directory and its
+    home stay empty, the checkout unchanged)."""
+    ckpt = tmp_path / "Qwen2.5-VL-mine"
+    shutil.copytree(tiny_ckpt, ckpt)
+    cwd, home, run = tmp_path / "cwd", tmp_path / "home", tmp_path / "run"
+    cwd.mkdir(), home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+    env.update(HOME=str(home), VLSENS_CACHE_DIR=str(home / "vlsens-cache"))
+    status = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=REPO, capture_output=True,
+                            text=True).stdout
+    dry = _vlsens("run", ckpt, "--goal", "deploy-int4", "--dir", run, "-n", cwd=cwd, env=env)
+    assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
+    planned = _planned(dry.stdout)
+    assert sum(planned.values()) <= 20 and planned["deploy"] == 2, planned
+    r = _vlsens("run", ckpt, "--goal", "deploy-int4", "--dir", run, "--cores", "2", cwd=cwd, env=env)
+    out = r.stdout
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    lines = out.splitlines()
+    assert sum(1 for x in lines if x.startswith("[")) == sum(planned.values()) + 1  # one line a job (and `all`)
+    rec = json.loads((run / "results" / "Qwen2.5-VL-mine" / "recommend.json").read_text())
+    assert [f["folder"] for f in rec["folders"]] == ["fp32", "int4-mixed"]
+    ship = rec["devices"]["cpu"]
+    assert f"CPU: ship {ship['path']}" in out and (run / ship["path"]).is_dir()
+    assert lines[-1].endswith("recommend.md)") and "vlsens: done in" in out
+    assert list(cwd.iterdir()) == [] and list(home.iterdir()) == []
+    assert sorted(p.name for p in run.iterdir()) == [".snakemake", "results"]
+    assert subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=REPO, capture_output=True,
+                          text=True).stdout == status
+    # --strict: a target the int4 folder cannot meet end to end is a failing exit code, said at the end
+    s = _vlsens("run", ckpt, "--goal", "deploy-int4", "--dir", run, "--cores", "2", "--strict", "--set",
+                "text.profile.target=1e-12", cwd=cwd, env=env)
+    assert s.returncode == 3 and "target(s) missed" in s.stdout and "int4-mixed" in s.stdout, s.stdout[-3000:]
+
+
+def test_bad_input_is_one_line(tmp_path):
     r = _vlsens("run", tmp_path / "nope", "-n", cwd=tmp_path)
-    assert r.returncode != 0 and "model.checkpoint" in r.stdout + r.stderr
+    lines = [x for x in r.stdout.splitlines() if "model.checkpoint" in x]
+    assert r.returncode != 0 and lines and lines[0].startswith("vlsens: invalid configuration: model.checkpoint")
+    assert "WorkflowError" not in r.stdout and "File \"" not in r.stdout
     r = _vlsens("run", "tiny", "--set", "novalue", "-n", cwd=tmp_path)
     assert r.returncode != 0 and "expected key=value" in r.stderr
     # a path through a value, an empty key part, a value that is no YAML: one line each, no traceback
@@ -35,5 +111,42 @@ def test_bad_input_is_a_clear_error(tmp_path):
                        ("vision..sizes=1", "has an empty part"), ("threads=[1", "the value is not YAML")):
         r = _vlsens("run", "tiny", "--set", item, "-n", cwd=tmp_path)
         assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = _vlsens("run", "tiny", "--config", tmp_path / "none.yaml", "-n", cwd=tmp_path)
+    assert r.returncode != 0 and "none.yaml: no such file" in r.stderr
     r = _vlsens("records", tmp_path / "nope", cwd=tmp_path)
     assert r.returncode == 2 and "no such folder" in r.stderr
+    r = _vlsens("recommend", tmp_path, cwd=tmp_path)
+    assert r.returncode == 2 and "no recommend.json" in r.stderr
+
+
+def test_version_and_every_flag_has_help(tmp_path):
+    from vlsens import __version__
+    from vlsens.cli import parser
+
+    r = _vlsens("--version", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == f"vlsens {__version__}"
+    ap = parser()
+    subs = next(a for a in ap._actions if a.dest == "command").choices
+    for name, sub in subs.items():
+        for a in sub._actions:
+            assert a.help, f"vlsens {name} {a.option_strings or a.dest}: no help"
+
+
+def test_progress_reads_snakemake_lines():
+    from vlsens.cli.progress import Progress
+
+    p = Progress()
+    lines = ["Job stats:", "job      count", "-----  -------", "export       2", "all          1", "total        3", "",
+             "[Fri Nov 27 04:11:06 2026]", "rule export:", "    output: results/x/vision/224x224/fp32", "    jobid: 4",
+             "    wildcards: model=x, graph=vision/224x224, variant=fp32", "vlsens WARNING [export]: something",
+             "Finished jobid: 4 (Rule: export)", "1 of 3 steps (33%) done",
+             "Error in rule export:", "    message: None", "    jobid: 5",
+             "    log: results/x/logs/vision/224x336/export-fp32.log (check log file(s) for error details)",
+             'WorkflowError in file "/w/rules/common.smk", line 99:', "invalid configuration: threads: 0 is bad",
+             '  File "/w/rules/common.smk", line 99, in <module>']
+    out = [o for line in lines for o in p.feed(line)]
+    assert out[0] == "vlsens: 3 jobs to run: export 2"
+    assert out[1] == "vlsens WARNING [export]: something"
+    assert out[2].startswith("[1/3] export vision/224x224 fp32 (") and "left" in out[2]
+    assert out[3] == "vlsens: job export failed; its log: results/x/logs/vision/224x336/export-fp32.log"
+    assert out[4] == "vlsens: invalid configuration: threads: 0 is bad" and len(out) == 5

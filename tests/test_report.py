@@ -315,3 +315,67 @@ def test_verdict_says_what_failed_and_what_passed(tmp_path):
 
     html = docutils.core.publish_parts(text, writer="html", settings_overrides={"report_level": 2})["html_body"]
     assert html.count("<table") == 2 and "System Message" not in html
+
+
+def _folder(root, name, nbytes, kl=None, passed=True, gated=True, provider=None, target=None):
+    """A deploy folder as far as the recommendation reads it."""
+    import json
+
+    f = root / name
+    f.mkdir()
+    (f / "decoder.onnx.data").write_bytes(b"\0" * nbytes)
+    opts = [{provider: {}}] if provider else []
+    (f / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"session_options": {
+        "provider_options": opts}}, "vision": {"session_options": {"provider_options": opts}}}}))
+    (f / "parity.json").write_text(json.dumps({"passed": True} if passed else ({"gated": False} if not gated else
+                                                                               {"passed": False})))
+    cases = [{"case": c, "mean_kl": kl} for c in ("text", "one-image", "two-images")]
+    ev = {"cases": cases, "tokens_per_second": 100.0} if kl is None else \
+        {"cases": cases, "mean_kl": kl, "top1_agreement": 0.9, "tokens_per_second": 100.0, "target": target}
+    (f / "eval.json").write_text(json.dumps(ev))
+    return f
+
+
+def test_the_recommendation_judges_every_folder_one_way(tmp_path):
+    """The fewest bytes among the folders within the KL budget whose vision gate passed (or whose
+    graph is measured, not gated); a folder's measure wins over its own 3-case check; a CUDA folder
+    is picked for CUDA only; a missed target of a folder's own profile is listed."""
+    import json
+
+    from vlsens.core.records import errors
+    from vlsens.report.recommend import markdown, recommend
+    from vlsens.report.verdict import build
+
+    folders = {"fp32": _folder(tmp_path, "fp32", 4000),
+               "small-but-bad": _folder(tmp_path, "small-but-bad", 1000, kl=5e-4),
+               "small-failed": _folder(tmp_path, "small-failed", 1100, kl=1e-6, passed=False, gated=True),
+               "int4-mixed": _folder(tmp_path, "int4-mixed", 1500, kl=2e-5,
+                                     target={"metric": "kl", "target": 1e-5, "measured": 2e-5, "met": False}),
+               "plan-p1": _folder(tmp_path, "plan-p1", 1200, kl=9e-4, passed=False, gated=False),
+               "gpu": _folder(tmp_path, "gpu", 2000, kl=1e-6, provider="cuda")}
+    measure = tmp_path / "plan-p1.json"  # its 24-case measure says it is within the budget
+    mods = {m: {"mean_kl": 5e-5, "min": 1e-5, "max": 9e-5, "cases": 8, "top1": 0.9} for m in ("text", "image", "images")}
+    measure.write_text(json.dumps({"mean_kl": 5e-5, "top1": 0.9, "cases": [{}] * 24, "modalities": mods}))
+    rec = recommend({k: str(v) for k, v in folders.items()}, {"plan-p1": str(measure)}, 1e-4)
+    assert rec["devices"]["cpu"]["folder"] == "plan-p1"  # small-but-bad: above; small-failed: its gate
+    assert rec["devices"]["cuda"]["folder"] == "gpu"
+    assert rec["devices"]["npu"]["folder"] is None
+    facts = {f["folder"]: f for f in rec["folders"]}
+    assert facts["plan-p1"]["source"] == "measure" and facts["plan-p1"]["cases"] == 24
+    assert facts["fp32"]["kl"] == 0 and facts["fp32"]["source"] == "reference"
+    assert facts["small-failed"]["gate"] == "failed" and facts["plan-p1"]["gate"] == "measured"
+    assert len(rec["missed"]) == 1 and rec["missed"][0].startswith("int4-mixed: its profile's target kl 1e-05")
+    (tmp_path / "recommend.json").write_text(json.dumps(rec))
+    assert errors(tmp_path / "recommend.json") == []
+    text = markdown(rec)
+    assert f"CPU: ship {folders['plan-p1']}" in text and "1 target(s) missed" in text
+    # nothing within the budget for a device but the reference: the reference is shipped, honestly
+    only = recommend({"fp32": str(folders["fp32"]), "small-but-bad": str(folders["small-but-bad"])}, {}, 1e-4)
+    assert only["devices"]["cpu"]["folder"] == "fp32"
+    # the verdict leads with it, and every folder is held to the same budget
+    desc = tmp_path / "workflow.rst"
+    desc.write_text("About.")
+    page = build([], {}, {k: str(v) for k, v in folders.items() if k != "fp32"}, desc, "m", tmp_path / "v.rst",
+                 tmp_path / "recommend.json")
+    assert page.index("Which folder to ship") < page.index("Deploy folders")
+    assert page.count("— within the budget 0.0001") == 4 and page.count("— **above** the budget 0.0001") == 1

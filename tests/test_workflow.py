@@ -56,7 +56,7 @@ REPORT_RULES = {"report_heatmap", "report_ranked", "report_pareto", "report_engi
 #: The folders' measure and the whole-VLM plan: run with onnxruntime(-genai) or downstream of it.
 MEASURE_RULES = {"vision_features", "budget_vision", "measure_reference", "measure", "measure_compare", "budget_nbits",
                  "budget_components", "budget_front", "plan_folder", "budget_latency",
-                 "budget_measured"}
+                 "budget_measured", "recommend"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
               "sensitivity_compare", "deploy", "sensitivity_nbits", "profile_nbits", "builder_int4",
               "deploy_int4", "parts", "parts_calibration", "nncf_decoder", "vision_nbits",
@@ -301,7 +301,7 @@ def test_every_record_matches_its_schema(finished_run):
                      "deploy_parity": 12 + plans, "deploy_eval": 12 + plans, "deploy_int4": 1, "nbits_engine": 2,
                      "nbits": 2, "parts": 4, "parts_calibration": 4, "measure": 11 + plans, "measure_cases": 1,
                      "measure_compare": 1, "budget_components": 1, "budget_front": 1, "budget_measured": 1,
-                     "budget_vision": 1, "budget_latency": 1}, kinds
+                     "budget_vision": 1, "budget_latency": 1, "recommend": 1}, kinds
     assert {str(p): records.errors(p) for p in found if records.errors(p)} == {}
     for name, key in (("parity.json", "passed"), ("ort.json", "ops"), ("manifest.json", "counts"),
                       ("deploy_eval", "cases"), ("deploy_parity", "images"), ("parts", "parts"),
@@ -381,7 +381,7 @@ def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
     deploy = {"deploy", "deploy_int4", "report_latency", "report_tables", "report_int4", "vision_features",
               "measure_reference", "measure",
               "measure_compare", "budget_nbits", "budget_vision", "budget_components", "budget_latency",
-              "budget_measured"}
+              "budget_measured", "recommend"}
     for module, graphs, whole in (("vlsens.export.towers.prompts", {"text", "decoder"}, deploy | {"embedding_nbits"}),
                                   ("vlsens.export.towers.text", {"text"}, {"report_latency", "report_tables"}),
                                   ("vlsens.export.towers.vision_dynamic", {"vision/dynamic"}, deploy | {"vision_nbits"}),

@@ -35,6 +35,23 @@ def load_schema(path: str | Path = SCHEMA) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
+#: A number YAML 1.1 reads as text (no dot before the exponent: ``1e-12``).
+FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def takes_list(key: str, schema: dict | None = None) -> bool:
+    """Whether the dotted config ``key`` holds a list (its schema node, or one of its alternatives,
+    is an array): ``--set vision.sizes=224x224`` then means ``[224x224]``."""
+    node = schema or load_schema()
+    for part in key.split("."):
+        node = (node.get("properties") or {}).get(part)
+        if node is None:
+            return False
+    kinds = [node, *node.get("anyOf", []), *node.get("oneOf", [])]
+    return any(k.get("type") == "array" or "array" in (k.get("type") if isinstance(k.get("type"), list) else [])
+               for k in kinds)
+
+
 def with_defaults(config: dict, schema: dict | None = None) -> dict:
     """A copy of ``config`` with every default of the schema filled in (nested objects too)."""
     schema = schema or load_schema()
@@ -104,8 +121,42 @@ def schema_errors(config: dict, schema_path: str | Path = SCHEMA) -> list[str]:
         elif err.validator == "required":
             out.append(f"{where + ': ' if where else ''}{err.message}")
         else:
-            out.append(f"{where or '<config>'}: {err.message}")
+            hint = ""
+            if err.validator == "type" and isinstance(err.instance, str) and FLOAT_TEXT.fullmatch(err.instance.strip()):
+                hint = (f" (YAML reads {err.instance} as text: write it with a dot, "
+                        f"{float(err.instance.strip())!r})")
+            out.append(f"{where or '<config>'}: {err.message}{hint}")
     return out
+
+
+#: What each ``goal`` builds (the default target; rules/common.smk: get_final_output).
+GOALS = {
+    "all": "everything the config asks for",
+    "deploy": "the deploy folders of deploy.precisions and deploy.peers, their measure and (plan.enabled) the plan's "
+              "folders",
+    "deploy-int4": "the fp32 and int4-mixed deploy folders (and the graphs and profiles behind them)",
+    "npu": "the fixed-size graphs' NPU parts, calibration archives, token-table binaries and INT8 profiles",
+    "analyse": "the graphs, variants, sensitivity tables, profiles and report, no deploy folder",
+}
+#: The folders ``goal: deploy-int4`` builds (deploy.precisions is narrowed to them).
+INT4_GOAL_FOLDERS = ["fp32", "int4-mixed"]
+
+
+def apply_goal(config: dict) -> None:
+    """Narrow a validated config to what its ``goal`` needs: ``deploy-int4`` builds the fp32 and
+    int4-mixed folders only, so the precisions those folders are compared with (the builder's
+    anchors, the peers, the plan) are not planned either; ``npu`` and ``analyse`` build no deploy
+    folder (so the report, too, reads none)."""
+    goal = config.get("goal")
+    if goal == "deploy-int4":
+        d = config["deploy"]
+        d["enabled"] = True
+        d["precisions"] = list(INT4_GOAL_FOLDERS)
+        d["peers"] = []
+        config["plan"]["enabled"] = False
+    elif goal in ("npu", "analyse"):
+        config["deploy"]["enabled"] = False
+        config["plan"]["enabled"] = False
 
 
 def model_name(config: dict) -> str:

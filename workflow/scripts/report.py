@@ -8,7 +8,8 @@ from vlsens.report import build, verdict
 def _tables(w, i, o, p, config):
     build.parity_table([*i.records, *(f"{d}/parity.json" for d in i.deploy)], p.root, o.parity)
     build.profile_table(p.profiles, o.profiles)
-    verdict.build(p.variant_records, dict(sorted(p.profiles.items())), p.deploy, p.description, w.model, o.verdict)
+    verdict.build(p.variant_records, dict(sorted(p.profiles.items())), p.deploy, p.description, w.model, o.verdict,
+                  i.get("recommend"))
 
 
 #: rule -> what it draws, from the job's wildcards, input, output, params and config.

@@ -24,6 +24,7 @@ substitutes some or all of them. A *graph* names one kind of ONNX graph built fr
     results/<model>/report/<graph>/<variant>/          heatmap.png, ranked-<engine>.png, pareto.png (+ engines.png)
     results/<model>/report/<graph>/fp16-fallback.png   which nodes of the fp16 variant stay FP32, and why
     results/<model>/report/                            latency.png, parity.html, profiles.html, verdict.rst
+    results/<model>/recommend.json, recommend.md       which folder to ship per device, what was missed
     results/<model>/logs/<graph>/<rule>[-<variant>].log and benchmarks/<graph>/<rule>[-<variant>].tsv
 """
 
@@ -103,6 +104,8 @@ PARTS = MODEL + "/parts/{graph}/{variant}"
 PARTS_CALIB = CALIB + "/parts-{variant}"
 #: The token embedding table as raw binaries with a manifest (:mod:`vlsens.npu.embeddings`).
 EMBEDDINGS = MODEL + "/embeddings"
+#: Which folder to ship per device (vlsens.report.recommend), what every run's goal ends with.
+RECOMMEND = {"json": MODEL + "/recommend.json", "md": MODEL + "/recommend.md"}
 
 #: Files of a calibration folder (``calib.tar`` / ``eval.tar``: the NPU layout, one .npy per sample).
 CALIB_FILES = {"calib": "calib.npz", "eval": "eval.npz", "manifest": "manifest.json"}

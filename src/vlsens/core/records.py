@@ -29,6 +29,7 @@ record                 where                                                 sch
 ``nbits.json``         ``budget/``                                           ``nbits``
 ``vision.json``        ``budget/``                                           ``budget_vision``
 ``engine.json``        ``budget/nbits-engine/``                              ``nbits_engine``
+``recommend.json``     ``results/<model>/``                                  ``recommend``
 =====================  ====================================================  ===================
 
     python -m vlsens.core.records results/tiny     # check every record under a folder
@@ -62,6 +63,8 @@ def schema_name(path: str | Path) -> str | None:
         return "measure_cases"
     if path.parent.name == "budget" and path.name in BUDGET:
         return BUDGET[path.name]
+    if path.name == "recommend.json":
+        return "recommend"
     if path.name == "eval.json" and path.parent.name == "inc-tune":
         return "inc_tune"
     if path.name == "engine.json" and path.parent.name == "nbits-engine":

@@ -41,6 +41,8 @@ STAGE_LIBRARIES = {
     "nncf": ("nncf", "onnx", "onnxruntime", "torch", "transformers"),
     # the report's figures are drawn by matplotlib from the records (no model is run)
     "report": ("matplotlib",),
+    # which folder to ship: reads the records, runs no library
+    "recommend": (),
 }
 #: Libraries recorded in every parity record (not rerun triggers: a gate re-checks, it does not
 #: change the artifact).

@@ -24,33 +24,40 @@ def engine_variants(tower, engine: str) -> list[str]:
     return [v for v in vs if v == "fp32"] if engine == "inc" else vs
 
 
-def graph_targets(plan: Plan, tower) -> list[str]:
+def graph_targets(plan: Plan, tower, analysis: bool = True, npu: bool = True) -> list[str]:
+    """A graph's targets: ``analysis``: its variants, calibration set, sensitivity tables and
+    profiles; ``npu``: its NPU parts, their calibration and the NPU archives (and, without
+    ``analysis``, the profiles of a graph that has NPU archives: what its INT8 ops are)."""
     g = {"model": plan.model, "graph": tower.graph}
     out = []
-    for v in tower.variants():
-        folder = paths.fill(paths.VARIANT, variant=v, **g)
-        out += [f"{folder}/{paths.MAIN}", f"{folder}/{paths.RECORD}"]
     analysed = tower.analysed_variants()
     calib = paths.fill(paths.CALIB, **g)
-    if analysed or tower.npu_archive:
-        out.append(f"{calib}/{paths.CALIB_FILES['manifest']}")
-    if tower.npu_archive:
-        out += [f"{calib}/{f}" for f in paths.NPU_FILES.values()]
-    for v in tower.parts_variants():
-        out.append(paths.fill(paths.PARTS, variant=v, **g))
-        if tower.parts_calibration():
-            out.append(paths.fill(paths.PARTS_CALIB, variant=v, **g))
+    if analysis:
+        for v in tower.variants():
+            folder = paths.fill(paths.VARIANT, variant=v, **g)
+            out += [f"{folder}/{paths.MAIN}", f"{folder}/{paths.RECORD}"]
+        if analysed or tower.npu_archive:
+            out.append(f"{calib}/{paths.CALIB_FILES['manifest']}")
+    if npu:
+        if tower.npu_archive:
+            out += [f"{calib}/{f}" for f in paths.NPU_FILES.values()]
+        for v in tower.parts_variants():
+            out.append(paths.fill(paths.PARTS, variant=v, **g))
+            if tower.parts_calibration():
+                out.append(paths.fill(paths.PARTS_CALIB, variant=v, **g))
     engines = [e for e in ENGINES if e in plan.engines]
     for v in analysed:
-        sens = paths.fill(paths.SENSITIVITY, variant=v, **g)
-        ran = [e for e in engines if v in engine_variants(tower, e)]
-        out += [f"{sens}/{e}.{ext}" for e in ran for ext in ("csv", "json")]
-        if len(ran) == 2:
-            out.append(f"{sens}/compare.json")
-        if "inc" in ran and plan.inc_tune:
-            out.append(f"{paths.fill(paths.INC_TUNE, variant=v, **g)}/eval.json")
-        prof = paths.fill(paths.PROFILE, variant=v, **g)
-        out += [f"{prof}/{paths.PROFILE_FILES[k]}" for k in ("eval", "profile", "model")]
+        if analysis:
+            sens = paths.fill(paths.SENSITIVITY, variant=v, **g)
+            ran = [e for e in engines if v in engine_variants(tower, e)]
+            out += [f"{sens}/{e}.{ext}" for e in ran for ext in ("csv", "json")]
+            if len(ran) == 2:
+                out.append(f"{sens}/compare.json")
+            if "inc" in ran and plan.inc_tune:
+                out.append(f"{paths.fill(paths.INC_TUNE, variant=v, **g)}/eval.json")
+        if analysis or tower.npu_archive:
+            prof = paths.fill(paths.PROFILE, variant=v, **g)
+            out += [f"{prof}/{paths.PROFILE_FILES[k]}" for k in ("eval", "profile", "model")]
     return out
 
 
@@ -77,8 +84,11 @@ def report_targets(plan: Plan, towers) -> list[str]:
     return out + [f"{report}/{paths.REPORT_FILES[k]}" for k in keys]
 
 
-def all_targets(plan: Plan, towers, report: bool = False, embeddings: bool = False) -> list[str]:
+def all_targets(plan: Plan, towers, report: bool = False, embeddings: bool = False, analysis: bool = True,
+                npu: bool = True) -> list[str]:
+    """The graphs' targets (:func:`graph_targets`), the token table's binaries (``embeddings``,
+    with ``npu``) and the report (``report``, with ``analysis``)."""
     towers = list(towers)
-    out = [t for tower in towers for t in graph_targets(plan, tower)]
-    out += [paths.fill(paths.EMBEDDINGS, model=plan.model)] if embeddings else []
-    return out + (report_targets(plan, towers) if report else [])
+    out = [t for tower in towers for t in graph_targets(plan, tower, analysis, npu)]
+    out += [paths.fill(paths.EMBEDDINGS, model=plan.model)] if embeddings and npu else []
+    return out + (report_targets(plan, towers) if report and analysis else [])

@@ -1,7 +1,8 @@
 """The report's landing page: the run's verdict before anything else.
 
 ``verdict.rst`` (written by rule ``report_tables`` under ``results/<model>/report/``) says, from
-the run's own records: how many artifacts passed their parity gates (and the worst of them), each
+the run's own records: which folder to ship per device and what the run missed (``recommend.json``,
+first), how many artifacts passed their parity gates (and the worst of them), each
 profile's status against its target with its INT8 share, speed-up and the ops it keeps in float,
 and each deploy folder's generation check (tokens identical to transformers, or KL and top-1
 against the fp32 folder). The Snakefile makes it the first page of ``snakemake --report``
@@ -77,7 +78,36 @@ def profile_rows(profiles: dict[str, str]) -> list[list[str]]:
     return rows
 
 
-def deploy_rows(deploy: dict[str, str]) -> list[list[str]]:
+def recommend_lines(rec: dict) -> list[str]:
+    """The first section: which folder to ship per device and what was missed (recommend.json)."""
+    from vlsens.report.recommend import MODALITIES
+
+    out = ["Which folder to ship", "--------------------", "",
+           f"Every folder is judged one way: its mean KL per generated step against {rec['reference']}, within the "
+           f"run's KL budget {rec['kl_budget']:g}, its vision graph past its gate; the fewest bytes wins.", ""]
+    facts = {f["folder"]: f for f in rec["folders"]}
+    for d in ("cpu", "cuda"):
+        r = rec["devices"][d]
+        if r.get("folder"):
+            f = facts[r["folder"]]
+            kls = ", ".join(f"{m} {_g(f['modalities'][m]['kl'], 3)}" for m in MODALITIES if m in f["modalities"])
+            out.append(f"- **{d.upper()}: ship** {_literal(r['path'])}: {f['bytes'] / 1e6:.3f} MB, KL per step "
+                       f"{_g(f['kl'], 3)} ({kls}), top-1 {f['top1']:.2f}; {r['why']}.")
+        else:
+            out.append(f"- {d.upper()}: {r['why']}.")
+    n = rec["devices"]["npu"]
+    out.append(f"- **NPU:** {', '.join(_literal(x) for x in n['paths'])}: {n['why']}." if n.get("paths")
+               else f"- NPU: {n['why']}.")
+    out.append("")
+    if rec["missed"]:
+        out += [f"**Missed ({len(rec['missed'])}):**", ""] + [f"- {_literal(m)}" for m in rec["missed"]] + [""]
+    return out
+
+
+def deploy_rows(deploy: dict[str, str], rec: dict | None = None) -> list[list[str]]:
+    """A line per folder: its generation check; with the recommendation, every folder's KL against
+    the one KL budget (not only the folders whose own profile set a target)."""
+    facts = {f["folder"]: f for f in (rec or {}).get("folders", [])}
     rows = []
     for precision, folder in deploy.items():
         ev = json.loads((Path(folder) / "eval.json").read_text())
@@ -89,23 +119,29 @@ def deploy_rows(deploy: dict[str, str]) -> list[list[str]]:
         else:
             check = (f"KL {_g(ev.get('mean_kl'), 3)} per token, top-1 {_g(ev.get('top1_agreement'), 3)} against the "
                      "fp32 folder (teacher-forced)")
-            if ev.get("target") and "met" in ev["target"]:
-                check += " — target " + ("met" if ev["target"]["met"] else "**missed**")
+            f = facts.get(precision)
+            if f is not None:
+                within = f["kl"] <= rec["kl_budget"]
+                check += (f"; {f['source']} ({f['cases']} cases): KL {_g(f['kl'], 3)} — "
+                          + ("within" if within else "**above**") + f" the budget {rec['kl_budget']:g}")
         speed = ev.get("tokens_per_second")
         rows.append([precision, check, _g(speed, 3) if speed else "–"])
     return rows
 
 
 def build(records: list[str], profiles: dict[str, str], deploy: dict[str, str], description: str | Path,
-          model: str, out: str | Path) -> str:
-    """Write the landing page (reStructuredText) and return it."""
+          model: str, out: str | Path, recommend: str | Path | None = None) -> str:
+    """Write the landing page (reStructuredText) and return it; ``recommend``: the run's
+    recommend.json, shown first."""
+    rec = json.loads(Path(recommend).read_text()) if recommend else None
     lines = [f"Verdict: {model}", "=" * (9 + len(model)), ""]
+    lines += recommend_lines(rec) if rec else []
     lines += parity_lines(records)
     lines += _table("Mixed-precision profiles (the built model, measured in its deployment target's arithmetic)",
                     ["graph [base]", "target", "status", "INT8", "speed-up vs fp32", "kept in float"],
                     profile_rows(profiles))
     lines += _table("Deploy folders, run by onnxruntime-genai", ["folder", "generation check", "tokens/s"],
-                    deploy_rows(deploy))
+                    deploy_rows(deploy, rec))
     lines += ["The categories below hold the figures and tables behind each line.", "", "About this workflow",
               "-------------------", ""]
     lines += [Path(description).read_text()]
