@@ -44,15 +44,17 @@ onstart:
 
 onsuccess:
     if not (workflow.remote_exec or workflow.subprocess_exec):
-        from vlsens.core.outputs import restore_previous
+        from vlsens.core.outputs import drop_timestamps, restore_previous
 
         restore_previous(RUN_DIR)
+        drop_timestamps(RUN_DIR)  # nothing hidden in a folder that ships
 
 
 onerror:
     if not (workflow.remote_exec or workflow.subprocess_exec):
-        from vlsens.core.outputs import restore_previous
+        from vlsens.core.outputs import drop_timestamps, restore_previous
 
+        drop_timestamps(RUN_DIR)
         for _kept in restore_previous(RUN_DIR):
             logger.warning(
                 f"vlsens: {_kept}: its job did not complete; its previous version is back in place "

@@ -11,7 +11,7 @@ them). One row per pair of files (a file with itself included): its longest shar
 ``--max N`` it exits 1 when there are more than N pairs (``make lint``):
 
     python tests/duplicates.py --max 1 src
-    python tests/duplicates.py --max 17 rules Snakefile
+    python tests/duplicates.py --max 18 rules Snakefile
 
 Folders contribute their .py and .smk files; a file named on the command line always counts. A
 standalone script, standard library only; ``find_pairs`` is its function (tests/test_duplicates.py).

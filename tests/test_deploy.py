@@ -497,6 +497,36 @@ def test_chat_checks_a_folder_against_its_record_before_loading_it(folders, tmp_
         verify_folder(copy)
 
 
+def test_a_folder_ships_its_model_card_and_the_checkpoints_license(folders, tmp_path):
+    """README.md in Hugging Face's card format (the front matter huggingface_hub reads), with what
+    the folder was built from, its measured numbers (its own eval.json's) and how to run it; the
+    files an upload of the folder takes are the files its record lists, none hidden. A checkpoint
+    with a license in its card and a LICENSE file passes both on."""
+    from huggingface_hub import ModelCard
+
+    from vlsens.deploy.card import write_card
+
+    folder = folders["fp16"]
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.license == "other" and card.data.library_name == "onnxruntime-genai"
+    ev = json.loads((folder / "eval.json").read_text())
+    for c in ev["cases"]:
+        assert f"| {c['case']} | {len(c['images'])} | {c['mean_kl']:.3g} | {c['top1_agreement']:.2f} |" in card.text
+    assert 'Chat("fp16")' in card.text and 'og.Model("fp16")' in card.text
+    upload = {p.name for p in folder.rglob("*") if p.is_file()}  # what upload_folder takes (no ignore patterns)
+    assert upload == (set(ev["files"]) - {"rule"}) | {"eval.json"} and not any(n.startswith(".") for n in upload)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "README.md").write_text("---\nlicense: apache-2.0\nbase_model: x\n---\n# a model\n")
+    (ckpt / "LICENSE").write_text("Apache License 2.0 ...")
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    write_card(staged, "int4-mixed", ev, {"passed": True, "sources": {}}, ckpt, tmp_path / "results" / "m", plan=True)
+    card = ModelCard.load(staged / "README.md")
+    assert card.data.license == "apache-2.0" and (staged / "LICENSE").read_text().startswith("Apache")
+    assert "`plan.yaml` beside this card" in card.text and "(`LICENSE`, the checkpoint's own)" in card.text
+
+
 def test_a_copied_folder_is_hashed_once_then_checked_by_stat_key(folders, tmp_path, monkeypatch):
     """Loading a copied folder hashed every file on every load (about 1 s per GB): each file's
     hash is now kept in the user's cache by (size, mtime, ctime, inode), so the second check reads

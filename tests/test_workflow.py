@@ -313,6 +313,19 @@ def test_every_record_matches_its_schema(finished_run):
 
 
 @pytest.mark.slow
+def test_folders_that_ship_hold_nothing_hidden_and_a_model_card(finished_run):
+    """Snakemake's .snakemake_timestamp is gone from every deploy folder and NPU parts folder
+    (vlsens.core.outputs.drop_timestamps at the end of the run; the re-run below still has nothing
+    to do), and every deploy folder has its README.md."""
+    root = finished_run / "results" / "tiny"
+    shipped = [p for p in (root / "deploy").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    shipped += [p for p in (root / "parts").glob("*/*/*") if p.is_dir()]
+    assert len(shipped) > 10
+    assert [str(f) for d in shipped for f in d.rglob(".*")] == []
+    assert all((d / "README.md").is_file() for d in shipped if d.parent.name == "deploy")
+
+
+@pytest.mark.slow
 def test_rerun_has_nothing_to_do(finished_run):
     r = smk(finished_run, "-n", "--cores", "2")
     assert r.returncode == 0

@@ -327,3 +327,20 @@ def restore_previous(folder: str | Path) -> list[Path]:
             kept.parent.rmdir()
         restored.append(out)
     return restored
+
+
+def drop_timestamps(folder: str | Path) -> list[Path]:
+    """Snakemake marks each directory output with a hidden, empty ``.snakemake_timestamp`` (its
+    modification time stands for the folder's). The folders that ship (``deploy/*``, ``parts/``)
+    should hold nothing hidden: the file is removed at the end of a run and the folder dated to its
+    time, which Snakemake then reads from the folder itself (so nothing re-runs). Returns the
+    folders cleaned."""
+    folder = Path(folder)
+    done = []
+    for ts in sorted([*folder.glob("deploy/*/.snakemake_timestamp"), *folder.glob("parts/**/.snakemake_timestamp")]):
+        with contextlib.suppress(OSError):
+            when = ts.stat().st_mtime
+            ts.unlink()
+            os.utime(ts.parent, (when, when))
+            done.append(ts.parent)
+    return done

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vlsens.core import paths
 from vlsens.deploy import DONE, prepacked
+from vlsens.deploy.card import write_card
 from vlsens.deploy.genai.assemble import assemble
 from vlsens.deploy.genai.evaluate import Checks, eval_cases, evaluate, transformers_generate, vision_parity
 from vlsens.deploy.genai.folder import GRAPHS
@@ -97,5 +98,6 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         del runtime
         for c in record["cases"]:  # the images lived in a temporary folder: keep their names
             c["images"] = [{"source": f["source"], "size": f["size"]} for f in c["images"]]
+        write_card(tmp, out_dir.name, record, parity, checkpoint, out_dir.parents[1], plan="plan.yaml" in (extra or {}))
         _finish(Path(tmp), record, extra)
     return record
