@@ -86,12 +86,12 @@ lint: $(STAMP)-lint
 	$(BIN)/python tests/duplicates.py --max 18 rules Snakefile
 
 bench: install inc-env
-	$(BIN)/python bench/bench_spine.py
-	$(BIN)/python bench/bench_sensitivity.py
-	$(BIN)/python bench/bench_dynamic.py
-	$(BIN)/python bench/bench_profile.py
-	$(BIN)/python bench/bench_deploy.py --results results/tiny   # after make run
-	$(BIN)/python bench/bench_int4.py --results results/tiny --exhaustive   # after make run
+	$(BIN)/python bench/bench_spine.py --publish
+	$(BIN)/python bench/bench_sensitivity.py --publish
+	$(BIN)/python bench/bench_dynamic.py --publish
+	$(BIN)/python bench/bench_profile.py --publish
+	$(BIN)/python bench/bench_deploy.py --results results/tiny --publish   # after make run
+	$(BIN)/python bench/bench_int4.py --results results/tiny --exhaustive --publish   # after make run
 	$(BIN)/python bench/readme_tables.py   # the README's quoted tables from docs/benchmarks/
 
 # Real size: the whole DAG on the 3b preset (config/scale.yaml), then its per-stage table with

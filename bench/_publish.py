@@ -1,6 +1,7 @@
-"""What a benchmark script prints is also written to ``docs/benchmarks/<name>.md``, under the
-command that produced it, the date, the machine and the library versions: the documentation's
-numbers are the script's own output, never copies.
+"""What a benchmark script prints is also written to ``docs/benchmarks/<name>.md`` (with
+``--publish``; else under ``results/``), under the command that produced it, the date, the
+machine and the library versions: the documentation's numbers are the script's own output, never
+copies.
 
     with published("profile-held-out", "Profiles of held-out checkpoints"):
         main()
@@ -80,10 +81,21 @@ def named(base: str, option: str = "--towers", argv: list[str] | None = None) ->
     return "-".join([base, *values])
 
 
+def destination(results: str | Path | None = None, argv: list[str] | None = None) -> Path:
+    """Where a table goes: ``docs/benchmarks/`` with ``--publish`` on the command line, else under
+    the results (``<results>/bench/`` for a script about one run, ``results/bench/`` otherwise), so a
+    user's run never writes into the repository."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--publish" in argv:
+        return DOCS
+    return Path(results) / "bench" if results else DOCS.parents[1] / "results" / "bench"
+
+
 @contextlib.contextmanager
-def published(name: str, title: str, folder: Path = DOCS):
+def published(name: str, title: str, folder: Path | None = None, results: str | Path | None = None):
     """Print as usual and, when the block finishes without an error, write what was printed to
-    ``folder/<name>.md`` (a failed run leaves the previous file alone)."""
+    ``folder/<name>.md`` (default :func:`destination`; a failed run leaves the previous file alone)."""
+    folder = destination(results) if folder is None else folder
     buf = io.StringIO()
     old = sys.stdout
     sys.stdout = _Tee(old, buf)

@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", required=True, help="results/<model> of a run with plan.algorithms")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
     from dataclasses import replace
 

@@ -93,6 +93,8 @@ if __name__ == "__main__":
     ap.add_argument("folder", type=Path, help="a deploy folder under results/<model>/deploy/")
     ap.add_argument("--runs", type=int, default=3, help="runs of each way (default 3)")
     ap.add_argument("--name", default=None, help="docs/benchmarks/<name>.md (default chat-load-<model>)")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _publish import published

@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512, help="cached tokens before the timed step")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0: its choice)")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
 
     import onnx

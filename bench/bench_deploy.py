@@ -6,11 +6,13 @@ onnxruntime-genai's builder decoder with its KV cache.
     python bench/bench_deploy.py --results results/tiny --tokens 32
     python bench/bench_deploy.py --results results/3b --tokens 16 --image
 
-Each runner is its own process (peak RSS = its VmHWM: the model loaded plus the run), timed
-after one warm-up run. Greedy
-decoding with no end-of-sequence stop, so every runner decodes exactly ``--tokens`` tokens.
-Prefill tokens/s = prompt tokens / time to the first new token; decode tokens/s = the other
-tokens / their time. Prints a Markdown table.
+Each runner is its own process (peak RSS = its VmHWM: the model loaded plus the run): one warm-up
+run, then ``--runs`` timed runs (default 5) in the same process; each figure is the median of the
+runs, with its min and max and the spread max / min printed beside it. Greedy decoding with no
+end-of-sequence stop, so every runner decodes exactly ``--tokens`` tokens. Prefill tokens/s =
+prompt tokens / time to the first new token (image encoding included); decode tokens/s = the
+other tokens / their time. Prints a Markdown table, written to
+``results/<model>/bench/deploy.md`` (``--publish``: ``docs/benchmarks/deploy-<model>.md``).
 """
 
 from __future__ import annotations
@@ -53,9 +55,14 @@ def run_genai(args) -> dict:
 
     chat = Chat(args.folder, prepack=not args.no_prepack)
     images = _image(args)
-    for _ in range(2):  # the first run warms up (allocations); the second is reported
-        out = _genai_once(og, chat, images, args.tokens)
-    return out
+    _genai_once(og, chat, images, args.tokens)  # warm-up (allocations, first-call kernels)
+    return _runs([_genai_once(og, chat, images, args.tokens) for _ in range(args.runs)])
+
+
+def _runs(runs: list[dict]) -> dict:
+    """The timed runs as one result: every run's times kept, the prompt and token counts of the first."""
+    return {**{k: runs[0][k] for k in ("prompt_tokens", "new_tokens")},
+            "prefill_s": [r["prefill_s"] for r in runs], "decode_s": [r["decode_s"] for r in runs]}
 
 
 def _genai_once(og, chat, images, tokens: int) -> dict:
@@ -91,15 +98,24 @@ def run_transformers(args) -> dict:
     text = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                          add_generation_prompt=True)
     pil = [Image.open(p).convert("RGB") for p in images] or None
-    times = {}
-    for n in (1, 1, args.tokens):  # the first run warms up
+    def timed(n: int) -> float:
         t0 = time.perf_counter()
         inputs = processor(text=[text], images=pil, return_tensors="pt")
         with torch.no_grad():
             model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        times[n] = time.perf_counter() - t0
-    return {"prompt_tokens": int(inputs["input_ids"].shape[-1]), "prefill_s": times[1],
-            "decode_s": times[args.tokens] - times[1], "new_tokens": args.tokens}
+        return time.perf_counter() - t0
+
+    timed(1)  # warm-up
+    runs = []
+    for _ in range(args.runs):  # prefill: one new token; decode: the rest of a full run beyond it
+        first, full = timed(1), timed(args.tokens)
+        runs.append({"prompt_tokens": prompt_tokens(processor, text, pil), "prefill_s": first,
+                     "decode_s": full - first, "new_tokens": args.tokens})
+    return _runs(runs)
+
+
+def prompt_tokens(processor, text, pil) -> int:
+    return int(processor(text=[text], images=pil, return_tensors="pt")["input_ids"].shape[-1])
 
 
 def run_nocache(args) -> dict:
@@ -117,19 +133,20 @@ def run_nocache(args) -> dict:
     text = processor.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": PROMPT}]}],
                                          tokenize=False, add_generation_prompt=True)
     ids = processor.tokenizer(text, return_tensors="np")["input_ids"].astype(np.int64)
-    t0 = time.perf_counter()
-    stamps = []
     sess.run(None, {"inputs_embeds": table[ids].astype(np.float32), "attention_mask": np.ones_like(ids),
                     "position_ids": text_position_ids_np(np.ones_like(ids))})  # warm-up
-    for _ in range(args.tokens):
-        mask = np.ones_like(ids)
-        logits = sess.run(None, {"inputs_embeds": table[ids].astype(np.float32), "attention_mask": mask,
-                                 "position_ids": text_position_ids_np(mask)})[0]
-        ids = np.concatenate([ids, logits[:, -1:].argmax(-1)], axis=1)
-        stamps.append(time.perf_counter())
-    n0 = ids.shape[1] - args.tokens
-    return {"prompt_tokens": int(n0), "prefill_s": stamps[0] - t0, "decode_s": stamps[-1] - stamps[0],
-            "new_tokens": args.tokens}
+    runs = []
+    for _ in range(args.runs):
+        seq, stamps, t0 = ids, [], time.perf_counter()
+        for _ in range(args.tokens):
+            mask = np.ones_like(seq)
+            logits = sess.run(None, {"inputs_embeds": table[seq].astype(np.float32), "attention_mask": mask,
+                                     "position_ids": text_position_ids_np(mask)})[0]
+            seq = np.concatenate([seq, logits[:, -1:].argmax(-1)], axis=1)
+            stamps.append(time.perf_counter())
+        runs.append({"prompt_tokens": int(ids.shape[1]), "prefill_s": stamps[0] - t0,
+                     "decode_s": stamps[-1] - stamps[0], "new_tokens": args.tokens})
+    return _runs(runs)
 
 
 WORKERS = {"genai": run_genai, "transformers": run_transformers, "nocache": run_nocache}
@@ -141,6 +158,7 @@ def worker(argv) -> None:
     for k in ("--folder", "--checkpoint", "--workdir"):
         p.add_argument(k)
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--runs", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--image", action="store_true")
     p.add_argument("--no-prepack", action="store_true")
@@ -151,7 +169,8 @@ def worker(argv) -> None:
 
 
 def _spawn(kind: str, args, **extra) -> dict:
-    cmd = [sys.executable, __file__, "--worker", kind, "--tokens", str(args.tokens), "--threads", str(args.threads),
+    cmd = [sys.executable, __file__, "--worker", kind, "--tokens", str(args.tokens), "--runs", str(args.runs),
+           "--threads", str(args.threads),
            "--workdir", args.workdir, *(["--image"] if args.image else [])]
     for k, v in extra.items():
         if v is True:
@@ -173,6 +192,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default="results/tiny", help="results/<model> of a finished run")
     p.add_argument("--tokens", type=int, default=32, help="new tokens per run")
+    p.add_argument("--runs", type=int, default=5, help="timed runs per runner after one warm-up (default 5)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--image", action="store_true", help="one image + prompt (else text only)")
     p.add_argument("--workdir", default="/tmp/vlsens-bench-deploy")
@@ -181,11 +201,13 @@ def main() -> None:
                    help="folders loaded with ONNX Runtime's weight prepacking off (memory-mapped weights: the "
                         "36-layer fp32 folder's 16.4 GB do not fit twice in 24 GiB)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers' generate")
+    p.add_argument("--publish", action="store_true", help="write the table to docs/benchmarks/ (default: "
+                                                          "results/<model>/bench/)")
     args = p.parse_args()
     res = Path(args.results)
-    ckpt = res / "checkpoint"
     if not list(res.glob("deploy/*/genai_config.json")):
         sys.exit(f"{res}/deploy/: no deploy folder; run the workflow first (make run, or make scale for results/3b)")
+    ckpt = checkpoint_of(res)
     rows = []
     from vlsens.deploy import PRECISIONS
 
@@ -200,16 +222,38 @@ def main() -> None:
     nocache = res / "text" / "fp32" / "embeds.onnx"
     if nocache.is_file() and not args.image:
         rows.append(("text/fp32/embeds.onnx, no KV cache", _spawn("nocache", args, folder=nocache, checkpoint=ckpt)))
-    print(f"\n{'image + ' if args.image else ''}prompt, {args.tokens} new tokens, {args.threads} threads, CPU\n")
-    print("| runner | prompt tokens | prefill s | prefill tok/s | decode tok/s | peak RSS GB |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    table(rows, args)
+
+
+def checkpoint_of(res: Path) -> Path:
+    """The run's checkpoint: a preset's folder, or the local checkpoint its content manifest names."""
+    manifest = res / "inputs" / "checkpoint.json"
+    if (res / "checkpoint" / "config.json").is_file() or not manifest.is_file():
+        return res / "checkpoint"
+    return Path(json.loads(manifest.read_text())["directory"])
+
+
+def _stat(values: list[float]) -> tuple[float, float, float]:
+    import statistics
+
+    return statistics.median(values), min(values), max(values)
+
+
+def table(rows, args) -> None:
+    print(f"\n{'image + ' if args.image else ''}prompt, {args.tokens} new tokens, {args.threads} threads, CPU; "
+          f"median of {args.runs} runs after one warm-up [min, max]; spread = max / min\n")
+    print("| runner | prompt tokens | prefill s | prefill tok/s | decode tok/s [min, max] | decode spread | "
+          "peak RSS GB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in rows:
-        if "error" in r:
-            print(f"| {name} | failed: {r['error'][-120:]!r} | | | | |")
+        if "error" in r:  # the runner's last line, whole
+            print(f"| {name} | failed: {r['error'].strip().splitlines()[-1]} | | | | | |")
             continue
-        dec = (r["new_tokens"] - 1) / r["decode_s"] if r["decode_s"] > 0 else float("nan")
-        print(f"| {name} | {r['prompt_tokens']} | {r['prefill_s']:.3f} | {r['prompt_tokens'] / r['prefill_s']:.0f} "
-              f"| {dec:.1f} | {r['peak_gb']:.2f} |")
+        prefill = _stat(r["prefill_s"])
+        tps = [(r["new_tokens"] - 1) / d for d in r["decode_s"] if d > 0] or [float("nan")]
+        dec = _stat(tps)
+        print(f"| {name} | {r['prompt_tokens']} | {prefill[0]:.3f} | {r['prompt_tokens'] / prefill[0]:.0f} | "
+              f"{dec[0]:.1f} [{dec[1]:.1f}, {dec[2]:.1f}] | {dec[2] / dec[1]:.2f}x | {r['peak_gb']:.2f} |")
 
 
 if __name__ == "__main__" and "--worker" in sys.argv:  # a runner's own process: prints one RESULT line
@@ -218,5 +262,5 @@ elif __name__ == "__main__":
     from _publish import published
 
     results = sys.argv[sys.argv.index("--results") + 1] if "--results" in sys.argv else "results/tiny"
-    with published(f"deploy-{Path(results).name}", f"Deploy folders of {results}: decode speed"):
+    with published(f"deploy-{Path(results).name}", f"Deploy folders of {results}: decode speed", results=results):
         main()

@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--real-depth", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workdir")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="vlsens-bench-dyn-"))
     rows = []

@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--towers", nargs="+", default=list(TOWERS), choices=list(TOWERS))
     ap.add_argument("--size", type=int, default=448)
     ap.add_argument("--stage"), ap.add_argument("--ckpt"), ap.add_argument("--graph"), ap.add_argument("--work")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     args = ap.parse_args()
     if args.stage:
         return stage(args)

@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("--results", default="results/tiny", help="results/<model> of a finished run")
     ap.add_argument("--exhaustive", action="store_true",
                     help="measure every INT4/INT8 assignment within the heuristic's bytes (small decoders)")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
     from vlsens.deploy.compare import markdown
 

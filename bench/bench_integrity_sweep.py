@@ -571,6 +571,8 @@ if __name__ == "__main__":
     ap.add_argument("--config", type=Path, default=REPO / "config" / "held-out.yaml")
     ap.add_argument("--only", nargs="*", default=[], help="case names to run (default: all)")
     ap.add_argument("--no-publish", action="store_true", help="print only (a partial sweep)")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     if a.no_publish or a.only:

@@ -40,6 +40,8 @@ def main(root: Path) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default="results/tiny", help="results/<model> of a finished run")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     results = Path(ap.parse_args().results)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _publish import published

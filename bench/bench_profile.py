@@ -174,6 +174,8 @@ def main() -> None:
     ap.add_argument("--latency", action="store_true", help="--results: also profile with objective latency")
     ap.add_argument("--kernels", action="store_true", help="--results: time by operator type, fp32 vs INT8-mixed")
     ap.add_argument("--out", type=Path, default=Path("results/bench-profile"))
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("root").setLevel(logging.ERROR)  # ORT's "consider pre-processing" on every quantize

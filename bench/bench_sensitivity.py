@@ -156,6 +156,8 @@ def main() -> None:
     ap.add_argument("--max-ops", type=int, default=0, help="ops the ort engines score, spread evenly (0: all)")
     ap.add_argument("--inc-python", type=Path, default=REPO / ".venv-inc" / "bin" / "python")
     ap.add_argument("--workdir")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="vlsens-bench-sens-"))
     size = tuple(int(x) for x in a.size.split("x"))

@@ -78,6 +78,8 @@ def main() -> None:
     ap.add_argument("--checkpoint", help="local Qwen2.5-VL directory (default: build the tiny preset)")
     ap.add_argument("--graphs", nargs="+", default=["vision/224x224", "vision/224x336"])
     ap.add_argument("--workdir", help="where models go (default: a temporary directory)")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="vlsens-bench-"))
     work.mkdir(parents=True, exist_ok=True)

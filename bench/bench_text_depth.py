@@ -106,6 +106,8 @@ def main() -> None:
     ap.add_argument("--workdir")
     ap.add_argument("--checkpoint", help="an existing 3b-preset checkpoint (skips building it)")
     ap.add_argument("--step", help=argparse.SUPPRESS)
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="vlsens-bench-text-"))
     if a.step:

@@ -117,6 +117,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2, help="runs of each (default 2)")
     ap.add_argument("--commit", default="HEAD", help="the commit to measure (default HEAD)")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     a = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _publish import published

@@ -64,6 +64,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--activations", type=float, default=1.5, help="A of the budget, GB")
     ap.add_argument("--machine-gb", type=float, default=24 * 2**30 / GB,
                     help="no job may peak above the machine's memory (default 24 GiB), whatever its budget")
+    ap.add_argument("--publish", action="store_true",
+                     help="write the table to docs/benchmarks/ (default: results/bench/)")
     return ap.parse_args()
 
 

@@ -143,6 +143,7 @@ rule plan_folder:
     params:
         **nbits_tolerances(),
         max_new_tokens=config["deploy"]["max_new_tokens"],
+        provider=config["deploy"]["provider"],
         provenance=provenance("deploy", "plan_folder.py"),
     log:
         f"{paths.MODEL}/logs/deploy/deploy-plan-{{plan}}.log",

@@ -73,6 +73,7 @@ rule deploy:
             else None
         ),
         exact_tolerance=tolerance("fp32"),
+        provider=config["deploy"]["provider"],
         provenance=provenance("deploy", "deploy.py"),
     log:
         paths.DEPLOY_LOG,

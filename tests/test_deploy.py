@@ -527,6 +527,48 @@ def test_a_folder_ships_its_model_card_and_the_checkpoints_license(folders, tmp_
     assert "`plan.yaml` beside this card" in card.text and "(`LICENSE`, the checkpoint's own)" in card.text
 
 
+@pytest.mark.parametrize("provider", ["cuda", "dml"])
+def test_a_folder_for_another_provider_has_the_genai_config_the_builder_writes(provider, folders, graph_builder,
+                                                                                 parity_refs, tmp_path):
+    """deploy.provider: the builder's own genai_config for that provider, on a decoder of the same
+    kind (its fp16 build: GroupQueryAttention, as every vlsens decoder), has the session options
+    and cache sharing the folder gets; the folder is checked on this machine's CPU (built and
+    gated here), and Chat names the provider when this onnxruntime-genai cannot load it."""
+    import subprocess
+    import sys
+
+    import onnxruntime_genai as og
+
+    from vlsens.core.errors import VlsensError
+    from vlsens.deploy.build import build_folder
+    from vlsens.deploy.genai.evaluate import Checks
+    from vlsens.deploy.genai.runtime import Chat
+    from vlsens.report.recommend import provider as folder_provider
+
+    dec = graph_builder("decoder")
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(dec.ckpt), "-o", str(tmp_path / "b"),
+           "-p", "fp16", "-e", provider, "-c", str(tmp_path / "cache"), "--extra_options", "exclude_embeds=true"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    theirs = json.loads((tmp_path / "b" / "genai_config.json").read_text())
+    vis = graph_builder("vision/dynamic")
+    out = tmp_path / provider
+    build_folder("fp16", out, dec.ckpt, dec.model("fp16"), dec.folder("fp16") / "embedding.onnx", vis.model("fp16"),
+                 parity_refs, Checks(16, TOL_FP16, fp32_folder=folders["fp32"], vision_features=folders["vision_features"],
+                                   provider=provider))
+    ours = json.loads((out / "genai_config.json").read_text())
+    for part in ("decoder", "vision", "embedding"):
+        assert ours["model"][part]["session_options"] == theirs["model"]["decoder"]["session_options"], part
+    assert ours["search"]["past_present_share_buffer"] == theirs["search"]["past_present_share_buffer"]
+    assert folder_provider(out) == provider
+    ev = json.loads((out / "eval.json").read_text())
+    assert ev["mean_kl"] < 1e-6  # gated and measured here, on the CPU
+    if not getattr(og, f"is_{provider}_available")():
+        with pytest.raises(VlsensError, match="written for another execution provider"):
+            Chat(out)
+    chat = Chat(out, provider="cpu")
+    assert chat.tokens("Hello", max_new_tokens=4) == Chat(folders["fp16"]).tokens("Hello", max_new_tokens=4)
+
+
 def test_a_copied_folder_is_hashed_once_then_checked_by_stat_key(folders, tmp_path, monkeypatch):
     """Loading a copied folder hashed every file on every load (about 1 s per GB): each file's
     hash is now kept in the user's cache by (size, mtime, ctime, inode), so the second check reads

@@ -281,7 +281,7 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
     gate = Gate(params["tolerance"], threads, reference_for=weight_reference_for(ckpt),
                 exact_tolerance=params["exact_tolerance"])
     checks = Checks(params["max_new_tokens"], None, fp32_folder=inputs["fp32_folder"],
-                    vision_features=inputs["vision_features"])
+                    vision_features=inputs["vision_features"], provider=params.get("provider", "cpu"))
     plan_folder(inputs["plan"], outputs["folder"], ckpt, sources, image_refs(inputs["images"]), checks, gate)
     record = measure_folder(outputs["folder"], inputs["reference"], load_cases(inputs["cases"]),
                             f"plan-{Path(inputs['plan']).stem}")

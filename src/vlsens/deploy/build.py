@@ -12,7 +12,7 @@ from vlsens.deploy import DONE, prepacked
 from vlsens.deploy.card import write_card
 from vlsens.deploy.genai.assemble import assemble
 from vlsens.deploy.genai.evaluate import Checks, eval_cases, evaluate, transformers_generate, vision_parity
-from vlsens.deploy.genai.folder import GRAPHS
+from vlsens.deploy.genai.folder import GRAPHS, set_provider
 from vlsens.deploy.genai.runtime import Chat
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         t0 = time.perf_counter()
         files = assemble(tmp, checkpoint, decoder, embedding, vision, Path(work) / "preamble", tied=tied is not None,
                          preamble_from=Path(fp32_folder) / GRAPHS["vision"] if fp32_folder else None)
+        if checks.provider != "cpu":
+            set_provider(tmp, checks.provider)
         embedding_gate = None
         if tied is not None:
             from vlsens.precision.weight_only import gate_tied
@@ -81,7 +83,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         else:
             expected = None
         t0 = time.perf_counter()
-        runtime = Chat(tmp, prepack=prepacked(precision))  # loaded once for both checks
+        runtime = Chat(tmp, prepack=prepacked(precision), provider="cpu")  # loaded once for both checks
         log.info("deploy %s: onnxruntime-genai loaded the folder in %.1f s; vision parity", precision,
                  time.perf_counter() - t0)
         parity = vision_parity(tmp, checkpoint, cases, checks.tolerance, runtime, checks.vision_features)

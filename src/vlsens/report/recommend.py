@@ -161,22 +161,24 @@ def markdown(rec: dict) -> str:
         r = rec["devices"][d]
         if r.get("folder"):
             f = next(x for x in rec["folders"] if x["folder"] == r["folder"])
-            speed = f", {f['tokens_per_second']:.0f} tokens/s" if f.get("tokens_per_second") else ""
             lines.append(f"- **{d.upper()}: ship {r['path']}** ({f['bytes'] / 1e6:.2f} MB, KL per step {f['kl']:.3g}; "
-                         f"text / one image / two images {_kl_cell(f)}; top-1 {f['top1']:.2f}{speed}): {r['why']}.")
+                         f"text / one image / two images {_kl_cell(f)}; top-1 {f['top1']:.2f}): {r['why']}.")
         else:
             lines.append(f"- {d.upper()}: {r['why']}.")
     n = rec["devices"]["npu"]
     lines.append(f"- **NPU: {', '.join(n['paths'])}**: {n['why']}." if n.get("paths") else f"- NPU: {n['why']}.")
     if rec["missed"]:
         lines += ["", f"WARNING: {len(rec['missed'])} target(s) missed:"] + [f"- {m}" for m in rec["missed"]]
-    lines += ["", "| folder | device | MB | KL per step | text / image / images | top-1 | tokens/s | gate | from |",
+    lines += ["", "| folder | device | MB | KL per step | text / image / images | top-1 | check tok/s | gate | from |",
               "| --- | --- | ---: | ---: | --- | ---: | ---: | --- | --- |"]
     for f in sorted(rec["folders"], key=lambda x: x["bytes"]):
         tps = f"{f['tokens_per_second']:.0f}" if f.get("tokens_per_second") else "-"
         lines.append(f"| {f['folder']} | {f['provider']} | {f['bytes'] / 1e6:.3f} | {f['kl']:.3g} | {_kl_cell(f)} | "
                      f"{f['top1']:.2f} | {tps} | {f['gate']} | {f['source']}, "
                      f"{f['cases']} cases |")
+    lines += ["", "check tok/s: the deploy check's one pass over its cases (first call included): a rough figure. "
+                  "`bench/bench_deploy.py` measures speed (prefill and decode apart, the median of 5 runs after a "
+                  "warm-up, with their spread)."]
     return "\n".join(lines) + "\n"
 
 

@@ -73,7 +73,7 @@ def _processed(folder: Path, cases: list[dict]) -> list[dict[str, np.ndarray]]:
     released before the caller's open."""
     from vlsens.deploy.genai.runtime import Chat
 
-    chat = Chat(folder, prepack=False)
+    chat = Chat(folder, prepack=False, provider="cpu")
     out = []
     try:
         for case in cases:

@@ -103,7 +103,9 @@ class Checks:
     (:func:`write_vision_features`, the vision parity's reference without running PyTorch);
     ``tied`` (``{"reference": the decoder's reference.npz, "exact_tolerance": FP32's}``): the
     embedding graph reads the decoder's lm_head weight, gated on the reference's embedding cases
-    (:func:`vlsens.precision.weight_only.gate_tied`)."""
+    (:func:`vlsens.precision.weight_only.gate_tied`); ``provider``: the execution provider the folder
+    is written for (``deploy.provider``; its genai_config), while every check runs it on this
+    machine's CPU."""
 
     max_new_tokens: int
     tolerance: dict | None = None
@@ -111,6 +113,7 @@ class Checks:
     target: dict | None = None
     tied: dict | None = None
     vision_features: str | Path | None = None
+    provider: str = "cpu"
 
 
 class _Timed:
@@ -146,7 +149,7 @@ def evaluate(folder: str | Path, precision: str, checkpoint: str | Path, cases: 
     from vlsens.model.processor import load_processor
 
     packed = prepacked(precision)
-    gen = _Timed(runtime or Chat(folder, prepack=packed), checks.max_new_tokens, packed)
+    gen = _Timed(runtime or Chat(folder, prepack=packed, provider="cpu"), checks.max_new_tokens, packed)
     if precision == "fp32":
         return _against_transformers(folder, precision, checkpoint, load_processor(checkpoint), cases, gen, expected)
     texts = {r["case"]: r.get("text") for r in fp32_eval["cases"]}
@@ -199,7 +202,7 @@ def _against_fp32(folder, precision: str, texts: dict[str, str], cases: list[dic
         got = gen.generate(text, case)
         mine.append((text, ref_tokens, got, gen.runtime.forced_logits(text, _case_images(case), ref_tokens)))
     gen.runtime.close()
-    base = Chat(fp32_folder, prepack=False)  # a reference: memory-mapped weights
+    base = Chat(fp32_folder, prepack=False, provider="cpu")  # a reference: memory-mapped weights
     rows, kls, agree = [], [], []
     for case, (text, ref_tokens, got, q) in zip(cases, mine):
         p = base.forced_logits(text, _case_images(case), ref_tokens)
@@ -284,7 +287,7 @@ def write_vision_features(folder: str | Path, checkpoint: str | Path, images, ou
     from vlsens.core.fsutil import savez
 
     torch_features = _TorchFeatures(checkpoint)
-    rt = Chat(folder, prepack=False)
+    rt = Chat(folder, prepack=False, provider="cpu")
     arrays, index = {}, []
     with tempfile.TemporaryDirectory(prefix="vlsens-vision-features-") as work:
         for i, f in enumerate(_unique_images(eval_cases(images, work))):
@@ -322,7 +325,7 @@ def vision_parity(folder: str | Path, checkpoint: str | Path, cases: list[dict],
 
     stored = _stored_features(features) if features else {}
     torch_features = _TorchFeatures(checkpoint)
-    rt = runtime or Chat(folder)
+    rt = runtime or Chat(folder, provider="cpu")
     sess = make_session(Path(folder) / genai.GRAPHS["vision"], providers=["CPUExecutionProvider"])
     rows = []
     for f in _unique_images(cases):

@@ -191,6 +191,37 @@ def _opset(model) -> int:
 # Configuration files
 
 
+#: What onnxruntime-genai's model builder writes into a session's ``provider_options`` for each
+#: execution provider it builds for (its ``ep_attrs``; builder 0.18): the folders' graphs use
+#: GroupQueryAttention, for which the builder writes ``past_present_share_buffer: true`` on every
+#: one of these (tests/test_deploy.py checks both against the builder's own genai_config).
+PROVIDERS = {"cpu": {}, "cuda": {"enable_cuda_graph": "0"}, "dml": {"enable_graph_capture": "1"}}
+
+
+def provider_options(provider: str) -> list[dict]:
+    """A session's ``provider_options`` for ``provider`` (``cpu``: none, ONNX Runtime's default)."""
+    if provider not in PROVIDERS:
+        raise VlsensError(f"deploy.provider: '{provider}' is not one of {', '.join(PROVIDERS)}")
+    return [] if provider == "cpu" else [{provider: dict(PROVIDERS[provider])}]
+
+
+def set_provider(folder: str | Path, provider: str) -> dict:
+    """Write the execution provider into a folder's ``genai_config.json``: every session's
+    ``provider_options`` as the model builder writes the decoder's for that provider."""
+    import json
+
+    from vlsens.core.fsutil import write_json
+
+    path = Path(folder) / "genai_config.json"
+    cfg = json.loads(path.read_text())
+    for part in cfg["model"].values():
+        if isinstance(part, dict) and "session_options" in part:
+            part["session_options"]["provider_options"] = provider_options(provider)
+    cfg["search"]["past_present_share_buffer"] = True
+    write_json(path, cfg)
+    return cfg
+
+
 def genai_config(hf_config: dict, generation_config: dict, max_length: int | None = None) -> dict:
     """``genai_config.json`` for the checkpoint's family (its ``genai_type`` in
     :data:`vlsens.model.family.FAMILIES`): the three sessions and greedy search."""

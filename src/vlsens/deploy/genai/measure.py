@@ -44,7 +44,7 @@ def reference(fp32_folder: str | Path, cases: list[dict], max_new_tokens: int, o
     from vlsens.core.fsutil import savez
     from vlsens.deploy.genai.runtime import Chat
 
-    chat = Chat(fp32_folder, prepack=False)  # a reference: memory-mapped weights
+    chat = Chat(fp32_folder, prepack=False, provider="cpu")  # a reference: memory-mapped weights
     index = {"folder": str(fp32_folder), "max_new_tokens": int(max_new_tokens), "cases": []}
     arrays = {}
     try:
@@ -117,7 +117,7 @@ def measure_folder(folder: str | Path, reference_npz: str | Path, cases: list[di
     t0 = time.perf_counter()
     index, logps = load_reference(reference_npz)
     ordered = _check_cases(index, cases, reference_npz)
-    chat = Chat(folder, prepack=prepack)
+    chat = Chat(folder, prepack=prepack, provider="cpu")
     rows = []
     try:
         for case, ref, logp in zip(ordered, index["cases"], logps):

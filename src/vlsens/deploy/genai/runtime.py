@@ -132,12 +132,44 @@ def _parts(folder: Path) -> list[str]:
     return [k for k, v in model.items() if isinstance(v, dict) and "filename" in v]
 
 
+def _folder_provider(folder: Path) -> str:
+    """The provider a folder's decoder session names (``cpu`` when none)."""
+    opts = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+    return next((k for o in opts.get("provider_options") or [] for k in o), "cpu")
+
+
+def _provider_view(folder: Path, provider: str | None):
+    """A temporary view of ``folder`` whose ``genai_config.json`` names ``provider`` (every other
+    file linked, not copied), or None when the folder already names it: onnxruntime-genai's config
+    overlay adds provider options but cannot remove the folder's own."""
+    import os
+    import tempfile
+
+    from vlsens.deploy.genai.folder import provider_options
+
+    if provider is None:
+        return None
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    sessions = [v["session_options"] for v in cfg["model"].values() if isinstance(v, dict) and "session_options" in v]
+    if all(so.get("provider_options", []) == provider_options(provider) for so in sessions):
+        return None
+    view = tempfile.TemporaryDirectory(prefix="vlsens-chat-")
+    for f in folder.iterdir():
+        if f.is_file() and f.name != "genai_config.json":
+            os.symlink(f.resolve(), Path(view.name) / f.name)
+    for so in sessions:
+        so["provider_options"] = provider_options(provider)
+    (Path(view.name) / "genai_config.json").write_text(json.dumps(cfg, indent=4))
+    return view
+
+
 class Chat:
     """A deploy folder run by onnxruntime-genai (greedy search by default, KV cache): the one
     wrapper of the runtime, for users (:meth:`__call__`, :meth:`tokens`) and for the deploy
     stage's checks (:meth:`generate`, :meth:`forced_logits` on a ready prompt text)."""
 
-    def __init__(self, folder: str | Path, prepack: bool = True, check_images: bool = True, verify: bool = True):
+    def __init__(self, folder: str | Path, prepack: bool = True, check_images: bool = True, verify: bool = True,
+                 provider: str | None = None):
         """``prepack=False``: ONNX Runtime keeps the folder's weights memory-mapped from their data
         files instead of copying each MatMul weight into a prepacked buffer (the folder's own
         ``genai_config.json`` is not changed): a float32 folder then costs file pages, not
@@ -148,7 +180,10 @@ class Chat:
         reaching onnxruntime-genai's decoder (which ends the process on the first and hangs on the
         second), and GIF, TIFF, WebP, CMYK JPEG or 16-bit PNG files are read as the pipeline reads
         them (onnxruntime-genai reads only RGB / grayscale PNG and JPEG). ``verify``: the folder is checked against
-        its records before it is loaded (:func:`verify_folder`)."""
+        its records before it is loaded (:func:`verify_folder`). ``provider``: run the folder on this
+        execution provider (``cpu``, ``cuda``, ``dml``) instead of the one its ``genai_config.json``
+        names (``deploy.provider``); a provider this onnxruntime-genai cannot load is one error naming
+        the folder and the package that has it."""
         import onnxruntime_genai as og
 
         from vlsens.core.errors import VlsensError
@@ -167,11 +202,20 @@ class Chat:
         self.check_images, self._decoded_cache = check_images, {}
         from vlsens.core.device import NO_SPIN, passive
 
-        config = og.Config(str(self.folder))
+        self._view = _provider_view(self.folder, provider)
+        config = og.Config(self._view.name if self._view else str(self.folder))
         options = {**({} if prepack else {"session.disable_prepacking": "1"}), **(NO_SPIN if passive() else {})}
         if options:
             config.overlay(json.dumps({"model": {part: {"session_options": options} for part in _parts(self.folder)}}))
-        self.model = og.Model(config)
+        try:
+            self.model = og.Model(config)
+        except Exception as e:  # onnxruntime-genai's own error: a provider its build does not have
+            wanted = provider or _folder_provider(self.folder)
+            if wanted == "cpu" or wanted.lower() not in str(e).lower():
+                raise
+            raise VlsensError(f"{folder}: written for another execution provider than this onnxruntime-genai "
+                              f"has ({str(e).splitlines()[0]}); install its build for that provider (e.g. "
+                              "onnxruntime-genai-cuda), or run it here with Chat(folder, provider='cpu')") from None
         self.processor = self.model.create_multimodal_processor()
         self.tokenizer = og.Tokenizer(self.model)
 
@@ -182,6 +226,9 @@ class Chat:
 
         self.model = self.processor = self.tokenizer = None
         gc.collect()
+        if getattr(self, "_view", None) is not None:
+            self._view.cleanup()
+            self._view = None
 
     def prompt(self, text: str, n_images: int = 0) -> str:
         """The folder's chat template around ``text`` with ``n_images`` image placeholders."""

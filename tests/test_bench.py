@@ -1,0 +1,48 @@
+"""The benchmark scripts' output: a user's run writes its tables under results/, only --publish
+writes into the repository's docs/benchmarks/; every script that publishes takes --publish."""
+
+import ast
+import importlib.util
+import sys
+
+from conftest import REPO
+
+BENCH = REPO / "bench"
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(BENCH))
+    return mod
+
+
+def test_tables_go_under_results_unless_published(tmp_path):
+    pub = _module("_publish")
+    assert pub.destination(argv=[]) == REPO / "results" / "bench"
+    assert pub.destination(tmp_path / "results" / "mine", argv=["--results", "x"]) == tmp_path / "results" / "mine" / "bench"
+    assert pub.destination(tmp_path, argv=["--publish"]) == REPO / "docs" / "benchmarks"
+    for script in sorted(BENCH.glob("*.py")):
+        if "published(" not in script.read_text() or script.name == "_publish.py":
+            continue
+        flags = {n.args[0].value for n in ast.walk(ast.parse(script.read_text()))
+                 if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "add_argument" and n.args
+                 and isinstance(n.args[0], ast.Constant)}
+        assert "--publish" in flags, f"{script.name} publishes but takes no --publish"
+
+
+def test_the_deploy_table_has_the_median_its_spread_and_a_whole_error_line(capsys):
+    import argparse
+
+    dep = _module("bench_deploy")
+    rows = [("a", {"prompt_tokens": 10, "new_tokens": 11, "prefill_s": [0.1, 0.2, 0.1, 0.1, 0.3],
+                   "decode_s": [1.0, 1.0, 2.0, 1.0, 1.0], "peak_gb": 1.0}),
+            ("b", {"error": "Traceback...\nValueError: a Hugging Face Qwen2.5-VL directory is needed here"})]
+    dep.table(rows, argparse.Namespace(image=False, tokens=11, threads=2, runs=5))
+    out = capsys.readouterr().out
+    assert "| a | 10 | 0.100 | 100 | 10.0 [5.0, 10.0] | 2.00x | 1.00 |" in out
+    assert "failed: ValueError: a Hugging Face Qwen2.5-VL directory is needed here |" in out
