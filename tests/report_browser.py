@@ -85,6 +85,21 @@ def _shown(d):
     return {"kind": "html", "rows": rows} if rows else None
 
 
+#: The landing page's geometry in the window: the verdict's left edge against the menu's right
+#: edge, its widest line against the window, and the rule graph's top against the verdict's bottom.
+LAYOUT = """
+const doc = document.querySelector('div.document');
+const nav = document.querySelector('nav');
+const graph = document.getElementById('rulegraph');
+if (!doc) return null;
+const r = doc.getBoundingClientRect();
+let right = r.right;
+for (const e of doc.querySelectorAll('*')) right = Math.max(right, Math.min(e.getBoundingClientRect().right, 1e9));
+return {doc_left: r.left, doc_right: right, doc_bottom: r.bottom, nav_right: nav ? nav.getBoundingClientRect().right : 0,
+        window_width: window.innerWidth, graph_top: graph ? graph.getBoundingClientRect().top : null};
+"""
+
+
 def inspect_report(html: Path) -> dict:
     """What a person sees: the categories in the menu; every image decoded by the browser; for
     every category, its first result opened through the report's own menu (category, subcategory,
@@ -102,6 +117,7 @@ def inspect_report(html: Path) -> dict:
         landing_top = d.execute_script("const h = [...document.querySelectorAll('h1')]"
                                        ".find(e => e.textContent.startsWith('Verdict'));"
                                        "return h ? h.getBoundingClientRect().top : null;")
+        layout = d.execute_script(LAYOUT)
         decoded = d.execute_async_script(DECODE_ALL)
         shown = {}
 
@@ -121,6 +137,6 @@ def inspect_report(html: Path) -> dict:
             shown[cat] = _wait(lambda: _shown(d))
         errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
         return {"categories": categories, "menu": menu, "landing_top": landing_top, "decoded": decoded, "shown": shown,
-                "errors": errors}
+                "errors": errors, "layout": layout}
     finally:
         d.quit()

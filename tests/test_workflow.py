@@ -438,8 +438,13 @@ def test_report_in_a_real_browser(finished_run):
     assert r.returncode == 0 and html.is_file(), out[-3000:]
     assert "(ERROR/" not in out and "(WARNING/" not in out, out[-3000:]  # the RST captions render cleanly
     seen = inspect_report(html)
-    # it opens on the verdict, its title in view (not centred out of reach above the window)
+    # it opens on the verdict, its title in view (not centred out of reach above the window), beside
+    # the menu, not under it, no line wider than the window, the rule graph below it
     assert "Verdict: tiny" in seen["menu"] and 0 <= seen["landing_top"] < 200, seen["landing_top"]
+    lay = seen["layout"]
+    assert lay["doc_left"] >= lay["nav_right"] and lay["doc_right"] <= lay["window_width"], lay
+    assert lay["graph_top"] is None or lay["graph_top"] >= lay["doc_bottom"], lay
+    assert "Which folder to ship" in seen["menu"] and "CPU: ship" in seen["menu"]
     assert "tokens identical to transformers' generate in 3 of 3 cases" in seen["menu"]
     assert re.search(r"Parity: (\d+) of \1 artifacts passed", seen["menu"])
     assert set(seen["categories"]) == REPORT_CATEGORIES
