@@ -115,8 +115,10 @@ def test_bad_input_is_one_line(tmp_path):
     assert r.returncode != 0 and "none.yaml: no such file" in r.stderr
     r = _vlsens("records", tmp_path / "nope", cwd=tmp_path)
     assert r.returncode == 2 and "no such folder" in r.stderr
-    r = _vlsens("recommend", tmp_path, cwd=tmp_path)
-    assert r.returncode == 2 and "no recommend.json" in r.stderr
+    r = _vlsens("recommend", tmp_path, cwd=tmp_path)  # a folder with no run to ship: said, not an error
+    assert r.returncode == 0 and "no recommend.json" in r.stdout
+    r = _vlsens("recommend", tmp_path / "nope", cwd=tmp_path)
+    assert r.returncode == 2 and "no such folder" in r.stderr
 
 
 def test_version_and_every_flag_has_help(tmp_path):

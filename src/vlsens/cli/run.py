@@ -181,14 +181,18 @@ def print_recommendation(root: Path) -> list[str]:
 
 
 def cmd_recommend(folders: list[str]) -> int:
-    roots = []
+    """Print the recommendation of each run folder (or of each run under a folder such as
+    ``results``); a folder whose run built nothing to ship says so; a missing folder is exit 2."""
+    status = 0
     for f in map(Path, folders):
-        roots += [f] if (f / "recommend.json").is_file() else sorted(p.parent for p in f.glob("*/recommend.json"))
-    if not roots:
-        print(f"vlsens: no recommend.json under {', '.join(folders)} (a run whose goal builds deploy folders writes "
-              "results/<name>/recommend.json)", file=sys.stderr)
-        return 2
-    for r in roots:
-        print(f"{r}:")
-        print_recommendation(r)
-    return 0
+        roots = [f] if (f / "recommend.json").is_file() else sorted(p.parent for p in f.glob("*/recommend.json"))
+        if not f.is_dir():
+            print(f"vlsens: {f}: no such folder (give results/<name> of a run)", file=sys.stderr)
+            status = 2
+        elif not roots:
+            print(f"vlsens: {f}: no recommend.json (a run whose goal builds deploy folders or NPU parts writes "
+                  "results/<name>/recommend.json)")
+        for r in roots:
+            print(f"{r}:")
+            print_recommendation(r)
+    return status
