@@ -224,8 +224,9 @@ def _against_fp32(folder, precision: str, texts: dict[str, str], cases: list[dic
         measured = {"kl": mean_kl, "top1": agreement}.get(metric)
         met = None if measured is None else (measured <= value if metric == "kl" else measured >= value)
         record["target"] = {"metric": metric, "target": value, "measured": measured, "met": met,
-                            "note": "the text profile's target, measured end to end through onnxruntime-genai "
-                                    "(vision INT8 included) on the generated steps"}
+                            "note": "the text profile's target, measured end to end through onnxruntime-genai on "
+                                    "the generated steps, with the folder's own vision graph and table (parity.json: "
+                                    "sources)"}
     return record
 
 
