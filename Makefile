@@ -90,7 +90,7 @@ bench: install inc-env
 	$(BIN)/python bench/bench_sensitivity.py --publish
 	$(BIN)/python bench/bench_dynamic.py --publish
 	$(BIN)/python bench/bench_profile.py --publish
-	$(BIN)/python bench/bench_deploy.py --results results/tiny --publish   # after make run
+	$(BIN)/python bench/bench_deploy.py --results results/tiny --tokens 256 --publish   # after make run
 	$(BIN)/python bench/bench_int4.py --results results/tiny --exhaustive --publish   # after make run
 	$(BIN)/python bench/readme_tables.py   # the README's quoted tables from docs/benchmarks/
 

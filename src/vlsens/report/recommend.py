@@ -161,8 +161,10 @@ def markdown(rec: dict) -> str:
         r = rec["devices"][d]
         if r.get("folder"):
             f = next(x for x in rec["folders"] if x["folder"] == r["folder"])
+            speed = f"; about {f['tokens_per_second']:.0f} tokens/s in its check" if f.get("tokens_per_second") else ""
             lines.append(f"- **{d.upper()}: ship {r['path']}** ({f['bytes'] / 1e6:.2f} MB, KL per step {f['kl']:.3g}; "
-                         f"text / one image / two images {_kl_cell(f)}; top-1 {f['top1']:.2f}): {r['why']}.")
+                         f"text / one image / two images {_kl_cell(f)}; top-1 {f['top1']:.2f}{speed}; vision gate "
+                         f"{f['gate']}): {r['why']}.")
         else:
             lines.append(f"- {d.upper()}: {r['why']}.")
     n = rec["devices"]["npu"]
