@@ -69,6 +69,7 @@ def test_goal_deploy_int4_from_an_own_checkpoint_ends_with_the_folder_to_ship(ti
     home stay empty, the checkout unchanged)."""
     ckpt = tmp_path / "Qwen2.5-VL-mine"
     shutil.copytree(tiny_ckpt, ckpt)
+    (ckpt / "vlsens_preset.json").unlink()  # nothing says it was a preset: a user's own directory
     cwd, home, run = tmp_path / "cwd", tmp_path / "home", tmp_path / "run"
     cwd.mkdir(), home.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
