@@ -112,6 +112,8 @@ def test_bad_input_is_one_line(tmp_path):
                        ("vision..sizes=1", "has an empty part"), ("threads=[1", "the value is not YAML")):
         r = _vlsens("run", "tiny", "--set", item, "-n", cwd=tmp_path)
         assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = _vlsens("run", "tiny", "--goal", "deploy-int4", "--precisions", "fp16", "-n", cwd=tmp_path)
+    assert r.returncode != 0 and "use --goal deploy --precisions" in r.stderr
     r = _vlsens("run", "tiny", "--config", tmp_path / "none.yaml", "-n", cwd=tmp_path)
     assert r.returncode != 0 and "none.yaml: no such file" in r.stderr
     r = _vlsens("records", tmp_path / "nope", cwd=tmp_path)

@@ -65,6 +65,9 @@ def run_config(args) -> dict:
     if args.sizes:
         cfg["vision"] = {"sizes": list(args.sizes)}
     if args.precisions:
+        if args.goal == "deploy-int4":
+            raise _fail("--precisions with --goal deploy-int4: that goal builds the fp32 and int4-mixed folders; "
+                        "use --goal deploy --precisions ... for others")
         cfg["deploy"] = {"precisions": list(args.precisions)}
     schema = load_schema()
     for item in args.set or []:
