@@ -19,7 +19,7 @@ def _vlsens(*args, cwd, env=None):
 
 def _planned(out: str) -> dict[str, int]:
     """The jobs a run's line ``vlsens: N jobs would run: rule n, ...`` lists."""
-    line = next(x for x in out.splitlines() if "jobs would run" in x or "jobs to run" in x)
+    line = next(x for x in out.splitlines() if " would run: " in x or " to run: " in x)
     return {r: int(n) for r, n in (c.rsplit(" ", 1) for c in line.split(": ", 2)[2].split(", "))}
 
 

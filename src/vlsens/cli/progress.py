@@ -51,7 +51,8 @@ class Progress:
             if self.total is None:
                 self.total = int(m.group(1))
                 rows = ", ".join(f"{r} {n}" for r, n in self.stats if r != "all")
-                return [f"vlsens: {self.total} jobs {'would run' if self.dry_run else 'to run'}: {rows}"]
+                jobs = "job" if self.total == 1 else "jobs"
+                return [f"vlsens: {self.total} {jobs} {'would run' if self.dry_run else 'to run'}: {rows}"]
             return []
         m = STATS_ROW.match(line)
         if m and self.total is None:
