@@ -106,16 +106,13 @@ def run_transformers(args) -> dict:
         return time.perf_counter() - t0
 
     timed(1)  # warm-up
+    n_prompt = int(processor(text=[text], images=pil, return_tensors="pt")["input_ids"].shape[-1])
     runs = []
     for _ in range(args.runs):  # prefill: one new token; decode: the rest of a full run beyond it
         first, full = timed(1), timed(args.tokens)
-        runs.append({"prompt_tokens": prompt_tokens(processor, text, pil), "prefill_s": first,
-                     "decode_s": full - first, "new_tokens": args.tokens})
+        runs.append({"prompt_tokens": n_prompt, "prefill_s": first, "decode_s": full - first,
+                     "new_tokens": args.tokens})
     return _runs(runs)
-
-
-def prompt_tokens(processor, text, pil) -> int:
-    return int(processor(text=[text], images=pil, return_tensors="pt")["input_ids"].shape[-1])
 
 
 def run_nocache(args) -> dict:

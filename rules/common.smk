@@ -17,7 +17,16 @@ if Path(_SRC).is_dir() and _SRC not in sys.path:  # else vlsens must be pip-inst
 
 from vlsens import deploy as _deploy
 from vlsens.core import paths
-from vlsens.config import SCHEMA, VARIANTS, apply_goal, canonical, check_images, schema_errors, tolerance_for
+from vlsens.config import (
+    GOAL_PARTS,
+    SCHEMA,
+    VARIANTS,
+    apply_goal,
+    canonical,
+    check_images,
+    schema_errors,
+    tolerance_for,
+)
 from vlsens.core.device import gpu_present
 from vlsens.core.errors import ConfigError
 from vlsens.dag.plan import configure, lm_config
@@ -213,7 +222,8 @@ def recommend_items(wildcards):
     plan folder the goal builds, their measure where the run measures them, the plan's measured
     front, and each fixed-size graph's NPU parts with the INT8 profile of that variant."""
     goal, m, out = config["goal"], wildcards.model, []
-    if goal in ("all", "deploy", "deploy-int4") and deploy_folders():
+    builds = GOAL_PARTS[goal]
+    if "deploy" in builds and deploy_folders():
         names = deploy_folders() + ([f"plan-{p}" for p in searched_plans(wildcards)] if PLAN_ON else [])
         out += [("folder", n, paths.fill(DEPLOY, model=m, precision=n)) for n in names]
         if goal != "deploy-int4" and len(deploy_folders()) > 1:
@@ -222,7 +232,7 @@ def recommend_items(wildcards):
             ]
         if PLAN_ON:
             out.append(("measured", "front", paths.fill(paths.BUDGET_MEASURED["json"], model=m)))
-    if goal in ("all", "npu"):
+    if "npu" in builds:
         for g, t in TOWERS.items():
             for v in t.parts_variants():
                 out.append(("parts", f"{g}/{v}", paths.fill(paths.PARTS, model=m, graph=g, variant=v)))
@@ -246,8 +256,9 @@ def recommend_params(wildcards):
 
 def recommend_target():
     """The recommendation, where the goal builds something to ship."""
-    builds = (config["goal"] in ("all", "deploy", "deploy-int4") and deploy_folders()) or (
-        config["goal"] in ("all", "npu") and any(t.parts_variants() for t in TOWERS.values())
+    parts = GOAL_PARTS[config["goal"]]
+    builds = ("deploy" in parts and deploy_folders()) or (
+        "npu" in parts and any(t.parts_variants() for t in TOWERS.values())
     )
     return [paths.fill(paths.RECOMMEND["json"], model=PLAN.model)] if builds else []
 
@@ -263,17 +274,15 @@ def get_final_output():
     if "int4-mixed" in deploy and config["report"]["enabled"]:
         folder = paths.fill(paths.REPORT, model=PLAN.model)
         int4 += [f"{folder}/{paths.REPORT_FILES[k]}" for k in ("int4_pareto", "nbits_heatmap")]
-    goal = config["goal"]  # vlsens.config.GOALS
-    parts = dict(analysis=goal in ("all", "analyse"), npu=goal in ("all", "npu"))
+    # what the goal builds (vlsens.config.GOAL_PARTS; npu and analyse turn deploy off: apply_goal)
+    parts = {k: k in GOAL_PARTS[config["goal"]] for k in ("analysis", "npu")}
     graphs = all_targets(
         PLAN, TOWERS.values(), config["report"]["enabled"], bool(config["embeddings"]["dtypes"]), **parts
     )
-    if goal == "deploy-int4":  # the two folders, not their side-by-side table or measure
+    if config["goal"] == "deploy-int4":  # the two folders, not their side-by-side table or measure
         return [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy_folders()] + recommend_target()
-    if goal in ("npu", "analyse"):
-        return graphs + recommend_target()
     return (
-        (graphs if goal == "all" else [])
+        graphs
         + recommend_target()
         + [paths.fill(DEPLOY, model=PLAN.model, precision=p) for p in deploy_folders()]
         + int4

@@ -379,3 +379,29 @@ def test_the_recommendation_judges_every_folder_one_way(tmp_path):
                  tmp_path / "recommend.json")
     assert page.index("Which folder to ship") < page.index("Deploy folders")
     assert page.count("— within the budget 0.0001") == 4 and page.count("— **above** the budget 0.0001") == 1
+
+
+def test_the_recommend_job_groups_its_sources_and_writes_both_files(tmp_path):
+    """The rule's sources by kind: an NPU graph's parts and profile are joined by name, the plan's
+    measured front is read for its requests; recommend.json and recommend.md are written."""
+    import json
+
+    from vlsens.report.recommend import recommend_job
+
+    fp32 = _folder(tmp_path, "fp32", 4000)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "parts.json").write_text(json.dumps({"parts": [{}, {}], "passed": True}))
+    prof = tmp_path / "eval.json"
+    prof.write_text(json.dumps({"int8_ops": 3, "quantizable_ops": 4, "status": "unreachable",
+                                "measured": {"cosine": 0.99}, "target": {"metric": "cosine", "value": 0.999}}))
+    front = tmp_path / "measured.json"
+    front.write_text(json.dumps({"requested": {"small": {"met": False, "plan": None}}}))
+    rec = recommend_job({"folder": {"fp32": str(fp32)}, "parts": {"vision/224x224/fp32": str(parts)},
+                         "profile": {"vision/224x224/fp32": str(prof)}, "measured": {"front": str(front)}},
+                        1e-4, tmp_path / "recommend.json", tmp_path / "recommend.md")
+    assert rec["npu"][0]["parts"] == 2 and rec["npu"][0]["profile"]["status"] == "unreachable"
+    assert rec["devices"]["npu"]["paths"] == [str(parts)] and rec["devices"]["cpu"]["folder"] == "fp32"
+    assert len(rec["missed"]) == 2 and rec["missed"][1].startswith("plan.budgets 'small': not met")
+    assert json.loads((tmp_path / "recommend.json").read_text()) == rec
+    assert "**NPU:** " + str(parts) in (tmp_path / "recommend.md").read_text()

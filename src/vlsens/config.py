@@ -138,6 +138,11 @@ GOALS = {
     "npu": "the fixed-size graphs' NPU parts, calibration archives, token-table binaries and INT8 profiles",
     "analyse": "the graphs, variants, sensitivity tables, profiles and report, no deploy folder",
 }
+#: What each goal's default target holds: ``analysis`` (graphs, variants, sensitivity, profiles,
+#: report), ``npu`` (parts, archives, token binaries and the profiles behind them), ``deploy``
+#: (the deploy folders and what measures them).
+GOAL_PARTS = {"all": {"analysis", "npu", "deploy"}, "deploy": {"deploy"}, "deploy-int4": {"deploy"}, "npu": {"npu"},
+              "analyse": {"analysis"}}
 #: The folders ``goal: deploy-int4`` builds (deploy.precisions is narrowed to them).
 INT4_GOAL_FOLDERS = ["fp32", "int4-mixed"]
 
@@ -177,6 +182,29 @@ def model_name(config: dict) -> str:
             "only letters, digits, '.', '_' and '-' (it names the results/<name>/ folder), e.g. 'qwen2.5-vl-3b'."
         )
     return name
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A config file as a mapping of keys (one ConfigError naming the file otherwise)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"--config {path}: cannot be read as YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: holds a {type(data).__name__}, not a mapping of config keys")
+    return data
+
+
+def run_model_name(default: str | Path, files: list[str | Path], model: dict | None = None) -> str:
+    """results/<name>/ of a run: the model section of the workflow's default config, the config
+    files that extend it and ``model`` (command-line values), merged as Snakemake merges them."""
+    merged = dict(read_config_file(default)["model"])
+    for f in files:
+        merged.update(read_config_file(f).get("model") or {})
+    merged.update(model or {})
+    return model_name({"model": merged})
 
 
 def check_sizes(sizes: list, key: str = "vision.sizes", rule: dict | None = None) -> list[str]:

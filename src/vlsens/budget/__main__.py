@@ -13,13 +13,9 @@ def _roots(argv: list[str]) -> list[str]:
     config/config.yaml, as the workflow reads it)."""
     if argv[:1] != ["--config"]:
         return argv or ["results/tiny"]
-    import yaml
+    from vlsens.config import run_model_name
 
-    from vlsens.config import model_name
-
-    model = dict(yaml.safe_load(Path("config/config.yaml").read_text())["model"])
-    model.update((yaml.safe_load(Path(argv[1]).read_text()) or {}).get("model") or {})
-    return [f"results/{model_name({'model': model})}"]
+    return [f"results/{run_model_name('config/config.yaml', [argv[1]])}"]
 
 
 def main(argv: list[str]) -> int:

@@ -39,6 +39,7 @@ class Progress:
         self.dry_run, self.start = dry_run, time.monotonic()
         self.total, self.stats, self.in_stats = None, [], False
         self.block: dict = {}
+        self.finished: dict | None = None  # the job whose "Finished" line came, until its step count
         self.jobs: dict[str, dict] = {}
         self.errors: list[str] = []
         self.exception: list[str] | None = None
@@ -109,7 +110,7 @@ class Progress:
             self.finished = self.jobs.get(m.group(1), {"rule": m.group(2), "wildcards": "", "start": time.monotonic()})
             return []
         m = STEPS.match(line)
-        if m and getattr(self, "finished", None):
+        if m and self.finished:
             return [self._line(int(m.group(1)), int(m.group(2)))]
         return []
 

@@ -75,28 +75,13 @@ def run_config(args) -> dict:
     return cfg
 
 
-def _read_config(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise _fail(f"--config {path}: cannot be read as YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise _fail(f"--config {path}: holds a {type(data).__name__}, not a mapping of config keys")
-    return data
-
-
 def run_name(workflow: Path, configs: list[Path], cfg: dict) -> str:
-    """results/<name>/: the model section of the default config, the --config files and the flags,
-    merged as Snakemake merges them."""
-    from vlsens.config import model_name
+    """results/<name>/ (:func:`vlsens.config.run_model_name`), a bad file or name as one line."""
+    from vlsens.config import run_model_name
     from vlsens.core.errors import ConfigError
 
-    model = dict(_read_config(workflow / "config" / "config.yaml")["model"])
-    for c in configs:
-        model.update(_read_config(c).get("model") or {})
-    model.update(cfg["model"])
     try:
-        return model_name({"model": model})
+        return run_model_name(workflow / "config" / "config.yaml", configs, cfg["model"])
     except ConfigError as e:
         raise _fail(str(e)) from None
 

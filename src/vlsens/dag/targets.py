@@ -55,7 +55,7 @@ def graph_targets(plan: Plan, tower, analysis: bool = True, npu: bool = True) ->
                 out.append(f"{sens}/compare.json")
             if "inc" in ran and plan.inc_tune:
                 out.append(f"{paths.fill(paths.INC_TUNE, variant=v, **g)}/eval.json")
-        if analysis or tower.npu_archive:
+        if analysis or (npu and tower.npu_archive):
             prof = paths.fill(paths.PROFILE, variant=v, **g)
             out += [f"{prof}/{paths.PROFILE_FILES[k]}" for k in ("eval", "profile", "model")]
     return out

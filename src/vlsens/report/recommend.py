@@ -154,21 +154,31 @@ def _kl_cell(f: dict) -> str:
     return " / ".join(f"{mods[m]['kl']:.3g}" if m in mods else "-" for m in MODALITIES)
 
 
-def markdown(rec: dict) -> str:
-    """What a person reads at the end of a run and on the report's first page."""
+def device_lines(rec: dict, ship=lambda device, path: f"**{device}: ship {path}**",
+                 path=lambda p: p) -> list[str]:
+    """A line per device: the folder to ship with its facts and why, or why there is none;
+    ``ship`` and ``path`` mark up the head and a path (Markdown by default; the verdict's RST)."""
+    facts = {f["folder"]: f for f in rec["folders"]}
     lines = []
     for d in ("cpu", "cuda"):
         r = rec["devices"][d]
         if r.get("folder"):
-            f = next(x for x in rec["folders"] if x["folder"] == r["folder"])
+            f = facts[r["folder"]]
             speed = f"; about {f['tokens_per_second']:.0f} tokens/s in its check" if f.get("tokens_per_second") else ""
-            lines.append(f"- **{d.upper()}: ship {r['path']}** ({f['bytes'] / 1e6:.2f} MB, KL per step {f['kl']:.3g}; "
+            lines.append(f"- {ship(d.upper(), r['path'])} ({f['bytes'] / 1e6:.2f} MB, KL per step {f['kl']:.3g}; "
                          f"text / one image / two images {_kl_cell(f)}; top-1 {f['top1']:.2f}{speed}; vision gate "
                          f"{f['gate']}): {r['why']}.")
         else:
             lines.append(f"- {d.upper()}: {r['why']}.")
     n = rec["devices"]["npu"]
-    lines.append(f"- **NPU: {', '.join(n['paths'])}**: {n['why']}." if n.get("paths") else f"- NPU: {n['why']}.")
+    lines.append(f"- **NPU:** {', '.join(path(x) for x in n['paths'])}: {n['why']}." if n.get("paths")
+                 else f"- NPU: {n['why']}.")
+    return lines
+
+
+def markdown(rec: dict) -> str:
+    """What a person reads at the end of a run and on the report's first page."""
+    lines = device_lines(rec)
     if rec["missed"]:
         lines += ["", f"WARNING: {len(rec['missed'])} target(s) missed:"] + [f"- {m}" for m in rec["missed"]]
     lines += ["", "| folder | device | MB | KL per step | text / image / images | top-1 | check tok/s | gate | from |",
@@ -193,3 +203,17 @@ def write(rec: dict, json_path: str | Path, md_path: str | Path) -> None:
     with atomic_file(md_path) as tmp:
         tmp.write_text(f"# Which folder to ship\n\nKL budget {rec['kl_budget']:g} per generated step, against "
                        f"{rec['reference']}.\n\n" + markdown(rec))
+
+
+def recommend_job(sources: dict[str, dict[str, str]], kl_budget: float, json_path: str | Path,
+                  md_path: str | Path) -> dict:
+    """The rule's job: ``sources`` by kind (``folder``, ``measure``, ``measured``, ``parts``,
+    ``profile``: name -> path, rules/common.smk: recommend_items) into the record and its page."""
+    npu: dict[str, dict] = {}
+    for kind in ("parts", "profile"):
+        for name, path in (sources.get(kind) or {}).items():
+            npu.setdefault(name, {})[kind] = path
+    measured = next(iter((sources.get("measured") or {}).values()), None)
+    rec = recommend(sources.get("folder") or {}, sources.get("measure") or {}, kl_budget, npu, measured)
+    write(rec, json_path, md_path)
+    return rec

@@ -80,24 +80,12 @@ def profile_rows(profiles: dict[str, str]) -> list[list[str]]:
 
 def recommend_lines(rec: dict) -> list[str]:
     """The first section: which folder to ship per device and what was missed (recommend.json)."""
-    from vlsens.report.recommend import MODALITIES
+    from vlsens.report.recommend import device_lines
 
     out = ["Which folder to ship", "--------------------", "",
            f"Every folder is judged one way: its mean KL per generated step against {rec['reference']}, within the "
            f"run's KL budget {rec['kl_budget']:g}, its vision graph past its gate; the fewest bytes wins.", ""]
-    facts = {f["folder"]: f for f in rec["folders"]}
-    for d in ("cpu", "cuda"):
-        r = rec["devices"][d]
-        if r.get("folder"):
-            f = facts[r["folder"]]
-            kls = ", ".join(f"{m} {_g(f['modalities'][m]['kl'], 3)}" for m in MODALITIES if m in f["modalities"])
-            out.append(f"- **{d.upper()}: ship** {_literal(r['path'])}: {f['bytes'] / 1e6:.3f} MB, KL per step "
-                       f"{_g(f['kl'], 3)} ({kls}), top-1 {f['top1']:.2f}; {r['why']}.")
-        else:
-            out.append(f"- {d.upper()}: {r['why']}.")
-    n = rec["devices"]["npu"]
-    out.append(f"- **NPU:** {', '.join(_literal(x) for x in n['paths'])}: {n['why']}." if n.get("paths")
-               else f"- NPU: {n['why']}.")
+    out += device_lines(rec, ship=lambda device, path: f"**{device}: ship** {_literal(path)}", path=_literal)
     out.append("")
     if rec["missed"]:
         out += [f"**Missed ({len(rec['missed'])}):**", ""] + [f"- {_literal(m)}" for m in rec["missed"]] + [""]

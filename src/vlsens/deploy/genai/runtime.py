@@ -132,12 +132,6 @@ def _parts(folder: Path) -> list[str]:
     return [k for k, v in model.items() if isinstance(v, dict) and "filename" in v]
 
 
-def _folder_provider(folder: Path) -> str:
-    """The provider a folder's decoder session names (``cpu`` when none)."""
-    opts = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
-    return next((k for o in opts.get("provider_options") or [] for k in o), "cpu")
-
-
 def _provider_view(folder: Path, provider: str | None):
     """A temporary view of ``folder`` whose ``genai_config.json`` names ``provider`` (every other
     file linked, not copied), or None when the folder already names it: onnxruntime-genai's config
@@ -210,8 +204,9 @@ class Chat:
         try:
             self.model = og.Model(config)
         except Exception as e:  # onnxruntime-genai's own error: a provider its build does not have
-            wanted = provider or _folder_provider(self.folder)
-            if wanted == "cpu" or wanted.lower() not in str(e).lower():
+            from vlsens.deploy.genai.folder import PROVIDERS
+
+            if not any(p in str(e).lower() for p in PROVIDERS if p != "cpu"):
                 raise
             raise VlsensError(f"{folder}: written for another execution provider than this onnxruntime-genai "
                               f"has ({str(e).splitlines()[0]}); install its build for that provider (e.g. "
