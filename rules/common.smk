@@ -36,7 +36,7 @@ from vlsens.precision.weight_only import PER_CHANNEL
 from vlsens.model.presets import rule_names as _preset_rule_names
 from vlsens.quantize.target import check_profile_objective as _check_objective, resolve as _resolve_quant
 from vlsens.dag.resources import cluster_value, compute_threads, job_cores
-from vlsens.dag.targets import all_targets
+from vlsens.dag.targets import all_targets, toolchain_files
 from vlsens.report import numbered_categories
 from vlsens.core.versions import provenance as _provenance
 from snakemake.settings.types import DeploymentMethod
@@ -239,6 +239,8 @@ def recommend_items(wildcards):
                 if v in t.analysed_variants():
                     prof = paths.fill(paths.PROFILE, model=m, graph=g, variant=v)
                     out.append(("profile", f"{g}/{v}", f"{prof}/{paths.PROFILE_FILES['eval']}"))
+                    if toolchain_files(t):
+                        out.append(("toolchain", f"{g}/{v}", paths.fill(paths.TOOLCHAIN, model=m, graph=g, variant=v)))
     return out
 
 
@@ -323,6 +325,27 @@ def tower(wildcards):
 def checkpoint_dir(wildcards):
     """A preset's directory (built by a rule), or a local checkpoint's content manifest."""
     return PLAN.checkpoint if PLAN.preset else INPUTS["checkpoint"]
+
+
+def toolchain_inputs(wildcards):
+    """What the toolchain job reads: the profile (its QDQ model as ``qdq``), the graph's variant
+    and calibration archive, and the variant's parts with their archives where the graph is cut."""
+    t = tower(wildcards)
+    w = {"model": wildcards.model, "graph": wildcards.graph, "variant": wildcards.variant}
+    prof = paths.fill(paths.PROFILE, **w)
+    out = {
+        **{k: f"{prof}/{paths.PROFILE_FILES[k]}" for k in ("profile", "eval")},
+        "qdq": f"{prof}/{paths.PROFILE_FILES['model']}",
+        "model": paths.fill(paths.in_variant(), **w),
+        "parity": paths.fill(record("{variant}"), **w),
+        "calib_tar": f"{paths.fill(paths.CALIB, **w)}/{paths.NPU_FILES['calib_tar']}",
+    }
+    if wildcards.variant == "fp32-smooth" and "fp32" in t.analysed_variants():
+        out["unsmoothed"] = f"{paths.fill(paths.PROFILE, **{**w, 'variant': 'fp32'})}/{paths.PROFILE_FILES['eval']}"
+    if wildcards.variant in t.parts_variants() and t.parts_calibration():
+        out["parts"] = paths.fill(paths.PARTS, **w)
+        out["parts_calib"] = paths.fill(paths.PARTS_CALIB, **w)
+    return out
 
 
 def calibration_inputs(wildcards):

@@ -1,7 +1,8 @@
 # NPU toolchains: a fixed-size vision graph's variant cut at block boundaries into single-file
 # parts (vlsens.npu), gated chained against transformers and through onnxsim's Python API, and
 # each part's calibration archives (its own inputs, from the earlier parts on the calibration set);
-# the token embedding table as raw binaries (vlsens.npu.embeddings).
+# the token embedding table as raw binaries (vlsens.npu.embeddings); on an NPU quant.target, each
+# fixed-size graph's profile as the toolchains take it (vlsens.npu.toolchain).
 
 
 rule parts:
@@ -47,6 +48,26 @@ rule parts_calibration:
         **cluster("parts_calibration", threads=config["threads"]),
     script:
         "../workflow/scripts/parts_calibration.py"
+
+
+rule toolchain:
+    input:
+        unpack(toolchain_inputs),
+    output:
+        toolchain=directory(paths.TOOLCHAIN),
+    params:
+        root=lambda wildcards: paths.fill(paths.MODEL, model=wildcards.model),
+        provenance=provenance("toolchain", "toolchain.py"),
+    log:
+        paths.log("toolchain", "{variant}"),
+    benchmark:
+        paths.benchmark("toolchain", "{variant}")
+    conda:
+        "../envs/onnx.yaml"
+    resources:
+        **cluster("toolchain", gpu=False),
+    script:
+        "../workflow/scripts/toolchain.py"
 
 
 rule embeddings:

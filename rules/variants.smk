@@ -1,5 +1,7 @@
 # Variants of a verified model folder, for every graph: FP16 (I/O FP32, range-based FP32 fallback),
-# BF16 (vision graphs; I/O FP32) and onnxsim. Every graph file the reference cases name is transformed and the folder is gated on
+# BF16 (vision graphs; I/O FP32), onnxsim and fp32-smooth (fixed-size vision graphs: outlier
+# channels migrated into the weights, SmoothQuant-style, strength per site measured on the
+# calibration set). Every graph file the reference cases name is transformed and the folder is gated on
 # every case (vlsens.variants).
 
 
@@ -45,6 +47,28 @@ rule bf16:
         **cluster("bf16", threads=config["threads"]),
     script:
         "../workflow/scripts/bf16.py"
+
+
+rule smooth:
+    input:
+        **variant_inputs("fp32"),
+        calib=CALIB["calib"],
+    output:
+        **gated(paths.in_variant("fp32-smooth")),
+    params:
+        tolerance=tolerance("fp32"),
+        provenance=provenance("smooth", "smooth.py"),
+    log:
+        paths.log("smooth"),
+    benchmark:
+        paths.benchmark("smooth")
+    conda:
+        "../envs/onnx.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("smooth", threads=config["threads"]),
+    script:
+        "../workflow/scripts/smooth.py"
 
 
 rule simplify:

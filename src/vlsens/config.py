@@ -23,7 +23,7 @@ from vlsens.data.images import ImageRef, resolve_images
 from vlsens.model.presets import PRESETS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-VARIANTS = ("fp32", "fp16", "bf16", "fp32-sim", "fp16-sim")
+VARIANTS = ("fp32", "fp16", "bf16", "fp32-sim", "fp16-sim", "fp32-smooth")
 #: ``workflow/schemas/`` is also the package's ``vlsens/schemas`` (a link in the source tree, files
 #: in a built wheel), so an installed vlsens finds its schemas without the repository.
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
@@ -135,7 +135,8 @@ GOALS = {
     "deploy": "the deploy folders of deploy.precisions and deploy.peers, their measure and (plan.enabled) the plan's "
               "folders",
     "deploy-int4": "the fp32 and int4-mixed deploy folders (and the graphs and profiles behind them)",
-    "npu": "the fixed-size graphs' NPU parts, calibration archives, token-table binaries and INT8 profiles",
+    "npu": "the fixed-size graphs' NPU parts, calibration archives, token-table binaries, their profiles for an NPU "
+           "(quant.target npu unless qnn is set: W8A8 / W8A16 / float per op) and the toolchains' files",
     "analyse": "the graphs, variants, sensitivity tables, profiles and report, no deploy folder",
 }
 #: What each goal's default target holds: ``analysis`` (graphs, variants, sensitivity, profiles,
@@ -151,7 +152,8 @@ def apply_goal(config: dict) -> None:
     """Narrow a validated config to what its ``goal`` needs: ``deploy-int4`` builds the fp32 and
     int4-mixed folders only, so the precisions those folders are compared with (the builder's
     anchors, the peers, the plan) are not planned either; ``npu`` and ``analyse`` build no deploy
-    folder (so the report, too, reads none)."""
+    folder (so the report, too, reads none), and ``npu`` profiles for an NPU target (``quant.target:
+    npu`` unless the config names ``qnn``)."""
     goal = config.get("goal")
     if goal == "deploy-int4":
         d = config["deploy"]
@@ -162,6 +164,8 @@ def apply_goal(config: dict) -> None:
     elif goal in ("npu", "analyse"):
         config["deploy"]["enabled"] = False
         config["plan"]["enabled"] = False
+        if goal == "npu" and config["quant"]["target"] != "qnn":
+            config["quant"]["target"] = "npu"
 
 
 def model_name(config: dict) -> str:

@@ -102,6 +102,9 @@ BENCHMARKS = MODEL + "/benchmarks/{graph}"
 #: archives (:mod:`vlsens.npu.calibration`).
 PARTS = MODEL + "/parts/{graph}/{variant}"
 PARTS_CALIB = CALIB + "/parts-{variant}"
+#: A fixed-size graph's profile as NPU toolchains take it: pulsar2 build configs (graph and
+#: parts), the QDQ model's tensor overrides, toolchain.json (:mod:`vlsens.npu.toolchain`).
+TOOLCHAIN = MODEL + "/toolchain/{graph}/{variant}"
 #: The token embedding table as raw binaries with a manifest (:mod:`vlsens.npu.embeddings`).
 EMBEDDINGS = MODEL + "/embeddings"
 #: Which folder to ship per device (vlsens.report.recommend), what every run's goal ends with.

@@ -65,6 +65,10 @@ def schema_name(path: str | Path) -> str | None:
         return BUDGET[path.name]
     if path.name == "recommend.json":
         return "recommend"
+    if path.name == "toolchain.json":
+        return "toolchain"
+    if path.name.endswith("pulsar2.json"):
+        return "pulsar2"
     if path.name == "eval.json" and path.parent.name == "inc-tune":
         return "inc_tune"
     if path.name == "engine.json" and path.parent.name == "nbits-engine":

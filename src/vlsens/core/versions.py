@@ -26,11 +26,15 @@ STAGE_LIBRARIES = {
     "fp16": ("onnx", "onnxconverter-common"),
     "bf16": ("onnx", "onnxconverter-common", "ml-dtypes"),
     "simplify": ("onnx", "onnxsim"),
+    # migrates channels in numpy, observes the calibration set with onnxruntime
+    "smooth": ("onnx", "onnxruntime", "numpy"),
     "sensitivity": ("onnx", "onnxruntime"),
     "compare": (),
     "npu_archive": ("numpy",),
     # cuts a gated graph (onnx), chains the parts (onnxruntime), runs onnxsim on each
     "parts": ("onnx", "onnxruntime", "onnxsim", "numpy"),
+    # the toolchain job reads records and graph names (onnx); the QDQ model is the profile's
+    "toolchain": ("onnx",),
     # reads the checkpoint's safetensors header and bytes; conversions through ml_dtypes
     "embeddings": ("numpy", "ml-dtypes"),
     # assembles gated graphs and runs them with onnxruntime-genai next to transformers' generate

@@ -58,7 +58,17 @@ def graph_targets(plan: Plan, tower, analysis: bool = True, npu: bool = True) ->
         if analysis or (npu and tower.npu_archive):
             prof = paths.fill(paths.PROFILE, variant=v, **g)
             out += [f"{prof}/{paths.PROFILE_FILES[k]}" for k in ("eval", "profile", "model")]
+        if npu and toolchain_files(tower):
+            out.append(paths.fill(paths.TOOLCHAIN, variant=v, **g))
     return out
+
+
+def toolchain_files(tower) -> bool:
+    """Does a graph's profile get NPU toolchain files (:mod:`vlsens.npu.toolchain`)? Fixed-size
+    graphs (those with NPU archives), when the run's ``quant.target`` is an NPU one."""
+    from vlsens.quantize.target import WIDE_TARGETS
+
+    return bool(tower.npu_archive) and tower.config["quant"]["target"] in WIDE_TARGETS
 
 
 def report_targets(plan: Plan, towers) -> list[str]:

@@ -44,7 +44,8 @@ from vlsens.core.fsutil import publish, staging_dir, write_json, write_yaml
 from vlsens.core.metrics import Metrics
 from vlsens.core.onnxutil import copy_model, data_path, make_session
 from vlsens.core.paths import PROFILE_FILES
-from vlsens.quantize.qdq import quantize, quantized_ops
+from vlsens.precision.wide import explain_wide, precision_of, search_wide
+from vlsens.quantize.qdq import quantize, quantized_ops, wide_quantized, wide_tensors
 from vlsens.quantize.target import arithmetic_note, cpu_features, measurement_providers, target_of
 from vlsens.sensitivity.engine import Engine
 from vlsens.sensitivity.ranking import read_csv
@@ -183,9 +184,12 @@ class Build:
     meets: bool
     latency_ms: float | None = None
     extra: dict = field(default_factory=dict)
+    #: the ops among :attr:`ops` at 16-bit activations (W8A16)
+    wide: list[str] = field(default_factory=list)
 
     def record(self, metric: str) -> dict:
         r = {"int8_ops": len(self.ops), "int8_weight_share": self.weight_share, **self.measured,
+             **({"a16_ops": len(self.wide)} if self.wide else {}),
              "session": self.session, "reason": self.reason, "meets": self.meets, **self.extra}
         if self.latency_ms is not None:
             r["latency_ms"] = self.latency_ms
@@ -208,14 +212,24 @@ class Builder:
     def share(self, ops) -> float:
         return sum(self.weights[o] for o in ops) / self.total if self.total else 0.0
 
-    def build(self, ops: Sequence[str], reason: str, timed: bool = False, **extra) -> Build:
+    def build(self, ops: Sequence[str], reason: str, timed: bool = False, wide: Sequence[str] = (), **extra) -> Build:
+        """``ops`` quantized, ``wide`` (among them) at 16-bit activations: the tensors next to them
+        get the settings' wide type (:func:`vlsens.quantize.qdq.wide_tensors`)."""
         ops = list(ops)
+        wide = [o for o in wide if o in set(ops)]
         folder = self.scratch / f"build{len(self.builds)}"
         if ops:
-            model = quantize(self.eng.float_model, folder / "model.onnx", ops, self.eng.settings, self.eng.cache)
+            model = quantize(self.eng.float_model, folder / "model.onnx", ops, self.eng.settings, self.eng.cache,
+                             wide_tensors=wide_tensors(self.eng.switches.tensors, wide))
         else:  # quantize_static reads nodes_to_quantize=[] as "every op": the float model it is
             model = copy_model(self.eng.float_model, folder / "model.onnx")
         got = quantized_ops(model, list(self.weights))
+        want_wide = set(wide_tensors(self.eng.switches.tensors, wide)) if ops else set()
+        got_wide = wide_quantized(model) if self.eng.wide else set()
+        if got_wide != want_wide:
+            raise VlsensError(f"profile: the built model has {len(got_wide)} 16-bit activation tensor(s) where the "
+                              f"profile chose {len(want_wide)} (only built: {sorted(got_wide - want_wide)[:3]}, only "
+                              f"chosen: {sorted(want_wide - got_wide)[:3]}); nothing was written.")
         if got != set(ops):
             raise VlsensError(
                 f"profile: the built model quantizes {len(got)} op(s) but the profile chose {len(ops)} "
@@ -226,7 +240,7 @@ class Builder:
         lat = time_session(sess, self.evals.feeds[0], self.latency_runs) if timed else None
         del sess
         b = Build(ops, model, measured, mode, self.share(ops), reason, meets(measured, self.metric, self.value), lat,
-                  extra)
+                  extra, wide)
         self.builds.append(b)
         log.info("build %d (%s): %d INT8 op(s), %s %.6g (%s)%s", len(self.builds) - 1, reason, len(ops), self.metric,
                  measured[self.metric], "meets" if b.meets else "misses",
@@ -251,19 +265,28 @@ class Builder:
 
 
 def _search(eng: Engine, evals, ranking: list[str], metric: str, value: float, max_evals: int,
-            threads: int, weights: dict[str, int]) -> tuple[list[str], list, bool, float]:
-    """The search on the engine: (chosen ops, trace, graph has logits, seconds searching). Its
-    session ends here, so the built model is measured with one session at a time."""
+            threads: int, weights: dict[str, int], rows: dict | None = None
+            ) -> tuple[list[str], list[str], list, bool, float]:
+    """The search on the engine: (chosen ops, the W8A16 ones among them, trace, graph has logits,
+    seconds searching); an engine with 16-bit activations searches W8A8 / W8A16 / float per op
+    (:func:`vlsens.precision.wide.search_wide`, ``rows``: the sensitivity rows by op). Its session
+    ends here, so the built model is measured with one session at a time."""
     engine = eng.session(evals, threads)
     if metric in ("kl", "top1") and not engine.logits:
         raise VlsensError(f"profile.metric: '{metric}' needs a graph with logits (text); use cosine, sqnr_db or mse")
     reference = eng.reference()
     t0 = time.perf_counter()
-    chosen, trace = search(ranking, lambda ops: engine.evaluate(ops, reference), metric, value, max_evals, weights)
-    return chosen, trace, engine.logits, time.perf_counter() - t0
+    if engine.wide:
+        chosen, wide, trace = search_wide(ranking, rows, lambda ops, w: engine.evaluate(ops, reference, w),
+                                          lambda m: meets(m, metric, value), max_evals, weights)
+    else:
+        wide = []
+        chosen, trace = search(ranking, lambda ops: engine.evaluate(ops, reference), metric, value, max_evals,
+                               weights)
+    return chosen, wide, trace, engine.logits, time.perf_counter() - t0
 
 
-def repair(builder: Builder, chosen: list[str], by_sensitivity: list[str]) -> list[Build]:
+def repair(builder: Builder, chosen: list[str], by_sensitivity: list[str], wide: Sequence[str] = ()) -> list[Build]:
     """Bisection over built models: the smallest k such that ``chosen`` without its k most
     sensitive ops (``by_sensitivity``: most sensitive first) meets the target when built. The
     build with k = 0 is known to miss and k = len(chosen) is the float model; about log2(n)
@@ -274,7 +297,7 @@ def repair(builder: Builder, chosen: list[str], by_sensitivity: list[str]) -> li
         mid = (lo + hi) // 2
         dropped = set(order[:mid])
         b = builder.build([o for o in chosen if o not in dropped], f"repair: {mid} most sensitive back to float",
-                          dropped=mid)
+                          wide=wide, dropped=mid)
         made.append(b)
         if b.meets:
             hi = mid
@@ -335,14 +358,17 @@ class _Run:
         self.evals = self.eng.samples(eval_npz)
         self.weights = {n: int(r["weight_params"]) for n, r in self.rows.items()}
         self.traces: dict[str, list] = {}
+        #: each search's W8A16 ops (empty without 16-bit activations)
+        self.wide: dict[str, list[str]] = {}
         self.search_s = 0.0
         self.logits = False
 
     def search(self, value: float, key: str) -> list[str]:
         """The search for ``metric`` meeting ``value`` (:func:`_search`); its trace kept under ``key``."""
         s = self.settings
-        chosen, trace, logits, seconds = _search(self.eng, self.evals, self.ranking, s.metric, value, s.max_evals,
-                                                 s.threads, self.weights)
+        chosen, wide, trace, logits, seconds = _search(self.eng, self.evals, self.ranking, s.metric, value,
+                                                       s.max_evals, s.threads, self.weights, self.rows)
+        self.wide[key] = wide
         if not self.traces:
             self.logits = logits
         self.traces[key] = trace
@@ -357,7 +383,7 @@ def _build_choice(run: _Run, builder: Builder, chosen: list[str]) -> float | Non
     s = run.settings
     metric, value = s.metric, s.value
     estimate = estimate_of(run.traces["search"])
-    first = builder.build(chosen, "the search's choice", timed=s.objective == "latency")
+    first = builder.build(chosen, "the search's choice", timed=s.objective == "latency", wide=run.wide["search"])
     gap = None if estimate is None or not chosen else float(first.measured[metric]) - float(estimate[metric])
     if chosen and not first.meets:
         # (a) the search again, for a target shifted by the gap the built model showed
@@ -368,10 +394,11 @@ def _build_choice(run: _Run, builder: Builder, chosen: list[str]) -> float | Non
         if (shifted < 1.0) if metric in PERFECT_ONE else (HIGHER_IS_BETTER[metric] or shifted > 0):
             again = run.search(shifted, "corrected search")
             if again and set(again) != set(chosen):
-                builder.build(again, f"the search again, for {metric} {shifted:.6g}", timed=s.objective == "latency")
+                builder.build(again, f"the search again, for {metric} {shifted:.6g}", timed=s.objective == "latency",
+                              wide=run.wide["corrected search"])
         # (b) bisection over built models along the ranking
         if not any(b.meets and b.ops for b in builder.builds):
-            repair(builder, chosen, run.by_sensitivity)
+            repair(builder, chosen, run.by_sensitivity, run.wide["search"])
     return gap
 
 
@@ -436,6 +463,7 @@ def _eval_record(run: _Run, builder: Builder, chosen: list[str], status: str, sh
         "quantizable_ops": len(run.rows),
         "int8_op_share": len(shipped.ops) / len(run.rows),
         "int8_weight_share": shipped.weight_share,
+        **(_wide_record(run, shipped) if run.eng.wide else {}),
         "model_bytes": size,
         "float_model_bytes": float_bytes,
         "latency_ms": lat,
@@ -451,6 +479,20 @@ def _eval_record(run: _Run, builder: Builder, chosen: list[str], status: str, sh
         "eval_images": run.evals.count,
         "settings": settings,
     }
+
+
+def _wide_record(run: _Run, shipped: Build) -> dict:
+    """eval.json's counts of a profile with 16-bit activations: W8A8 / W8A16 / float ops and
+    weight shares (``int8_weight_share`` counts both 8-bit kinds)."""
+    total = sum(run.weights.values())
+    share = (lambda ops: sum(run.weights[o] for o in ops) / total if total else 0.0)
+    wide = list(shipped.wide)
+    narrow = [o for o in shipped.ops if o not in set(wide)]
+    floats = [o for o in run.rows if o not in set(shipped.ops)]
+    return {"a16_ops": len(wide), "a16_op_share": len(wide) / len(run.rows), "a16_weight_share": share(wide),
+            "a8_ops": len(narrow), "a8_weight_share": share(narrow), "float_ops": len(floats),
+            "float_weight_share": share(floats), "activation_wide": run.eng.settings.activation_wide,
+            "precisions": {"a16": wide, "float": floats}}
 
 
 def _unreachable(run: _Run, eval_record: dict) -> None:
@@ -476,12 +518,18 @@ def _profile_yaml(run: _Run, eval_record: dict, builder: Builder, chosen: list[s
         "measured": shipped.measured,
         "ops": {},
     }
-    whys = explain(run.rows, run.ranking, chosen, run.traces, builder.builds, shipped, accuracy_choice, s.metric,
-                   s.value)
-    chosen_set = set(shipped.ops)
+    if run.eng.wide:
+        whys = explain_wide(run.rows, run.ranking, shipped.ops, shipped.wide, run.traces["search"], shipped.measured,
+                            s.metric, s.value, eval_record["target"]["direction"])
+        profile["activations"] = {"a8": run.eng.settings.activation_type, "a16": run.eng.settings.activation_wide}
+    else:
+        whys = explain(run.rows, run.ranking, chosen, run.traces, builder.builds, shipped, accuracy_choice, s.metric,
+                       s.value)
+    chosen_set, wide_set = set(shipped.ops), set(shipped.wide)
+    float_name = "fp16" if run.variant.startswith("fp16") else "fp32"
     for n in run.by_sensitivity:
         r = run.rows[n]
-        profile["ops"][n] = {"precision": "int8" if n in chosen_set else ("fp16" if run.variant.startswith("fp16") else "fp32"),
+        profile["ops"][n] = {"precision": precision_of(n, chosen_set, wide_set, float_name),
                              "op_type": r["op_type"], "block": r["block"], "role": r["role"], "why": whys[n]}
     return profile
 

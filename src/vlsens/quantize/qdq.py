@@ -40,6 +40,9 @@ class QuantSettings:
     target: str = "ort-cpu"
     guard: str = "none"
     guard_why: str = ""
+    #: the wide activation type an op may take instead of ``activation_type`` (W8A16: ``uint16``
+    #: or ``int16``); empty: every quantized activation is 8-bit (:data:`vlsens.quantize.target.WIDE`)
+    activation_wide: str = ""
 
     @classmethod
     def from_config(cls, cfg: dict) -> "QuantSettings":
@@ -56,6 +59,7 @@ class QuantSettings:
             target=str(cfg.get("target", "ort-cpu")),
             guard=str(cfg.get("guard", "none")),
             guard_why=str(cfg.get("guard_why", "")),
+            activation_wide=str(cfg.get("activation_wide", "") or ""),
         )
 
     def as_dict(self) -> dict:
@@ -63,19 +67,31 @@ class QuantSettings:
         d["op_types"] = list(self.op_types)
         return d
 
-    def kwargs(self) -> dict:
+    def kwargs(self, wide_tensors: Iterable[str] = (), all_wide: bool = False) -> dict:
+        """``quantize_static``'s arguments. ``wide_tensors``: activation tensors quantized to
+        :attr:`activation_wide` instead (ORT's ``TensorQuantOverrides``, the mechanism of its QNN
+        mixed-precision configs); ``all_wide``: every activation wide (the engine's W8A16 model).
+        A 16-bit type makes ORT raise the model to opset 21, where Q/DQ take 16-bit types."""
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
+        wide_tensors = sorted(set(wide_tensors))
+        if (wide_tensors or all_wide) and not self.activation_wide:
+            raise ValueError("wide activations asked for, but the settings have no activation_wide type")
+        extra: dict = {"ActivationSymmetric": True} if self.activation_symmetric else {}
+        if wide_tensors and not all_wide:
+            wide = getattr(QuantType, _QTYPES[self.activation_wide])
+            extra["TensorQuantOverrides"] = {t: [{"quant_type": wide}] for t in wide_tensors}
+        act = self.activation_wide if all_wide else self.activation_type
         return dict(
             quant_format=QuantFormat.QDQ,
             op_types_to_quantize=list(self.op_types),
             per_channel=self.per_channel,
             reduce_range=self.reduce_range,
-            activation_type=getattr(QuantType, _QTYPES[self.activation_type]),
+            activation_type=getattr(QuantType, _QTYPES[act]),
             weight_type=getattr(QuantType, _QTYPES[self.weight_type]),
             calibrate_method=getattr(CalibrationMethod, _METHODS[self.calibrate_method]),
             use_external_data_format=True,
-            extra_options={"ActivationSymmetric": True} if self.activation_symmetric else {},
+            extra_options=extra,
         )
 
 
@@ -226,9 +242,11 @@ def calibrate(float_model: str | Path, cache: str | Path, settings: QuantSetting
 
 
 def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str],
-             settings: QuantSettings, cache: str | Path, reader=None) -> Path:
+             settings: QuantSettings, cache: str | Path, reader=None, wide_tensors: Iterable[str] = (),
+             all_wide: bool = False) -> Path:
     """QDQ-quantize exactly ``nodes``; the calibration cache is created on first use (better:
-    by :func:`calibrate`, beforehand) and reused."""
+    by :func:`calibrate`, beforehand) and reused. ``wide_tensors`` / ``all_wide``: activations
+    at the settings' wide type (:meth:`QuantSettings.kwargs`)."""
     from onnxruntime.quantization import quantize_static
 
     from vlsens.core.onnxutil import check_compact, data_path
@@ -241,7 +259,7 @@ def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str
     data_path(out_model).unlink(missing_ok=True)
     logging.getLogger().setLevel(max(logging.getLogger().level, logging.INFO))
     quantize_static(str(float_model), str(out_model), reader, nodes_to_quantize=list(nodes),
-                    calibration_cache_path=str(cache), **settings.kwargs())
+                    calibration_cache_path=str(cache), **settings.kwargs(wide_tensors, all_wide))
     check_compact(out_model)
     return out_model
 
@@ -261,6 +279,29 @@ def quantized_ops(model_path: str | Path, ops: Sequence[str]) -> set[str]:
         if node.name in wanted and len(node.input) > 1 and producer.get(node.input[1]) == "DequantizeLinear":
             out.add(node.name)
     return out
+
+
+def wide_tensors(ops_tensors: dict[str, list[str]], wide_ops: Iterable[str]) -> list[str]:
+    """The activation tensors a W8A16 op set widens: every quantized tensor next to one of
+    ``wide_ops`` (``ops_tensors``: tensor -> the ops that read or write it, the switch map's). A
+    tensor shared by an 8-bit and a 16-bit op is 16-bit for both: one type per tensor, no
+    conversions, so the engine's estimate is the built model."""
+    wide = set(wide_ops)
+    return [t for t, adj in ops_tensors.items() if wide & set(adj)]
+
+
+def wide_quantized(model_path: str | Path) -> set[str]:
+    """The activation tensors a QDQ model quantizes to a 16-bit type (its QuantizeLinear's zero
+    point is uint16 / int16)."""
+    import onnx
+    from onnx import TensorProto
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    wide = {TensorProto.UINT16, TensorProto.INT16}
+    return {n.input[0] for n in model.graph.node
+            if n.op_type == "QuantizeLinear" and n.input[0] not in inits and len(n.input) > 2
+            and inits.get(n.input[2]) in wide}
 
 
 def select_ops(model_path: str | Path, settings: QuantSettings, weights_only: bool = False) -> list[Op]:

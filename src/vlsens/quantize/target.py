@@ -21,7 +21,14 @@ computes depends on where it runs:
               equals fake quantization up to float rounding; it takes symmetric INT8 activations
               only, so activations are S8 with zero point 0.
 ``npu``       NPU toolchains (AXERA Pulsar2 and the like) compile the float graph with the
-              profile's kept-float op list; fake quantization is the closest model of them.
+              profile's per-layer data types (``quant.layer_configs``: U8 / U16 / FP32);
+              fake quantization is the closest model of them.
+``qnn``       ONNX Runtime's QNN execution provider (Qualcomm HTP) runs a QDQ model whose
+              activations are uint8 or uint16 per tensor (ORT's ``TensorQuantOverrides``);
+              fake quantization here, on the CPU provider.
+
+``npu`` and ``qnn`` have **16-bit activations** (:data:`WIDE_TARGETS`): each quantizable op is
+W8A8, W8A16 or float, and the engine measures both widths (``quant.wide_activations``).
 
 ``resolve`` turns the config (``quant.*`` and ``sensitivity.*``) into the quantization settings
 every engine and profile job of a run shares (a rule param: changing the target or the guard
@@ -62,8 +69,17 @@ TARGETS = {
     "tensorrt": Target("tensorrt", "fake-quant", None,
                        "TensorRT: Q/DQ compiled into INT8 kernels with 32-bit accumulation, symmetric activations"),
     "npu": Target("npu", "fake-quant", None,
-                  "NPU toolchain: float graph + kept-float op list, compiled by the vendor's quantizer"),
+                  "NPU toolchain: float graph + per-layer U8 / U16 / FP32 data types, compiled by the vendor's "
+                  "quantizer"),
+    "qnn": Target("qnn", "fake-quant", None,
+                  "ONNX Runtime QNN execution provider: QDQ with uint8 / uint16 activations per tensor"),
 }
+
+#: Targets whose ops may take 16-bit activations (W8A16), and the wide type for each 8-bit one.
+WIDE_TARGETS = ("npu", "qnn")
+WIDE_TYPE = {"uint8": "uint16", "int8": "int16"}
+#: ``quant.wide_activations`` values: auto = on for :data:`WIDE_TARGETS`, off = 8-bit or float only.
+WIDE_MODES = ("auto", "off")
 
 #: ``quant.saturation`` values: how ``ort-cpu`` avoids 16-bit saturation on CPUs without VNNI.
 GUARDS = ("auto", "reduce_range", "u8u8", "none")
@@ -140,6 +156,10 @@ def resolve(config: dict, cpu: dict | None = None) -> dict:
     elif q["saturation"] not in ("auto", "none"):
         raise ConfigError(f"quant.saturation: {q['saturation']} guards ONNX Runtime's CPU kernels; quant.target "
                           f"'{name}' does not run them. Use auto (or none).")
+    wide = q.get("wide_activations", "auto")
+    if wide not in WIDE_MODES:
+        raise ConfigError(f"quant.wide_activations: '{wide}' (valid: {', '.join(WIDE_MODES)})")
+    s["activation_wide"] = WIDE_TYPE[s["activation_type"]] if wide == "auto" and name in WIDE_TARGETS else ""
     if name == "tensorrt":
         if s["activation_type"] not in ("uint8", "int8") or s["weight_type"] != "int8":
             raise ConfigError("quant.target: tensorrt takes symmetric INT8 activations and INT8 weights; "

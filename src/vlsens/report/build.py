@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from vlsens.report import figures, tables
+from vlsens.report.verdict import EIGHT_BIT
 from vlsens.sensitivity.ranking import read_csv
 
 
@@ -20,7 +21,15 @@ def kept_in_float(profile_yaml: str | Path | None) -> set[str]:
     if not profile_yaml:
         return set()
     prof = yaml.safe_load(Path(profile_yaml).read_text())
-    return {op for op, o in (prof.get("ops") or {}).items() if o.get("precision") != "int8"}
+    return {op for op, o in (prof.get("ops") or {}).items() if o.get("precision") not in EIGHT_BIT}
+
+
+def wide_ops(profile_yaml: str | Path | None) -> set[str]:
+    """The ops a profile gives 16-bit activations (W8A16)."""
+    if not profile_yaml:
+        return set()
+    prof = yaml.safe_load(Path(profile_yaml).read_text())
+    return {op for op, o in (prof.get("ops") or {}).items() if o.get("precision") == "int8-a16"}
 
 
 def tower_facts(config: dict, graph: str, preset_json: str | Path | None) -> tuple[tuple[int, str] | None, str]:
@@ -47,7 +56,7 @@ def heatmap(csv: str | Path, profile_yaml, site: tuple[int, str] | None, block_l
     rows = read_csv(csv)
     metric = figures.error_metric(rows).upper()
     return figures.heatmap(rows, out, f"{graph} ({variant}): {metric} with each op alone in INT8 (engine ort)",
-                           kept_in_float(profile_yaml), planted_ops(rows, site), block_label)
+                           kept_in_float(profile_yaml), planted_ops(rows, site), block_label, wide_ops(profile_yaml))
 
 
 def ranked(csv: str | Path, profile_yaml, site: tuple[int, str] | None, graph: str, variant: str, engine: str, top: int,

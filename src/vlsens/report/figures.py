@@ -76,13 +76,14 @@ def _short(op: str) -> str:
 
 
 def heatmap(rows: list[dict], out: str | Path, title: str, kept: Iterable[str] = (),
-            planted: Iterable[str] = (), block: str = "block") -> dict:
+            planted: Iterable[str] = (), block: str = "block", wide: Iterable[str] = ()) -> dict:
     """Blocks (``block``: their name, "layer" for a text model) x roles, colour = log10 of the
     largest error of the ops in the cell. Cells with an op
-    the profile keeps in float are outlined; a planted op's cell carries a star. Returns the grid
-    (``rows``, ``columns``, ``values``: log10 errors, NaN where no op sits)."""
+    the profile keeps in float are outlined; cells with an op it gives 16-bit activations (W8A16,
+    ``wide``) carry a dashed outline and "A16"; a planted op's cell carries a star. Returns the
+    grid (``rows``, ``columns``, ``values``: log10 errors, NaN where no op sits)."""
     metric = error_metric(rows)
-    kept, planted = set(kept), set(planted)
+    kept, planted, wide = set(kept), set(planted), set(wide)
     cells: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         cells[(r["block"] if r["block"] != "" else OUTSIDE, role_column(r["role"]))].append(r)
@@ -103,24 +104,31 @@ def heatmap(rows: list[dict], out: str | Path, title: str, kept: Iterable[str] =
     ax.set_yticks(range(len(blocks)), [f"{block} {b}" if b != OUTSIDE else b for b in blocks])
     from matplotlib.patches import Rectangle
 
-    marked_kept = marked_planted = 0
+    marked_kept = marked_planted = marked_wide = 0
     for (b, c), ops in cells.items():
         y, x = blocks.index(b), columns.index(c)
         if any(o["op"] in kept for o in ops):
             ax.add_patch(Rectangle((x - 0.47, y - 0.47), 0.94, 0.94, fill=False, edgecolor="#00e5ff", linewidth=2.2))
             marked_kept += 1
+        if any(o["op"] in wide for o in ops):
+            ax.add_patch(Rectangle((x - 0.40, y - 0.40), 0.80, 0.80, fill=False, edgecolor="#7CFC00", linewidth=2.0,
+                                   linestyle="--"))
+            ax.text(x, y + 0.28, "A16", ha="center", va="center", fontsize=7, color="#7CFC00", fontweight="bold")
+            marked_wide += 1
         if any(o["op"] in planted for o in ops):
             ax.scatter([x], [y], marker="*", s=260, c=PLANTED_COLOUR, edgecolors="white", linewidths=1.0, zorder=3)
             marked_planted += 1
     notes = []
     if marked_kept:
         notes.append("cyan outline: the profile keeps an op of the cell in float")
+    if marked_wide:
+        notes.append("green dashed, A16: an op of the cell takes 16-bit activations (W8A16)")
     if marked_planted:
         notes.append("pink star: planted outlier op")
     ax.set_title(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=10)
     _save(fig, out)
     return {"rows": blocks, "columns": columns, "values": values, "kept_cells": marked_kept,
-            "planted_cells": marked_planted}
+            "planted_cells": marked_planted, "wide_cells": marked_wide}
 
 
 def ranked(rows: list[dict], out: str | Path, title: str, engine: str = "ort", top: int = 20,

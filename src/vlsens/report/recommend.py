@@ -108,7 +108,9 @@ def npu_facts(entries: dict[str, dict]) -> list[dict]:
                     "profile": None if prof is None else {
                         "path": str(Path(e["profile"]).parent), "int8_ops": prof["int8_ops"],
                         "quantizable_ops": prof["quantizable_ops"], "status": prof["status"],
-                        "measured": prof["measured"].get(prof["target"]["metric"]), "target": prof["target"]}})
+                        "a16_ops": prof.get("a16_ops", 0), "int8_weight_share": prof["int8_weight_share"],
+                        "measured": prof["measured"].get(prof["target"]["metric"]), "target": prof["target"]},
+                    "toolchain": str(e["toolchain"]) if e.get("toolchain") else None})
     return out
 
 
@@ -140,9 +142,12 @@ def recommend(folders: dict[str, str], measures: dict[str, str], kl_budget: floa
     front = _json(measured) if measured else None
     devices = {d: pick(facts, d, kl_budget) for d in ("cpu", "cuda")}
     shippable = [n for n in npu_rows if n["gate"]]
-    devices["npu"] = ({"graphs": [n["graph"] for n in shippable], "paths": [n["path"] for n in shippable],
+    tools = [n["toolchain"] for n in shippable if n.get("toolchain")]
+    devices["npu"] = ({"graphs": [n["graph"] for n in shippable], "paths": [n["path"] for n in shippable] + tools,
                        "why": "each fixed-size graph's single-file parts (gated against transformers) with the INT8 "
-                              "profile of that graph"} if shippable else
+                              "profile of that graph" + (": the toolchain folders hold its pulsar2 build configs "
+                                                         "(graph and parts) and the QNN QDQ model's tensor overrides"
+                                                         if tools else "")} if shippable else
                       {"folder": None, "why": "no NPU parts in this run (goal npu or all builds them)"})
     return {"kl_budget": kl_budget, "reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its "
                                                  "greedy tokens",
@@ -208,9 +213,9 @@ def write(rec: dict, json_path: str | Path, md_path: str | Path) -> None:
 def recommend_job(sources: dict[str, dict[str, str]], kl_budget: float, json_path: str | Path,
                   md_path: str | Path) -> dict:
     """The rule's job: ``sources`` by kind (``folder``, ``measure``, ``measured``, ``parts``,
-    ``profile``: name -> path, rules/common.smk: recommend_items) into the record and its page."""
+    ``profile``, ``toolchain``: name -> path, rules/common.smk: recommend_items) into the record and its page."""
     npu: dict[str, dict] = {}
-    for kind in ("parts", "profile"):
+    for kind in ("parts", "profile", "toolchain"):
         for name, path in (sources.get(kind) or {}).items():
             npu.setdefault(name, {})[kind] = path
     measured = next(iter((sources.get("measured") or {}).values()), None)

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import yaml
 
+#: Profile precisions with 8-bit weights: W8A8 and W8A16 (:mod:`vlsens.precision.wide`).
+EIGHT_BIT = ("int8", "int8-a16")
+
 
 def _literal(text: str) -> str:
     return "``" + str(text).replace("`", "'") + "``"
@@ -66,13 +69,14 @@ def profile_rows(profiles: dict[str, str]) -> list[list[str]]:
         kept = []
         if kept_file.is_file():
             prof = yaml.safe_load(kept_file.read_text())
-            kept = sorted(op for op, o in (prof.get("ops") or {}).items() if o.get("precision") != "int8")
+            kept = sorted(op for op, o in (prof.get("ops") or {}).items() if o.get("precision") not in EIGHT_BIT)
         shown = ", ".join(_literal(_short(k)) for k in kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
         status = "**met**" if ev["status"] == "met" else f"**{ev['status']}**"
         sign = {">=": "≥", "<=": "≤"}.get(t["direction"], t["direction"])
         rows.append([f"{graph} [{variant}]", f"{t['metric']} {sign} {t['value']:g}",
                      f"{status} ({t['metric']} {_g(ev['measured'][t['metric']], 6)})",
-                     f"{ev['int8_ops']} / {ev['quantizable_ops']} ops, {ev['int8_weight_share']:.0%} of weights",
+                     f"{ev['int8_ops']} / {ev['quantizable_ops']} ops, {ev['int8_weight_share']:.0%} of weights"
+                     + (f" ({ev['a16_ops']} at W8A16)" if ev.get("a16_ops") else ""),
                      _g((ev.get("speedup") or {}).get("vs_fp32"), 3) + "x",
                      shown or "none"])
     return rows

@@ -20,8 +20,10 @@ from vlsens.core.onnxutil import input_batch, make_session
 from vlsens.core.paths import ENGINE_FILES
 from vlsens.data.samples import ReferenceStore, Samples
 from vlsens.quantize.qdq import Op, QuantSettings
+from vlsens.sensitivity.ranking import WIDE_SUFFIX
 from vlsens.sensitivity.suffix import SKIP_INPUT, SuffixCache, SuffixPlan
-from vlsens.sensitivity.switch import MASK_INPUT, SwitchMap
+from vlsens.sensitivity.switch import MASK_INPUT, WIDE_INPUT, SwitchMap
+
 
 
 def as_samples(inputs, session) -> Samples:
@@ -48,21 +50,25 @@ class SwitchEngine:
         self.logits = bool(logits)  # the tower's word (Tower.logits), not a guess from output names
         self.output = self.session.get_outputs()[0].name
         self.suffix = suffix
-        skip = next((i for i in self.session.get_inputs() if i.name == SKIP_INPUT), None)
+        names = {i.name: i for i in self.session.get_inputs()}
+        skip = names.get(SKIP_INPUT)
         self._no_skip = {SKIP_INPUT: np.zeros(skip.shape[0], dtype=bool)} if skip is not None else {}
+        #: the switch model has 16-bit activations (W8A16 ops can be evaluated)
+        self.wide = WIDE_INPUT in names
 
-    def outputs(self, int8_ops: Sequence[str] = ()):
-        """Output of every feed, one at a time (a generator: nothing is accumulated)."""
-        mask = self.switches.mask(int8_ops)
+    def outputs(self, int8_ops: Sequence[str] = (), wide_ops: Sequence[str] = ()):
+        """Output of every feed, one at a time (a generator: nothing is accumulated);
+        ``wide_ops``: those of ``int8_ops`` at 16-bit activations (W8A16)."""
+        switches = self.switches.feed(int8_ops, wide_ops, self.wide)
         group = self.suffix.plan.group_of(int8_ops) if self.suffix is not None else None
         for i, feed in enumerate(self.samples.feeds):
             start = self.suffix.feed(group, i) if group is not None else self._no_skip
-            yield self.session.run([self.output], {**feed, MASK_INPUT: mask, **start})[0]
+            yield self.session.run([self.output], {**feed, **switches, **start})[0]
 
-    def evaluate(self, int8_ops: Sequence[str], reference) -> dict[str, float]:
+    def evaluate(self, int8_ops: Sequence[str], reference, wide_ops: Sequence[str] = ()) -> dict[str, float]:
         """Metrics against ``reference`` (a ReferenceStore or per-feed arrays), streamed."""
         acc = Metrics(self.logits)
-        for i, out in enumerate(self.outputs(int8_ops)):
+        for i, out in enumerate(self.outputs(int8_ops, wide_ops)):
             acc.add(out, reference[i], self.samples.valid[i])
         return acc.result()
 
@@ -80,18 +86,27 @@ def float_pass(model: str | Path, inputs, threads: int = 0, keep: bool = False) 
     return outs, time.perf_counter() - t0
 
 
-def engine_sensitivity(engine: SwitchEngine, ops: Sequence[Op], reference) -> tuple[list[dict], float]:
-    """Rows (without rank) for ``ops``, and the mean seconds per op."""
+def engine_sensitivity(engine: SwitchEngine, ops: Sequence[Op], reference) -> tuple[list[dict], float, float | None]:
+    """Rows (without rank) for ``ops``, the mean seconds per op of the W8A8 pass and of the W8A16
+    pass (None without 16-bit activations). With them, each op is measured at both widths in the
+    same session: ``<metric>_a16`` beside every metric (:data:`WIDE_SUFFIX`)."""
     from vlsens.core.job import Progress
 
     engine.evaluate((), reference)  # warm-up: first-run allocations are not the op's cost
-    rows, t0 = [], time.perf_counter()
+    rows, narrow_s, wide_s = [], 0.0, 0.0
     progress = Progress("sensitivity", len(ops), "ops")
     for op in ops:
-        rows.append({**op.as_row(), **engine.evaluate([op.name], reference)})
+        t0 = time.perf_counter()
+        row = {**op.as_row(), **engine.evaluate([op.name], reference)}
+        narrow_s += time.perf_counter() - t0
+        if engine.wide:
+            t0 = time.perf_counter()
+            row.update({f"{k}{WIDE_SUFFIX}": v for k, v in engine.evaluate([op.name], reference, [op.name]).items()})
+            wide_s += time.perf_counter() - t0
+        rows.append(row)
         progress.step()
-    per_op = (time.perf_counter() - t0) / max(len(ops), 1)
-    return rows, per_op
+    n = max(len(ops), 1)
+    return rows, narrow_s / n, (wide_s / n if engine.wide else None)
 
 
 class Engine:
@@ -106,6 +121,8 @@ class Engine:
         self.settings = QuantSettings.from_config(self.meta["settings"])
         self.suffix_plan = SuffixPlan.from_json(self.meta["suffix"]) if self.meta.get("suffix") else None
         self.logits = bool(self.meta["logits"])
+        #: the engine measures 16-bit activations too (W8A16: targets with wide activations)
+        self.wide = bool(self.meta.get("wide"))
 
     def path(self, key: str) -> Path:
         return self.dir / ENGINE_FILES[key]
@@ -143,5 +160,6 @@ class Engine:
             if samples is None:
                 raise ValueError("the suffix engine needs its inputs as Samples")
             suffix = SuffixCache.fill(self.path("probe"), self.suffix_plan, samples.feeds, cache_dir,
-                                      MASK_INPUT, self.switches.size, threads)
+                                      MASK_INPUT, self.switches.size, threads,
+                                      extra=[WIDE_INPUT] if self.wide else ())
         return SwitchEngine(self.switch_model, self.switches, eval_inputs, self.logits, threads, suffix)

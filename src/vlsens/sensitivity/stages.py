@@ -52,6 +52,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     fl = prepare_float_model(verify(base_model), f["float_model"])
     calib, evals = Samples.load(calib_npz, fl), Samples.load(eval_npz, fl)
     ops = select_ops(fl, settings, weights_only)
+    settings, wide_off = _wide_settings(fl, ops, settings)
     if not ops:
         raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
     if f["cache"].exists():
@@ -60,8 +61,12 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     with staging_dir(f["switch"]) as scratch:
         calibrate(fl, f["cache"], settings, FeedReader(calib), scratch)
         quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, f["cache"])
+        wide = None
+        if settings.activation_wide:  # the same calibration: the same ranges, 16-bit grids
+            wide = quantize(fl, scratch / "wide" / "model.onnx", [o.name for o in ops], settings, f["cache"],
+                            all_wide=True)
         t_q = time.perf_counter()
-        switches = build_switch_model(fl, scratch / "model.onnx", f["switch"], [o.name for o in ops])
+        switches = build_switch_model(fl, scratch / "model.onnx", f["switch"], [o.name for o in ops], wide)
     suffix = build_suffix(f["switch"], f["probe"], switches, suffix_cuts) if suffix_cuts > 0 else None
     if suffix is None:
         f["probe"].write_bytes(b"")  # a declared output: empty when the engine has no suffixes
@@ -81,6 +86,8 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         "suffix": suffix.to_json() if suffix is not None else None,
         "settings": settings.as_dict(),
         "logits": bool(logits),
+        "wide": bool(settings.activation_wide),
+        **({"wide_off": wide_off} if wide_off else {}),
         "cpu": cpu_features(),
         "eval_images": evals.count,
         "calib_images": calib.count,
@@ -93,6 +100,33 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     return meta
 
 
+def _wide_settings(float_model: Path, ops, settings: QuantSettings) -> tuple[QuantSettings, str]:
+    """16-bit activations need float32 arithmetic around the Q/DQ pairs: float16 holds integers
+    exactly up to 2048 only and overflows above 65504, so a 16-bit grid cannot be represented in an
+    FP16 graph (measured on the tiny preset: the patch embedding at W8A16 in FP16, cosine 0.66).
+    An FP16 graph's engine is W8A8 / float only, and says why."""
+    import dataclasses
+
+    from onnx import TensorProto
+
+    from vlsens.core.onnxgraph import element_types
+
+    if not settings.activation_wide:
+        return settings, ""
+    types = element_types(float_model)
+    import onnx
+
+    model = onnx.load(str(float_model), load_external_data=False)
+    names = {o.name for o in ops}
+    fp16 = [n.name for n in model.graph.node if n.name in names and types.get(n.input[0]) == TensorProto.FLOAT16]
+    if not fp16:
+        return settings, ""
+    why = (f"{len(fp16)} of {len(ops)} ops compute in float16, which cannot hold a 16-bit grid (integers exact to "
+           "2048, overflow above 65504): W8A8 or float only")
+    log.warning("engine %s: %s", float_model, why)
+    return dataclasses.replace(settings, activation_wide=""), why
+
+
 def run_shard(engine_dir: str | Path, eval_npz: str | Path, index: int, count: int, out_csv: str | Path,
               threads: int = 0) -> dict:
     """Sensitivity rows of shard ``index`` of ``count`` (unranked) + a timing sidecar JSON."""
@@ -102,10 +136,11 @@ def run_shard(engine_dir: str | Path, eval_npz: str | Path, index: int, count: i
         t0 = time.perf_counter()
         session = eng.session(eval_npz, threads, cache_dir=scratch)
         t_cache = time.perf_counter() - t0
-        rows, per_op = engine_sensitivity(session, ops, eng.reference())
+        rows, per_op, per_op_wide = engine_sensitivity(session, ops, eng.reference())
         del session
     write_csv(rows, out_csv)
     info = {"shard": index, "of": count, "ops": len(ops), "seconds_per_op": per_op,
+            "seconds_per_op_a16": per_op_wide,
             "suffix": eng.suffix_plan is not None and bool(eng.suffix_plan.segments),
             "setup_seconds": t_cache}
     write_json(Path(out_csv).with_suffix(".json"), info)
@@ -131,6 +166,15 @@ def gather(engine_dir: str | Path, eval_npz: str | Path, shard_csvs: Sequence[st
     n = sum(t["ops"] for t in timings)
     per_op = sum(t["seconds_per_op"] * t["ops"] for t in timings) / max(n, 1)
     floor = eng.meta["floor_seconds"]
+    wide = None
+    if eng.wide:
+        session = eng.session(eval_npz, threads)
+        per_op_wide = sum((t.get("seconds_per_op_a16") or 0.0) * t["ops"] for t in timings) / max(n, 1)
+        wide = {"all_a16": session.evaluate(expected, eng.reference(), expected),
+                "seconds_per_op": per_op_wide,
+                "cost_vs_a8": per_op_wide / per_op if per_op else None,
+                "type": eng.settings.activation_wide}
+        del session
     summary = {
         "engine": "ort",
         "ops": len(ranked),
@@ -145,6 +189,7 @@ def gather(engine_dir: str | Path, eval_npz: str | Path, shard_csvs: Sequence[st
         "floor_seconds": floor,
         "per_op_over_floor": per_op / floor if floor else None,
         "shards": len(shard_csvs),
+        **({"wide": wide} if wide is not None else {}),
         "most_sensitive": [r["op"] for r in ranked[:5]],
     }
     write_json(out_json, summary)
