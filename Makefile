@@ -14,7 +14,7 @@ INC_VENV  ?= .venv-inc
 INC_STAMP := $(INC_VENV)/.vlsens-inc-installed
 CONFIG    ?= config/config.yaml
 
-.PHONY: run test test-fast install install-test install-lint inc-env lint bench scale scale-int4 report clean
+.PHONY: run test test-fast install install-test install-lint inc-env lint bench scale scale-npu scale-int4 report clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -101,6 +101,13 @@ MEM_MB ?= 20000
 scale: install
 	$(BIN)/snakemake --configfile config/scale.yaml --cores $(CORES) --resources gpu=$(GPUS) mem_mb=$(MEM_MB) $(ARGS)
 	$(BIN)/python bench/scale_table.py results/3b
+
+# The NPU path at 3B widths (config/scale-npu.yaml on top of scale.yaml, results/3b/): the 448x448
+# vision tower for quant.target npu, fp32 and fp32-smooth, W8A8 / W8A16 / float profiles, parts and
+# the toolchains' files.
+scale-npu: install
+	$(BIN)/snakemake --configfile config/scale.yaml config/scale-npu.yaml --cores $(CORES) --resources gpu=$(GPUS) mem_mb=$(MEM_MB) $(ARGS)
+	$(BIN)/python bench/npu_table.py results/3b
 
 # The 36-layer INT4 decoder (config/scale-int4.yaml, results/3b-full/): the decoder graph, its
 # weight-only sensitivity, the int4-mixed profile, the builder's anchors and the deploy folders.

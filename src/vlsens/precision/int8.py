@@ -485,7 +485,8 @@ def _wide_record(run: _Run, shipped: Build) -> dict:
     """eval.json's counts of a profile with 16-bit activations: W8A8 / W8A16 / float ops and
     weight shares (``int8_weight_share`` counts both 8-bit kinds)."""
     total = sum(run.weights.values())
-    share = (lambda ops: sum(run.weights[o] for o in ops) / total if total else 0.0)
+    def share(ops):
+        return sum(run.weights[o] for o in ops) / total if total else 0.0
     wide = list(shipped.wide)
     narrow = [o for o in shipped.ops if o not in set(wide)]
     floats = [o for o in run.rows if o not in set(shipped.ops)]

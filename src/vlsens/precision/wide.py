@@ -41,7 +41,8 @@ class _Steps:
 
     def ok(self, int8: Sequence[str], wide: Sequence[str], step: str) -> bool:
         m = self.evaluate(list(int8), list(wide))
-        share = (lambda ops: sum(self.weights[o] for o in ops) / self.total if self.total else 0.0)
+        def share(ops):
+            return sum(self.weights[o] for o in ops) / self.total if self.total else 0.0
         self.trace.append({"step": step, "int8_ops": len(int8), "a16_ops": len(wide), **m, "meets": self.meets(m),
                            "int8_weight_share": share(int8), "a16_weight_share": share(wide)})
         return self.trace[-1]["meets"]
@@ -110,7 +111,8 @@ def explain_wide(rows: dict, ranking: list[str], int8: Sequence[str], wide: Sequ
     tried = {t["step"].split(" ", 1)[1]: t for t in trace if t["step"].startswith(("a16 ", "a8 "))}
     int8_set, wide_set = set(int8), set(wide)
     out = {}
-    fmt = (lambda x: f"{float(x):.6g}")
+    def fmt(x):
+        return f"{float(x):.6g}"
     for name in ranking:
         r = rows[name]
         head = (f"rank {r['rank']}/{n} (alone: MSE {float(r['mse']):.3g} at W8A8, "

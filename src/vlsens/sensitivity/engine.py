@@ -25,7 +25,6 @@ from vlsens.sensitivity.suffix import SKIP_INPUT, SuffixCache, SuffixPlan
 from vlsens.sensitivity.switch import MASK_INPUT, WIDE_INPUT, SwitchMap
 
 
-
 def as_samples(inputs, session) -> Samples:
     """:class:`~vlsens.data.samples.Samples` as given, or from one stacked array for the session's
     first input (cut into its fixed batch)."""
@@ -160,6 +159,6 @@ class Engine:
             if samples is None:
                 raise ValueError("the suffix engine needs its inputs as Samples")
             suffix = SuffixCache.fill(self.path("probe"), self.suffix_plan, samples.feeds, cache_dir,
-                                      MASK_INPUT, self.switches.size, threads,
-                                      extra=[WIDE_INPUT] if self.wide else ())
+                                      (MASK_INPUT, WIDE_INPUT) if self.wide else MASK_INPUT, self.switches.size,
+                                      threads)
         return SwitchEngine(self.switch_model, self.switches, eval_inputs, self.logits, threads, suffix)

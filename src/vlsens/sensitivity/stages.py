@@ -60,11 +60,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     t_cal = time.perf_counter()
     with staging_dir(f["switch"]) as scratch:
         calibrate(fl, f["cache"], settings, FeedReader(calib), scratch)
-        quantize(fl, scratch / "model.onnx", [o.name for o in ops], settings, f["cache"])
-        wide = None
-        if settings.activation_wide:  # the same calibration: the same ranges, 16-bit grids
-            wide = quantize(fl, scratch / "wide" / "model.onnx", [o.name for o in ops], settings, f["cache"],
-                            all_wide=True)
+        wide = _all_op_models(fl, scratch, [o.name for o in ops], settings, f["cache"])
         t_q = time.perf_counter()
         switches = build_switch_model(fl, scratch / "model.onnx", f["switch"], [o.name for o in ops], wide)
     suffix = build_suffix(f["switch"], f["probe"], switches, suffix_cuts) if suffix_cuts > 0 else None
@@ -100,6 +96,15 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     return meta
 
 
+def _all_op_models(fl: Path, scratch: Path, names: list[str], settings: QuantSettings, cache: Path) -> Path | None:
+    """ORT's all-op QDQ model (``scratch/model.onnx``) and, with 16-bit activations, the same with
+    every activation wide (returned; None without): the same calibration, the same ranges."""
+    quantize(fl, scratch / "model.onnx", names, settings, cache)
+    if not settings.activation_wide:
+        return None
+    return quantize(fl, scratch / "wide" / "model.onnx", names, settings, cache, all_wide=True)
+
+
 def _wide_settings(float_model: Path, ops, settings: QuantSettings) -> tuple[QuantSettings, str]:
     """16-bit activations need float32 arithmetic around the Q/DQ pairs: float16 holds integers
     exactly up to 2048 only and overflows above 65504, so a 16-bit grid cannot be represented in an
@@ -107,6 +112,7 @@ def _wide_settings(float_model: Path, ops, settings: QuantSettings) -> tuple[Qua
     An FP16 graph's engine is W8A8 / float only, and says why."""
     import dataclasses
 
+    import onnx
     from onnx import TensorProto
 
     from vlsens.core.onnxgraph import element_types
@@ -114,8 +120,6 @@ def _wide_settings(float_model: Path, ops, settings: QuantSettings) -> tuple[Qua
     if not settings.activation_wide:
         return settings, ""
     types = element_types(float_model)
-    import onnx
-
     model = onnx.load(str(float_model), load_external_data=False)
     names = {o.name for o in ops}
     fp16 = [n.name for n in model.graph.node if n.name in names and types.get(n.input[0]) == TensorProto.FLOAT16]

@@ -304,10 +304,10 @@ class SuffixCache:
 
     @classmethod
     def fill(cls, probe_model: str | Path, sp: SuffixPlan, feeds: list[dict], folder: str | Path,
-             mask_input: str, mask_size: int, threads: int = 0, mask_dtype=bool, basic: bool = True,
-             extra: Sequence[str] = ()) -> "SuffixCache":
-        """One float pass of the probe per input (the switch input all zeros, of ``mask_dtype``,
-        and so are the ``extra`` switch inputs of the same size;
+             mask_input: str | Sequence[str], mask_size: int, threads: int = 0, mask_dtype=bool,
+             basic: bool = True) -> "SuffixCache":
+        """One float pass of the probe per input (the switch input, or each of several, all zeros,
+        of ``mask_dtype``;
         ``basic``: the engine session's optimization level, so the cached values are the ones the
         full switch model computes); live tensor j of input i saved as ``<i>/<j>.npy``."""
         from vlsens.core.onnxutil import make_session
@@ -315,8 +315,8 @@ class SuffixCache:
         folder = Path(folder)
         names = sorted({t for live in sp.live for t in live})
         sess = make_session(probe_model, threads=threads, basic=basic)
-        base = {mask_input: np.zeros(mask_size, dtype=mask_dtype),
-                **{name: np.zeros(mask_size, dtype=mask_dtype) for name in extra},
+        masks = [mask_input] if isinstance(mask_input, str) else list(mask_input)
+        base = {**{name: np.zeros(mask_size, dtype=mask_dtype) for name in masks},
                 SKIP_INPUT: np.zeros(max(sp.segments, 1), dtype=bool)}
         for i, feed in enumerate(feeds):
             vals = sess.run(names, {**feed, **base})
