@@ -239,8 +239,11 @@ def recommend_items(wildcards):
                 if v in t.analysed_variants():
                     prof = paths.fill(paths.PROFILE, model=m, graph=g, variant=v)
                     out.append(("profile", f"{g}/{v}", f"{prof}/{paths.PROFILE_FILES['eval']}"))
-                    if toolchain_files(t):
-                        out.append(("toolchain", f"{g}/{v}", paths.fill(paths.TOOLCHAIN, model=m, graph=g, variant=v)))
+            if toolchain_files(t):
+                out += [
+                    ("toolchain", f"{g}/{v}", paths.fill(paths.TOOLCHAIN, model=m, graph=g, variant=v))
+                    for v in t.analysed_variants()
+                ]
     return out
 
 

@@ -163,11 +163,15 @@ def time_session(sess, feed: dict, runs: int = 10) -> float:
     return statistics.median(times)
 
 
-def measure(sess, float_session, samples, logits: bool) -> dict:
-    """Metrics of ``sess``'s outputs against the float model's, feed by feed (sums only kept)."""
+def measure(sess, float_session, samples, logits: bool, cases: list | None = None) -> dict:
+    """Metrics of ``sess``'s outputs against the float model's, feed by feed (sums only kept);
+    ``cases``: each feed's own metrics appended (the spread over the evaluation set)."""
     acc = Metrics(logits)
     for feed, valid in zip(samples.feeds, samples.valid):
-        acc.add(sess.run(None, feed)[0], float_session.run(None, feed)[0], valid)
+        out, ref = sess.run(None, feed)[0], float_session.run(None, feed)[0]
+        acc.add(out, ref, valid)
+        if cases is not None:
+            cases.append(Metrics(logits).add(out, ref, valid).result())
     return acc.result()
 
 
@@ -236,7 +240,9 @@ class Builder:
                 f"(only built: {sorted(got - set(ops))[:5]}, only chosen: {sorted(set(ops) - got)[:5]}); "
                 "nothing was written.")
         sess, mode = target_session(model, self.settings, self.threads)
-        measured = measure(sess, self.float_session, self.evals, self.eng.logits)
+        cases: list[dict] = []
+        measured = measure(sess, self.float_session, self.evals, self.eng.logits, cases)
+        extra = {**extra, "per_case": {self.metric: [c[self.metric] for c in cases]}}
         lat = time_session(sess, self.evals.feeds[0], self.latency_runs) if timed else None
         del sess
         b = Build(ops, model, measured, mode, self.share(ops), reason, meets(measured, self.metric, self.value), lat,
@@ -452,6 +458,7 @@ def _eval_record(run: _Run, builder: Builder, chosen: list[str], status: str, sh
                          "note": arithmetic_note(settings), "measured_on": providers,
                          "on_target": on_target, "cpu": cpu_features()},
         "measured": measured,
+        "measured_per_case": shipped.extra.get("per_case"),
         "meets_target": meets(measured, metric, value),
         "measured_against": "the float base model, ONNX Runtime, evaluation set"
                             + (" (real tokens only)" if run.logits else ""),

@@ -111,9 +111,10 @@ def heatmap(rows: list[dict], out: str | Path, title: str, kept: Iterable[str] =
             ax.add_patch(Rectangle((x - 0.47, y - 0.47), 0.94, 0.94, fill=False, edgecolor="#00e5ff", linewidth=2.2))
             marked_kept += 1
         if any(o["op"] in wide for o in ops):
-            ax.add_patch(Rectangle((x - 0.40, y - 0.40), 0.80, 0.80, fill=False, edgecolor="#7CFC00", linewidth=2.0,
+            ax.add_patch(Rectangle((x - 0.40, y - 0.40), 0.80, 0.80, fill=False, edgecolor="#1f5cff", linewidth=2.0,
                                    linestyle="--"))
-            ax.text(x, y + 0.28, "A16", ha="center", va="center", fontsize=7, color="#7CFC00", fontweight="bold")
+            ax.text(x, y, "A16", ha="center", va="center", fontsize=8, color="#1f5cff", fontweight="bold",
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.9})
             marked_wide += 1
         if any(o["op"] in planted for o in ops):
             ax.scatter([x], [y], marker="*", s=260, c=PLANTED_COLOUR, edgecolors="white", linewidths=1.0, zorder=3)
@@ -122,7 +123,7 @@ def heatmap(rows: list[dict], out: str | Path, title: str, kept: Iterable[str] =
     if marked_kept:
         notes.append("cyan outline: the profile keeps an op of the cell in float")
     if marked_wide:
-        notes.append("green dashed, A16: an op of the cell takes 16-bit activations (W8A16)")
+        notes.append("blue dashed, A16: an op of the cell takes 16-bit activations (W8A16)")
     if marked_planted:
         notes.append("pink star: planted outlier op")
     ax.set_title(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=10)

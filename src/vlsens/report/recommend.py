@@ -135,14 +135,16 @@ def missed(facts: list[dict], npu: list[dict], measured: dict | None) -> list[st
 
 
 def recommend(folders: dict[str, str], measures: dict[str, str], kl_budget: float,
-              npu: dict[str, dict] | None = None, measured: str | None = None) -> dict:
-    """The record: every candidate's facts, the pick per device, what was missed."""
+              npu: dict[str, dict] | None = None, measured: str | None = None,
+              toolchains: list[str] | None = None) -> dict:
+    """The record: every candidate's facts, the pick per device, what was missed; ``toolchains``:
+    toolchain folders of profiled variants that are not cut into parts."""
     facts = [folder_facts(n, f, measures.get(n)) for n, f in folders.items()]
     npu_rows = npu_facts(npu or {})
     front = _json(measured) if measured else None
     devices = {d: pick(facts, d, kl_budget) for d in ("cpu", "cuda")}
     shippable = [n for n in npu_rows if n["gate"]]
-    tools = [n["toolchain"] for n in shippable if n.get("toolchain")]
+    tools = [n["toolchain"] for n in shippable if n.get("toolchain")] + [str(t) for t in toolchains or []]
     devices["npu"] = ({"graphs": [n["graph"] for n in shippable], "paths": [n["path"] for n in shippable] + tools,
                        "why": "each fixed-size graph's single-file parts (gated against transformers) with the INT8 "
                               "profile of that graph" + (": the toolchain folders hold its pulsar2 build configs "
@@ -218,7 +220,10 @@ def recommend_job(sources: dict[str, dict[str, str]], kl_budget: float, json_pat
     for kind in ("parts", "profile", "toolchain"):
         for name, path in (sources.get(kind) or {}).items():
             npu.setdefault(name, {})[kind] = path
+    # a profiled variant without parts (fp32-smooth when only fp32 is cut) still has toolchain files
+    extra = [e["toolchain"] for e in npu.values() if "parts" not in e and e.get("toolchain")]
+    npu = {k: e for k, e in npu.items() if "parts" in e}
     measured = next(iter((sources.get("measured") or {}).values()), None)
-    rec = recommend(sources.get("folder") or {}, sources.get("measure") or {}, kl_budget, npu, measured)
+    rec = recommend(sources.get("folder") or {}, sources.get("measure") or {}, kl_budget, npu, measured, extra)
     write(rec, json_path, md_path)
     return rec
