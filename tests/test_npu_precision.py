@@ -249,3 +249,31 @@ def test_switch_map_widens_every_tensor_next_to_a_w8a16_op():
     with pytest.raises(ValueError, match="no 16-bit"):
         sm.feed(["a"], ["a"], wide=False)
     assert np.array_equal(sm.feed(["a"])[next(iter(sm.feed(["a"])))], sm.mask(["a"]))
+
+
+def test_the_npu_pick_is_the_variant_that_keeps_most_weights_8bit_with_fewest_wide_ops(tmp_path):
+    from vlsens.report.recommend import npu_picks
+
+    def tool(variant, status, share, floats, wide):
+        d = tmp_path / "toolchain" / "vision" / "224x224" / variant
+        d.mkdir(parents=True)
+        (d / "toolchain.json").write_text(json.dumps({"status": status, "int8_weight_share": share,
+                                                      "ops": {"int8": 1, "float": floats, "int8-a16": wide}}))
+        return str(d)
+
+    fp32, smooth, fp16 = tool("fp32", "met", 1.0, 0, 1), tool("fp32-smooth", "met", 1.0, 0, 0), tool("fp16", "met", 0.96, 1, 0)
+    assert npu_picks([fp32, fp16, smooth]) == [smooth]
+    assert npu_picks([fp32, fp16]) == [fp32]
+    bad = tool("fp32-sim", "unreachable", 1.0, 0, 0)
+    assert npu_picks([bad, fp32]) == [fp32]
+
+
+def test_goal_npu_cuts_the_profiled_smooth_graphs():
+    from vlsens.config import apply_goal
+
+    cfg = default_config(goal="npu")
+    apply_goal(cfg)
+    assert cfg["vision"]["parts"]["variants"] == ["fp32", "fp32-smooth"]
+    cfg = default_config(goal="npu", **{"vision.sensitivity_variants": ["fp32"]})
+    apply_goal(cfg)
+    assert cfg["vision"]["parts"]["variants"] == ["fp32"]

@@ -105,8 +105,8 @@ def test_a_missed_build_is_repaired_by_bisection_and_explained(held_out, tmp_pat
 
     real = profile.measure
 
-    def pessimistic(sess, float_session, samples, logits):
-        m = real(sess, float_session, samples, logits)
+    def pessimistic(sess, float_session, samples, logits, cases=None):
+        m = real(sess, float_session, samples, logits, cases)
         return {**m, "cosine": m["cosine"] - (4e-4 if m["cosine"] < 1.0 else 0.0)}
 
     monkeypatch.setattr(profile, "measure", pessimistic)

@@ -153,7 +153,7 @@ def apply_goal(config: dict) -> None:
     int4-mixed folders only, so the precisions those folders are compared with (the builder's
     anchors, the peers, the plan) are not planned either; ``npu`` and ``analyse`` build no deploy
     folder (so the report, too, reads none), and ``npu`` profiles for an NPU target (``quant.target:
-    npu`` unless the config names ``qnn``)."""
+    npu`` unless the config names ``qnn``) and cuts the profiled ``fp32-smooth`` graphs into parts too."""
     goal = config.get("goal")
     if goal == "deploy-int4":
         d = config["deploy"]
@@ -164,8 +164,14 @@ def apply_goal(config: dict) -> None:
     elif goal in ("npu", "analyse"):
         config["deploy"]["enabled"] = False
         config["plan"]["enabled"] = False
-        if goal == "npu" and config["quant"]["target"] != "qnn":
-            config["quant"]["target"] = "npu"
+        if goal == "npu":
+            if config["quant"]["target"] != "qnn":
+                config["quant"]["target"] = "npu"
+            # the toolchains take parts: cut the profiled fp32-smooth graphs too
+            v = config["vision"]
+            if "fp32-smooth" in v["variants"] and "fp32-smooth" in v["sensitivity_variants"] \
+                    and "fp32-smooth" not in v["parts"]["variants"]:
+                v["parts"]["variants"] = [*v["parts"]["variants"], "fp32-smooth"]
 
 
 def model_name(config: dict) -> str:

@@ -120,6 +120,7 @@ def write_toolchain(profile_dir: str | Path, graph_model: str | Path, calib_tar:
         precisions = [o["precision"] for o in ops.values()]
         record = {
             "target": settings["target"],
+            "status": evaluation["status"],
             "activations": {"a8": settings["activation_type"], "a16": wide_type},
             "ops": {"int8": precisions.count("int8"), "int8-a16": precisions.count("int8-a16"),
                     "float": len(precisions) - precisions.count("int8") - precisions.count("int8-a16")},

@@ -108,10 +108,24 @@ def npu_facts(entries: dict[str, dict]) -> list[dict]:
                     "profile": None if prof is None else {
                         "path": str(Path(e["profile"]).parent), "int8_ops": prof["int8_ops"],
                         "quantizable_ops": prof["quantizable_ops"], "status": prof["status"],
-                        "a16_ops": prof.get("a16_ops", 0), "int8_weight_share": prof["int8_weight_share"],
+                        "a16_ops": prof.get("a16_ops", 0), "int8_weight_share": prof.get("int8_weight_share"),
                         "measured": prof["measured"].get(prof["target"]["metric"]), "target": prof["target"]},
                     "toolchain": str(e["toolchain"]) if e.get("toolchain") else None})
     return out
+
+
+def npu_picks(toolchains: list[str]) -> list[str]:
+    """Per fixed-size graph, the toolchain folder to ship: a met profile first, then the most
+    8-bit weights, the fewest float ops and the fewest W8A16 ops (fp32-smooth wins where it
+    brought ops back to W8A8). Folders are ``.../toolchain/<graph>/<variant>``."""
+    by_graph: dict[str, list] = {}
+    for t in toolchains:
+        rec = _json(Path(t) / "toolchain.json")
+        if rec is None:
+            continue
+        key = (rec.get("status") != "met", -rec["int8_weight_share"], rec["ops"]["float"], rec["ops"]["int8-a16"])
+        by_graph.setdefault(str(Path(t).parent), []).append((key, str(t)))
+    return [min(v)[1] for _, v in sorted(by_graph.items())]
 
 
 def missed(facts: list[dict], npu: list[dict], measured: dict | None) -> list[str]:
@@ -144,11 +158,13 @@ def recommend(folders: dict[str, str], measures: dict[str, str], kl_budget: floa
     front = _json(measured) if measured else None
     devices = {d: pick(facts, d, kl_budget) for d in ("cpu", "cuda")}
     shippable = [n for n in npu_rows if n["gate"]]
-    tools = [n["toolchain"] for n in shippable if n.get("toolchain")] + [str(t) for t in toolchains or []]
+    tools = npu_picks([n["toolchain"] for n in shippable if n.get("toolchain")] + [str(t) for t in toolchains or []])
     devices["npu"] = ({"graphs": [n["graph"] for n in shippable], "paths": [n["path"] for n in shippable] + tools,
                        "why": "each fixed-size graph's single-file parts (gated against transformers) with the INT8 "
-                              "profile of that graph" + (": the toolchain folders hold its pulsar2 build configs "
-                                                         "(graph and parts) and the QNN QDQ model's tensor overrides"
+                              "profile of that graph" + (": per graph, the toolchain folder of the variant whose "
+                                                         "profile keeps the most weights 8-bit with the fewest float "
+                                                         "and W8A16 ops (its pulsar2 build configs, graph and parts, "
+                                                         "and the QNN QDQ model's tensor overrides)"
                                                          if tools else "")} if shippable else
                       {"folder": None, "why": "no NPU parts in this run (goal npu or all builds them)"})
     return {"kl_budget": kl_budget, "reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its "
