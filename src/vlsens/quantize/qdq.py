@@ -209,6 +209,32 @@ def prepare_float_model(src: str | Path, dst: str | Path) -> Path:
     return save_with_external_data(model, dst)
 
 
+#: The opset at which QuantizeLinear / DequantizeLinear take 16-bit types.
+WIDE_OPSET = 21
+
+
+def raise_opset(model_path: str | Path, version: int = WIDE_OPSET) -> bool:
+    """Convert ``model_path`` to opset ``version`` in place, the graph only: its weights stay in
+    its data file, untouched. ``quantize_static`` converts a model below opset 21 itself when it
+    writes 16-bit Q/DQ, by serializing the whole model, which protobuf refuses above 2 GiB (the
+    Qwen2.5-VL-3B vision tower is 2.67 GB); converted here first, it has nothing to convert.
+    Returns whether the model was converted."""
+    import onnx
+    from onnx import version_converter
+
+    from vlsens.core.fsutil import atomic_file
+
+    model_path = Path(model_path)
+    model = onnx.load(str(model_path), load_external_data=False)
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if current >= version:
+        return False
+    converted = version_converter.convert_version(model, version)
+    with atomic_file(model_path) as tmp:
+        onnx.save_model(converted, str(tmp))
+    return True
+
+
 def calibrate(float_model: str | Path, cache: str | Path, settings: QuantSettings, reader, scratch: str | Path) -> Path:
     """ORT's calibration cache for ``float_model``, written by ORT's own calibrator (what
     ``quantize_static`` runs on a cache miss, with the same options), alone: the calibrator's

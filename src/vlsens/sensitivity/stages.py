@@ -26,7 +26,7 @@ from vlsens.core.artifacts import file_entries, verify
 from vlsens.core.fsutil import file_sha256, savez_stream, staging_dir, write_json
 from vlsens.core.paths import ENGINE_FILES
 from vlsens.data.samples import FeedReader, Samples
-from vlsens.quantize.qdq import QuantSettings, calibrate, prepare_float_model, quantize, select_ops
+from vlsens.quantize.qdq import QuantSettings, calibrate, prepare_float_model, quantize, raise_opset, select_ops
 from vlsens.quantize.target import arithmetic_note, cpu_features
 from vlsens.sensitivity.engine import Engine, SwitchEngine, engine_sensitivity, float_pass
 from vlsens.sensitivity.ranking import rank_rows, read_csv, shard, write_csv
@@ -53,6 +53,8 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
     calib, evals = Samples.load(calib_npz, fl), Samples.load(eval_npz, fl)
     ops = select_ops(fl, settings, weights_only)
     settings, wide_off = _wide_settings(fl, ops, settings)
+    if settings.activation_wide:  # 16-bit Q/DQ need opset 21: the float graph converted once, weights untouched
+        raise_opset(fl)
     if not ops:
         raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
     if f["cache"].exists():
