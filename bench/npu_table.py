@@ -44,7 +44,8 @@ def rows(model_dir: Path) -> list[dict]:
             "cases": (ev.get("measured_per_case") or {}).get(metric) or [],
             "per_op_a8": ort.get("seconds_per_op"), "per_op_a16": (ort.get("wide") or {}).get("seconds_per_op"),
             "cost": (ort.get("wide") or {}).get("cost_vs_a8"),
-            "all_a8": (ort.get("all_int8") or {}).get(metric), "all_a16": ((ort.get("wide") or {}).get("all_a16") or {}).get(metric),
+            "all_a8": (ort.get("all_int8") or {}).get(metric),
+            "all_a16": ((ort.get("wide") or {}).get("all_a16") or {}).get(metric),
             "smooth": tool.get("smooth"), "pulsar2": len(tool.get("pulsar2") or []),
             "a16_tensors": (tool.get("qnn") or {}).get("a16_tensors"),
         })
@@ -74,7 +75,7 @@ def main(model_dir: Path) -> None:
     print("| --- | --- | ---: | ---: | ---: |")
     for r in rs:
         print(f"| {r['graph']} | {r['variant']} | {_g(r['per_op_a8'], 3)} | {_g(r['per_op_a16'], 3)} | "
-              f"{_g(r['cost'], 3)}x |")
+              f"{_g(r['cost'], 3) + 'x' if r['cost'] is not None else '- (no 16-bit activations)'} |")
     smooth = [r for r in rs if r["smooth"]]
     if smooth:
         print("\nWhat fp32-smooth bought against fp32 (toolchain.json: smooth):\n")

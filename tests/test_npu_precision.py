@@ -268,12 +268,17 @@ def test_the_npu_pick_is_the_variant_that_keeps_most_weights_8bit_with_fewest_wi
     assert npu_picks([bad, fp32]) == [fp32]
 
 
-def test_goal_npu_cuts_the_profiled_smooth_graphs():
+def test_goal_npu_builds_analyses_and_cuts_fp32_smooth_beside_fp32():
     from vlsens.config import apply_goal
 
     cfg = default_config(goal="npu")
     apply_goal(cfg)
-    assert cfg["vision"]["parts"]["variants"] == ["fp32", "fp32-smooth"]
-    cfg = default_config(goal="npu", **{"vision.sensitivity_variants": ["fp32"]})
+    v = cfg["vision"]
+    assert v["parts"]["variants"] == ["fp32", "fp32-smooth"] and "fp32-smooth" in v["variants"]
+    assert v["sensitivity_variants"] == ["fp32", "fp16", "fp32-smooth"]
+    cfg = default_config(goal="npu", **{"vision.sensitivity_variants": ["fp16"]})
     apply_goal(cfg)
-    assert cfg["vision"]["parts"]["variants"] == ["fp32"]
+    assert "fp32-smooth" not in cfg["vision"]["variants"]  # no FP32 analysis: nothing to compare it with
+    cfg = default_config()
+    apply_goal(cfg)
+    assert "fp32-smooth" not in cfg["vision"]["variants"]

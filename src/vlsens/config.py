@@ -136,7 +136,8 @@ GOALS = {
               "folders",
     "deploy-int4": "the fp32 and int4-mixed deploy folders (and the graphs and profiles behind them)",
     "npu": "the fixed-size graphs' NPU parts, calibration archives, token-table binaries, their profiles for an NPU "
-           "(quant.target npu unless qnn is set: W8A8 / W8A16 / float per op) and the toolchains' files",
+           "(quant.target npu unless qnn is set: W8A8 / W8A16 / float per op) with fp32-smooth beside fp32, and the "
+           "toolchains' files",
     "analyse": "the graphs, variants, sensitivity tables, profiles and report, no deploy folder",
 }
 #: What each goal's default target holds: ``analysis`` (graphs, variants, sensitivity, profiles,
@@ -152,8 +153,8 @@ def apply_goal(config: dict) -> None:
     """Narrow a validated config to what its ``goal`` needs: ``deploy-int4`` builds the fp32 and
     int4-mixed folders only, so the precisions those folders are compared with (the builder's
     anchors, the peers, the plan) are not planned either; ``npu`` and ``analyse`` build no deploy
-    folder (so the report, too, reads none), and ``npu`` profiles for an NPU target (``quant.target:
-    npu`` unless the config names ``qnn``) and cuts the profiled ``fp32-smooth`` graphs into parts too."""
+    folder (so the report, too, reads none), and ``npu`` profiles for an NPU target with the
+    ``fp32-smooth`` variants beside the FP32 graphs (:func:`_npu_goal`)."""
     goal = config.get("goal")
     if goal == "deploy-int4":
         d = config["deploy"]
@@ -165,13 +166,22 @@ def apply_goal(config: dict) -> None:
         config["deploy"]["enabled"] = False
         config["plan"]["enabled"] = False
         if goal == "npu":
-            if config["quant"]["target"] != "qnn":
-                config["quant"]["target"] = "npu"
-            # the toolchains take parts: cut the profiled fp32-smooth graphs too
-            v = config["vision"]
-            if "fp32-smooth" in v["variants"] and "fp32-smooth" in v["sensitivity_variants"] \
-                    and "fp32-smooth" not in v["parts"]["variants"]:
-                v["parts"]["variants"] = [*v["parts"]["variants"], "fp32-smooth"]
+            _npu_goal(config)
+
+
+def _npu_goal(config: dict) -> None:
+    """``goal: npu``: profiles for an NPU (``quant.target: npu`` unless the config names ``qnn``),
+    and beside each analysed FP32 fixed-size graph its ``fp32-smooth`` variant (outliers migrated,
+    :mod:`vlsens.variants.smooth`), built, analysed and cut into parts like the FP32 graph."""
+    if config["quant"]["target"] != "qnn":
+        config["quant"]["target"] = "npu"
+    v = config["vision"]  # a modality, not a graph
+    if "fp32" in v["variants"] and "fp32" in v["sensitivity_variants"]:
+        for key in ("variants", "sensitivity_variants"):
+            if "fp32-smooth" not in v[key]:
+                v[key] = [*v[key], "fp32-smooth"]
+        if "fp32" in v["parts"]["variants"] and "fp32-smooth" not in v["parts"]["variants"]:
+            v["parts"]["variants"] = [*v["parts"]["variants"], "fp32-smooth"]
 
 
 def model_name(config: dict) -> str:

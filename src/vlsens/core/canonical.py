@@ -1,0 +1,134 @@
+"""Canonical content digests: two outputs with equal digests compute the same thing, whatever
+library wrote them and when.
+
+A stage that re-runs because one of its libraries changed often writes the same result in other
+bytes: an exported graph whose ``producer_version`` says the new torch, an ``.npz`` archive whose
+zip headers carry new timestamps, a record with new timings and versions. :func:`digest` hashes
+what a consumer computes with and nothing else:
+
+* ``.onnx``: the model without ``producer_name``, ``producer_version``, ``model_version`` and
+  ``doc_string`` (graph and nodes keep theirs: node order, names, attributes, opsets, initializers
+  and their external-data locations all count); its ``.data`` file is hashed as bytes;
+* ``.npz``: each array's name, dtype, shape and bytes (not the zip container);
+* ``.tar``: each member's name and bytes (not its header's time, owner or mode);
+* ``.json``: the parsed value with the keys of :data:`VOLATILE_KEYS` removed at any depth
+  (timings, versions, memory peaks, hashes of the files it lists: those files are digested
+  themselves), serialized with sorted keys;
+* anything else: its bytes.
+
+A folder's digest is its files' (relative names and digests), skipping vlsens' and Snakemake's
+own bookkeeping (``.vlsens/``, ``.snakemake_timestamp``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+#: Record keys whose values change from run to run without changing what the record says a
+#: consumer computes with: timings, library versions, memory peaks, the machine, file hashes.
+VOLATILE_KEYS = frozenset({
+    "seconds", "setup_seconds", "seconds_per_op", "seconds_per_op_a16", "floor_seconds", "per_op_over_floor",
+    "cost_vs_a8", "latency_ms", "latency_note", "speedup", "load_seconds", "wall_seconds", "peak_rss_mb",
+    "peak_rss_bytes", "rss_mb", "versions", "cpu", "machine", "sha256", "date", "created", "elapsed",
+})
+#: Model fields that name the writer, not the computation.
+ONNX_WRITER_FIELDS = ("producer_name", "producer_version", "model_version", "doc_string")
+SKIPPED = (".vlsens", ".snakemake_timestamp")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _onnx(path: Path) -> str:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    for f in ONNX_WRITER_FIELDS:
+        model.ClearField(f)
+    return _sha(model.SerializeToString(deterministic=True))
+
+
+def _npz(path: Path) -> str:
+    import numpy as np
+
+    h = hashlib.sha256()
+    with np.load(path, allow_pickle=False) as z:
+        for name in sorted(z.files):
+            a = np.ascontiguousarray(z[name])
+            h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+            h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _tar(path: Path) -> str:
+    import tarfile
+
+    h = hashlib.sha256()
+    with tarfile.open(path) as t:
+        for m in sorted(t.getmembers(), key=lambda m: m.name):
+            h.update(f"{m.name}|{m.type!r}|".encode())
+            if m.isfile():
+                h.update(t.extractfile(m).read())
+    return h.hexdigest()
+
+
+def strip_volatile(value):
+    """``value`` without :data:`VOLATILE_KEYS` at any depth."""
+    if isinstance(value, dict):
+        return {k: strip_volatile(v) for k, v in value.items() if k not in VOLATILE_KEYS}
+    if isinstance(value, list):
+        return [strip_volatile(v) for v in value]
+    return value
+
+
+def _json(path: Path) -> str:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _file_sha(path)
+    return _sha(json.dumps(strip_volatile(data), sort_keys=True, separators=(",", ":")).encode())
+
+
+def file_digest(path: str | Path) -> str:
+    """The canonical digest of one file (module doc)."""
+    path = Path(path)
+    name = path.name
+    if name.endswith(".onnx"):
+        return "onnx:" + _onnx(path)
+    if name.endswith(".npz"):
+        return "npz:" + _npz(path)
+    if name.endswith(".tar"):
+        return "tar:" + _tar(path)
+    if name.endswith(".json"):
+        return "json:" + _json(path)
+    return "bytes:" + _file_sha(path)
+
+
+def digest(path: str | Path) -> str:
+    """The canonical digest of a file or a folder (its files by relative name)."""
+    path = Path(path)
+    if not path.is_dir():
+        return file_digest(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = f.relative_to(path)
+        if any(part in SKIPPED for part in rel.parts):
+            continue
+        h.update(f"{rel.as_posix()}|{file_digest(f)}\n".encode())
+    return "dir:" + h.hexdigest()
+
+
+def equivalent(a: str | Path, b: str | Path) -> bool:
+    """Do ``a`` and ``b`` (files or folders) have the same canonical content?"""
+    return Path(a).exists() and Path(b).exists() and digest(a) == digest(b)
