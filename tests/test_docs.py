@@ -281,6 +281,8 @@ CLAIMS = [
     (r"which `make scale` does not compute", "the dynamic vision graph's profile in config/scale.yaml",
      _scale_int8_vision),
     (r"Not yet run at 3B", "the whole-VLM plan at 3B", lambda: _plan_3b()),
+    (r"then the profiles\) has not run to its end yet", "the 3B NPU profiles (docs/benchmarks/npu-3b.md)",
+     lambda: (REPO / "docs" / "benchmarks" / "npu-3b.md").exists()),
     (r"that run has not been made yet", "the whole-VLM plan at 3B", lambda: _plan_3b()),
     (r"3B by arithmetic, not yet run", "the whole-VLM plan at 3B", lambda: _plan_3b()),
     (r"Not done yet \(the rest of this work\)[^.]*data-aware algorithms per op", "GPTQ / AWQ per op in a plan",
