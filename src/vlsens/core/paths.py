@@ -50,6 +50,8 @@ ENGINE = SENSITIVITY + "/engine"
 SHARD = SENSITIVITY + "/shards/ort.{i}-of-{n}"
 INC_TUNE = SENSITIVITY + "/inc-tune"
 PROFILE = MODEL + "/profile/{graph}/{variant}"
+#: A fixed-size graph's profile as NPU toolchains take it (:mod:`vlsens.npu.toolchain`).
+TOOLCHAIN = MODEL + "/toolchain/{graph}/{variant}"
 #: Engine nbits (weight-only INT4/INT8): its folder, its CSV and sidecar beside ort.csv, its profile.
 NBITS_ENGINE = SENSITIVITY + "/nbits-engine"
 NBITS_FILES = {"csv": "nbits.csv", "summary": "nbits.json"}
@@ -102,9 +104,6 @@ BENCHMARKS = MODEL + "/benchmarks/{graph}"
 #: archives (:mod:`vlsens.npu.calibration`).
 PARTS = MODEL + "/parts/{graph}/{variant}"
 PARTS_CALIB = CALIB + "/parts-{variant}"
-#: A fixed-size graph's profile as NPU toolchains take it: pulsar2 build configs (graph and
-#: parts), the QDQ model's tensor overrides, toolchain.json (:mod:`vlsens.npu.toolchain`).
-TOOLCHAIN = MODEL + "/toolchain/{graph}/{variant}"
 #: The token embedding table as raw binaries with a manifest (:mod:`vlsens.npu.embeddings`).
 EMBEDDINGS = MODEL + "/embeddings"
 #: Which folder to ship per device (vlsens.report.recommend), what every run's goal ends with.

@@ -142,8 +142,9 @@ def run_shard(engine_dir: str | Path, eval_npz: str | Path, index: int, count: i
         t0 = time.perf_counter()
         session = eng.session(eval_npz, threads, cache_dir=scratch)
         t_cache = time.perf_counter() - t0
-        rows, per_op, per_op_wide = engine_sensitivity(session, ops, eng.reference())
+        scored = engine_sensitivity(session, ops, eng.reference())
         del session
+    rows, per_op, per_op_wide = scored
     write_csv(rows, out_csv)
     info = {"shard": index, "of": count, "ops": len(ops), "seconds_per_op": per_op,
             "seconds_per_op_a16": per_op_wide,
