@@ -470,7 +470,7 @@ def _eval_record(run: _Run, builder: Builder, chosen: list[str], status: str, sh
         "quantizable_ops": len(run.rows),
         "int8_op_share": len(shipped.ops) / len(run.rows),
         "int8_weight_share": shipped.weight_share,
-        **(_wide_record(run, shipped) if run.eng.wide else {}),
+        **(_wide_record(run, builder, shipped) if run.eng.wide else {}),
         "model_bytes": size,
         "float_model_bytes": float_bytes,
         "latency_ms": lat,
@@ -488,12 +488,10 @@ def _eval_record(run: _Run, builder: Builder, chosen: list[str], status: str, sh
     }
 
 
-def _wide_record(run: _Run, shipped: Build) -> dict:
+def _wide_record(run: _Run, builder: Builder, shipped: Build) -> dict:
     """eval.json's counts of a profile with 16-bit activations: W8A8 / W8A16 / float ops and
     weight shares (``int8_weight_share`` counts both 8-bit kinds)."""
-    total = sum(run.weights.values())
-    def share(ops):
-        return sum(run.weights[o] for o in ops) / total if total else 0.0
+    share = builder.share
     wide = list(shipped.wide)
     narrow = [o for o in shipped.ops if o not in set(wide)]
     floats = [o for o in run.rows if o not in set(shipped.ops)]

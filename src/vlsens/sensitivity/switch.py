@@ -27,6 +27,7 @@ the switches' constants and input, saved).
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,10 +68,8 @@ class SwitchMap:
     def wide_mask(self, wide_ops: Sequence[str]) -> np.ndarray:
         """The :data:`WIDE_INPUT` value: tensor switches on where any op next to the tensor is
         W8A16 (op entries stay off: an op's bias follows its input tensor's switch)."""
-        m = np.zeros(self.size, dtype=bool)
-        wide = {self._op_index[n] for n in wide_ops}
-        for j, adj in self._tensor_switches:
-            m[j] = bool(adj & wide)
+        m = self.mask(wide_ops)
+        m[: len(self.ops)] = False
         return m
 
     def feed(self, int8_ops: Sequence[str], wide_ops: Sequence[str] = (), wide: bool = False) -> dict:
@@ -176,14 +175,11 @@ class Int8Switches:
     indices)."""
 
     def __init__(self, qm, elem: dict[str, int], float_type: int, wm=None):
-        self.qm, self.elem, self.float_type = qm, elem, float_type
+        self.elem, self.float_type = elem, float_type
         self.q = QdqSource(qm)
-        self.q_nodes, self.q_producer, self.q_consumers = self.q.nodes, self.q.producer, self.q.consumers
-        self.q_inits = self.q.inits
-        self.tensor_q = self.q.tensor_q
         #: ORT's all-op model with 16-bit activations (None: 8-bit only); its initializers that
         #: differ from the 8-bit model's get a ``__wide`` suffix
-        self.w = QdqSource(wm, self.q_inits) if wm is not None else None
+        self.w = QdqSource(wm, self.q.inits) if wm is not None else None
         self.tensors: dict[str, list[str]] = {}
         self.tensor_index: dict[str, int] = {}
         self.needed: dict[str, object] = {}
@@ -196,9 +192,9 @@ class Int8Switches:
         for node in fm.graph.node:
             if node.name in ops:
                 for t in list(node.input) + list(node.output):
-                    if t in self.tensor_q and node.name not in adjacency.setdefault(t, []):
+                    if t in self.q.tensor_q and node.name not in adjacency.setdefault(t, []):
                         adjacency[t].append(node.name)
-        self.tensors = {t: adjacency[t] for t in self.tensor_q if t in adjacency}
+        self.tensors = {t: adjacency[t] for t in self.q.tensor_q if t in adjacency}
         self.tensor_index = {t: len(op_names) + j for j, t in enumerate(self.tensors)}
         return SwitchMap(op_names, self.tensors)
 
@@ -246,12 +242,11 @@ class Int8Switches:
         """Copies of ``src``'s Q and DQ of tensor ``t``, reading ``raw`` and writing ``out``."""
         q = src.tensor_q[t]
         dq = next(n for n in src.consumers[q.output[0]] if n.op_type == "DequantizeLinear")
-        rename = src.rename
         for x in list(q.input[1:]) + list(dq.input[1:]):
-            self.needed[rename.get(x, x)] = src.initializer(x)
+            self.needed[src.rename.get(x, x)] = src.initializer(x)
         qo = f"{tag}_q"
-        return [copy_node(q, {q.input[0]: raw, q.output[0]: qo, **rename}, f"{tag}_Quantize"),
-                copy_node(dq, {q.output[0]: qo, dq.output[0]: out, **rename}, f"{tag}_Dequantize")]
+        return [copy_node(q, ChainMap({q.input[0]: raw, q.output[0]: qo}, src.rename), f"{tag}_Quantize"),
+                copy_node(dq, ChainMap({q.output[0]: qo, dq.output[0]: out}, src.rename), f"{tag}_Dequantize")]
 
     def _vinfo(self, name: str, like: str):
         from onnx import helper
@@ -265,8 +260,9 @@ class Int8Switches:
         tag = f"vlsens_t{self.tensor_index[t]}"
         do = f"{tag}_dq"
         cond = self._cond(self.tensor_index[t], tag, nodes)
-        narrow = self._qdq_pair(self.q, t, raw, do, tag)
-        if self.w is not None and t in self.w.tensor_q:
+        if self.w is None or t not in self.w.tensor_q:
+            narrow = self._qdq_pair(self.q, t, raw, do, tag)
+        else:
             wide = self._wide_cond(self.tensor_index[t], tag, nodes)
             d8, d16 = f"{tag}_dq8", f"{tag}_dq16"
             narrow = self._qdq_pair(self.q, t, raw, d8, tag)
@@ -291,7 +287,7 @@ class Int8Switches:
             prod = src.producer.get(name)
             if prod is not None and prod.op_type == "DequantizeLinear" and prod.input[0] in src.inits:
                 out = f"{prod.output[0]}__{tag}{suffix}"
-                branch.append(copy_node(prod, {prod.output[0]: out, **src.rename}, f"{prod.name}__{tag}{suffix}"))
+                branch.append(copy_node(prod, ChainMap({prod.output[0]: out}, src.rename), f"{prod.name}__{tag}{suffix}"))
                 for x in prod.input:
                     self.needed[src.rename.get(x, x)] = src.initializer(x)
                     read.append(src.rename.get(x, x))
@@ -369,7 +365,7 @@ class QdqSource:
 
     def initializer(self, name: str):
         """The initializer ``name`` as the switch model holds it (renamed when it differs)."""
-        return self._renamed.get(name, self.inits[name]) if self._renamed else self.inits[name]
+        return self._renamed.get(name) or self.inits[name]
 
     def _quantized_tensors(self) -> dict:
         """Activation tensors ORT quantized (Q nodes on non-initializers). A quantized graph output
