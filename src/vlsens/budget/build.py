@@ -133,6 +133,7 @@ def plan_folder(plan_file, out_dir, checkpoint, sources: dict, images, checks, g
     (:class:`vlsens.deploy.genai.evaluate.Checks`); ``gate``: the decoder's
     (:class:`vlsens.variants.Gate`, with its own-weights reference)."""
     from vlsens.budget.plan import MIXED, Plan
+    from vlsens.core import paths
     from vlsens.core.errors import VlsensError
     from vlsens.deploy.build import build_folder
 
@@ -146,10 +147,13 @@ def plan_folder(plan_file, out_dir, checkpoint, sources: dict, images, checks, g
     with tempfile.TemporaryDirectory(prefix="vlsens-plan-") as work:
         decoder = _gated_decoder(plan, Path(sources["decoder_dir"]), sources["reference"], Path(work) / "decoder",
                                  gate)
-        vision = _mixed_vision(plan, sources["vision_mixed"], checkpoint, Path(work) / "vision") \
-            if plan.vision == MIXED else sources["vision"][plan.vision]
-        record = build_folder(f"plan-{plan.name}", out_dir, checkpoint, decoder, sources["embedding"][plan.embedding],
-                              vision, images, checks, extra={PLAN_FILE: Path(plan_file)})
+        vision = (_mixed_vision(plan, sources["vision_mixed"], checkpoint, Path(work) / "vision"),
+                  sources["vision_mixed"]["fp32"]) if plan.vision == MIXED else sources["vision"][plan.vision]
+        # the record names the run's graphs the scratch ones were built from (the plan file says how)
+        record = build_folder(f"plan-{plan.name}", out_dir, checkpoint,
+                              (decoder, Path(sources["decoder_dir"]) / paths.MAIN),
+                              sources["embedding"][plan.embedding], vision, images, checks,
+                              extra={PLAN_FILE: Path(plan_file)})
     log.info("plan %s: decoder %s, vision %s, embedding %s", plan.name, json.dumps(plan.bits_summary()),
              plan.vision_label(), plan.embedding)
     return record

@@ -43,18 +43,23 @@ def _finish(tmp: Path, record: dict, extra: dict[str, Path] | None) -> None:
     write_json(tmp / DONE, record)
 
 
+def _with_source(graph) -> tuple:
+    """``(graph, what the record names as its source)``: a graph of the run is its own source."""
+    return graph if isinstance(graph, tuple) else (graph, graph)
+
+
 def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, decoder: str | Path,
                  embedding: str | Path, vision: str | Path, images, checks: Checks,
                  extra: dict[str, Path] | None = None) -> dict:
-    """Assemble, gate and evaluate one deploy folder (``checks``: what it is checked against, the
-    tied embedding gate among them); publish it only when every check passed. ``extra``: files
-    copied into the folder under the given names (a plan's file)."""
+    """Assemble, gate and evaluate one deploy folder (``checks``: what it is checked against, the tied embedding gate
+    among them); publish it only when every check passed. ``extra``: files copied in under the given names (a plan's
+    file). ``decoder`` / ``vision`` may be ``(scratch graph, the run's graph it was built from)``: the record names it."""
     import tempfile
 
     from vlsens.core.artifacts import file_entries
     from vlsens.core.fsutil import atomic_dir, write_json
 
-    out_dir = Path(out_dir)
+    out_dir, (decoder, decoder_src), (vision, vision_src) = Path(out_dir), *map(_with_source, (decoder, vision))
     fp32_folder, tied, max_new_tokens = checks.fp32_folder, checks.tied, checks.max_new_tokens
     fp32_eval = json.loads((Path(fp32_folder) / DONE).read_text()) if fp32_folder else None
     with atomic_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="vlsens-deploy-") as work:
@@ -92,7 +97,7 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
             parity["embedding"] = {k: embedding_gate[k] for k in ("passed", "metrics", "tolerance", "reference")}
             parity["embedding"]["float_reference"] = embedding_gate["extra"]["float_reference"]["metrics"]
             parity["embedding"]["tied"] = "embedding.onnx reads lm_head's weight from decoder.onnx.data"
-        parity["sources"] = {"decoder": str(decoder), "embedding": str(embedding), "vision": str(vision)}
+        parity["sources"] = {"decoder": str(decoder_src), "embedding": str(embedding), "vision": str(vision_src)}
         write_json(tmp / paths.RECORD, parity)
         t0 = time.perf_counter()
         record = evaluate(tmp, precision, checkpoint, cases, checks, fp32_eval, runtime, expected)
