@@ -12,8 +12,9 @@ what a consumer computes with and nothing else:
 * ``.npz``: each array's name, dtype, shape and bytes (not the zip container);
 * ``.tar``: each member's name and bytes (not its header's time, owner or mode);
 * ``.json``: the parsed value with the keys of :data:`VOLATILE_KEYS` removed at any depth
-  (timings, versions, memory peaks, hashes of the files it lists: those files are digested
-  themselves), serialized with sorted keys;
+  (timings, library versions and code hashes, memory peaks, hashes of the files it lists: those
+  files are digested themselves), serialized with sorted keys; ``.yaml`` the same (a plan's
+  measured decode time is not the plan);
 * anything else: its bytes.
 
 A folder's digest is its files' (relative names and digests), skipping vlsens' and Snakemake's
@@ -24,14 +25,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 #: Record keys whose values change from run to run without changing what the record says a
 #: consumer computes with: timings, library versions, memory peaks, the machine, file hashes.
 VOLATILE_KEYS = frozenset({
+    # times, rates and memory of this run
     "seconds", "setup_seconds", "seconds_per_op", "seconds_per_op_a16", "floor_seconds", "per_op_over_floor",
-    "cost_vs_a8", "latency_ms", "latency_note", "speedup", "load_seconds", "wall_seconds", "peak_rss_mb",
-    "peak_rss_bytes", "rss_mb", "versions", "cpu", "machine", "sha256", "date", "created", "elapsed",
+    "per_op_s", "cost_vs_a8", "latency", "latency_ms", "latency_note", "speedup", "speed_note", "load_seconds",
+    "wall_seconds", "wall_s", "time", "time_s", "elapsed", "timing", "timings", "ms", "tokens_per_second", "tok_s",
+    "decode_tok_s", "prefill_s", "load_s", "session_s", "decode_ms", "estimate_decode_ms", "estimate_ms",
+    "search_estimate_ms", "uniform_ms", "peak_rss", "peak_rss_mb", "peak_rss_bytes", "rss_mb", "threads_used",
+    # who wrote it, where and when
+    "versions", "library_versions", "code", "code_version", "cpu", "machine", "host", "hostname", "date", "created",
+    # hashes of files that are digested themselves
+    "sha256", "data_sha256",
 })
 #: Model fields that name the writer, not the computation.
 ONNX_WRITER_FIELDS = ("producer_name", "producer_version", "model_version", "doc_string")
@@ -100,6 +109,16 @@ def _json(path: Path) -> str:
     return _sha(json.dumps(strip_volatile(data), sort_keys=True, separators=(",", ":")).encode())
 
 
+def _yaml(path: Path) -> str:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return _file_sha(path)
+    return _sha(json.dumps(strip_volatile(data), sort_keys=True, separators=(",", ":"), default=str).encode())
+
+
 def file_digest(path: str | Path) -> str:
     """The canonical digest of one file (module doc)."""
     path = Path(path)
@@ -112,6 +131,8 @@ def file_digest(path: str | Path) -> str:
         return "tar:" + _tar(path)
     if name.endswith(".json"):
         return "json:" + _json(path)
+    if name.endswith((".yaml", ".yml")):
+        return "yaml:" + _yaml(path)
     return "bytes:" + _file_sha(path)
 
 
@@ -129,6 +150,39 @@ def digest(path: str | Path) -> str:
     return "dir:" + h.hexdigest()
 
 
+def _members(path: Path) -> dict[str, Path]:
+    """The files :func:`digest` reads in a folder, by relative name (a file: itself, by its name)."""
+    if not path.is_dir():
+        return {path.name: path}
+    return {f.relative_to(path).as_posix(): f for f in path.rglob("*")
+            if f.is_file() and not any(part in SKIPPED for part in f.relative_to(path).parts)}
+
+
+def differences(a: str | Path, b: str | Path, first: bool = False) -> list[str]:
+    """The files whose canonical content differs between ``a`` and ``b`` (files or folders; a
+    file only in one of them counts), by relative name; none when they are equivalent. ``first``:
+    stop at the first difference (no more files are read)."""
+    a, b = Path(a), Path(b)
+    if not (os.path.lexists(a) and os.path.lexists(b)):
+        return [a.name]
+    if a.is_dir() != b.is_dir():
+        return [a.name]
+    if not a.is_dir():
+        return [] if file_digest(a) == file_digest(b) else [a.name]
+    ma, mb = _members(a), _members(b)
+    out = sorted(set(ma) ^ set(mb))
+    if out and first:
+        return out[:1]
+    for name in sorted(set(ma) & set(mb)):
+        # the .onnx and its .data are compared file by file: a rewritten header with equal bytes after it
+        if file_digest(ma[name]) != file_digest(mb[name]):
+            out.append(name)
+            if first:
+                break
+    return sorted(out)
+
+
 def equivalent(a: str | Path, b: str | Path) -> bool:
     """Do ``a`` and ``b`` (files or folders) have the same canonical content?"""
-    return Path(a).exists() and Path(b).exists() and digest(a) == digest(b)
+    return Path(a).exists() and Path(b).exists() and not differences(a, b, first=True)
+

@@ -69,8 +69,11 @@ def _files(output: Path) -> list[tuple[str, Path]]:
     return [(output.name, output)]
 
 
-def record_outputs(outputs: Iterable[str | Path], rule: str) -> int:
-    """Record every existing output's files (size, SHA-256, stat key); returns how many files."""
+def record_outputs(outputs: Iterable[str | Path], rule: str, provenance: dict | None = None) -> int:
+    """Record every existing output's files (size, SHA-256, stat key) and what the job ran with
+    (``provenance``: its rule's library versions and code hash); where the output's previous
+    version waits aside (:func:`keep_previous`), whether the new one is equivalent to it
+    (:func:`cutoff`). Returns how many files."""
     from vlsens.core.fsutil import file_sha256, write_json
 
     n, outputs = 0, [str(o) for o in outputs]
@@ -81,10 +84,55 @@ def record_outputs(outputs: Iterable[str | Path], rule: str) -> int:
         for name, p in _files(out):
             st = p.stat()
             entries[name] = {"bytes": st.st_size, "sha256": file_sha256(p), "stat": _key(st)}
-        write_json(record_path(out), {"rule": rule, "output": str(out), "job_outputs": outputs,
-                                      "kind": "folder" if out.is_dir() else "file", "files": entries})
+        rec = {"rule": rule, "output": str(out), "job_outputs": outputs, "kind": "folder" if out.is_dir() else "file",
+               "files": entries}
+        if provenance is not None:
+            rec["provenance"] = provenance
+        cut = cutoff(out, provenance)
+        if cut is not None:
+            rec["cutoff"] = cut
+        write_json(record_path(out), rec)
         n += len(entries)
     return n
+
+
+def output_mtime(output: str | Path) -> float:
+    """What Snakemake takes as the modification time of ``output``: a folder's
+    ``.snakemake_timestamp`` where it has one, else the path's own."""
+    output = Path(output)
+    stamp = output / ".snakemake_timestamp"
+    return (stamp if output.is_dir() and stamp.is_file() else output).stat().st_mtime
+
+
+def _library_changes(before: dict, now: dict) -> dict[str, list[str]]:
+    """``{library: [version before, version now]}`` of the versions that differ."""
+    b, n = before.get("versions") or {}, now.get("versions") or {}
+    return {k: [b.get(k, "not recorded"), n.get(k, "not recorded")] for k in sorted(set(b) | set(n))
+            if b.get(k) != n.get(k)}
+
+
+def cutoff(output: str | Path, provenance: dict | None = None) -> dict | None:
+    """The early-cutoff verdict of a job's new ``output`` against its previous version (kept aside
+    while the job ran, :func:`keep_previous`), or None when there is none: ``equivalent`` (the same
+    canonical content, :mod:`vlsens.core.canonical`: what a consumer computes with), the files
+    that differ, when the previous version was written (its consumers made after that time read
+    the same content), and which library versions and code were checked against it."""
+    import datetime
+
+    from vlsens.core.canonical import differences
+
+    output = Path(output)
+    prev, prev_rec, _ = _kept_files(output)
+    if not os.path.lexists(prev):
+        return None
+    differ = differences(output, prev, first=True)
+    before = (_load(prev_rec) or {}).get("provenance") or {}
+    out = {"equivalent": not differ, "differs": differ, "previous_mtime": output_mtime(prev),
+           "checked": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if provenance is not None:
+        out["libraries"] = _library_changes(before, provenance) if before else "not recorded before"
+        out["code_changed"] = before.get("code") != provenance.get("code") if before else None
+    return out
 
 
 def forget(outputs: Iterable[str | Path]) -> None:
@@ -164,6 +212,28 @@ def verify_paths(paths: Iterable[str | Path]) -> int:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise VlsensError(problems[0] + more)
     return n
+
+
+def note_touched(output: str | Path, equivalent_inputs: Iterable[str]) -> None:
+    """``output`` was dated now because the inputs it read were rewritten with the same content
+    (early cutoff, :func:`vlsens.dag.cutoff.touch`): its record stores the new stat keys (only the
+    time changed: nothing is hashed) and says so."""
+    import datetime
+
+    from vlsens.core.fsutil import write_json
+
+    output = Path(output)
+    rec = _load(record_path(output))
+    if not isinstance(rec, dict) or not isinstance(rec.get("files"), dict):
+        return
+    have = dict(_files(output)) if output.exists() else {}
+    for name, want in rec["files"].items():
+        p = have.get(name)
+        if p is not None and isinstance(want, dict) and p.stat().st_size == want.get("bytes"):
+            want["stat"] = _key(p.stat())
+    rec["touched"] = {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      "equivalent_inputs": sorted(equivalent_inputs)}
+    write_json(record_path(output), rec)
 
 
 def records_under(folder: str | Path) -> list[Path]:

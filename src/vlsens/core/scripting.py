@@ -119,7 +119,8 @@ def _recorded_outputs(snakemake: Any, rule: str) -> None:
     for out in getattr(snakemake, "output", []):
         if Path(out).exists():
             normal_mode(out)
-    record_outputs(list(getattr(snakemake, "output", [])), rule)
+    provenance = getattr(getattr(snakemake, "params", None), "provenance", None)
+    record_outputs(list(getattr(snakemake, "output", [])), rule, provenance if isinstance(provenance, dict) else None)
     drop_previous(list(getattr(snakemake, "output", [])))
 
 
