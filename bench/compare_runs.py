@@ -22,7 +22,8 @@ Every file of either tree is compared by content, by kind:
 - ``.png``: byte for byte, except the figures :data:`TIMED_FIGURES` names, which draw measured
   latencies (their records are compared).
 
-Logs, benchmark files and Snakemake's own markers are not results and are skipped. Prints one
+Logs, benchmark files, Snakemake's own markers, the outputs' records (``.vlsens/``) and
+``vlsens upgrade``'s ledger are not results and are skipped. Prints one
 line per difference and a summary; exits 1 when anything differs.
 """
 
@@ -39,8 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
-#: Keys whose values depend on the machine, the moment or the checkout, not on the computation.
-VOLATILE = {"seconds", "time", "time_s", "wall_s", "elapsed", "peak_rss_bytes", "peak_rss", "peak_rss_mb",
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from vlsens.core.canonical import VOLATILE_KEYS  # noqa: E402
+
+#: Keys whose values depend on the machine, the moment or the checkout, not on the computation:
+#: those the outputs' own equivalence check ignores (vlsens.core.canonical, early cutoff), and these.
+VOLATILE = set(VOLATILE_KEYS) | {"seconds", "time", "time_s", "wall_s", "elapsed", "peak_rss_bytes", "peak_rss", "peak_rss_mb",
             "versions", "library_versions", "code", "code_version", "created", "date", "host", "hostname",
             "tokens_per_second", "tok_s", "decode_tok_s", "prefill_s", "load_s", "session_s", "per_op_s",
             "ms", "latency_ms", "speedup", "timing", "timings", "seconds_per_op", "cpu", "threads_used",
@@ -52,7 +57,8 @@ DESCRIBED = {"sha256", "data_sha256", "bytes", "folder_bytes", "folder_vs_fp16",
 TIMED_FIGURES = {"latency.png", "pareto.png"}
 #: Lines of text reports whose numbers are timings.
 VOLATILE_LINES = re.compile(r"tok/s|tokens/s|seconds|\bs\)|ms\b|speed|latency", re.I)
-SKIP_DIRS = {"logs", "benchmarks", ".snakemake"}
+SKIP_DIRS = {"logs", "benchmarks", ".snakemake", ".vlsens"}  # .vlsens: the outputs' records (sizes, hashes, stat keys)
+SKIP_NAMES = {"upgrade.json"}  # `vlsens upgrade`'s ledger: what ran, not a result
 SKIP_SUFFIXES = {".log", ".tsv", ".snakemake_timestamp", ".jinja"}
 
 
@@ -227,7 +233,7 @@ def compare_file(a: Path, b: Path, ra: Path, rb: Path) -> list[str]:
 def files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
             and not SKIP_DIRS & set(p.relative_to(root).parts) and p.suffix not in SKIP_SUFFIXES
-            and not p.name.startswith(".snakemake")}
+            and not p.name.startswith(".snakemake") and p.name not in SKIP_NAMES}
 
 
 def compare(before: Path, after: Path) -> list[str]:
