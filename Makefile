@@ -14,7 +14,7 @@ INC_VENV  ?= .venv-inc
 INC_STAMP := $(INC_VENV)/.vlsens-inc-installed
 CONFIG    ?= config/config.yaml
 
-.PHONY: run test test-fast install install-test install-lint inc-env lint bench scale scale-npu scale-int4 report clean
+.PHONY: run test test-fast install install-test install-lint inc-env lint bench scale scale-npu scale-int4 report upgrade clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,12 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) install --quiet -c constraints.txt -e ".[genai,peers]"
 	touch $@
 
+# ALT_ONNXSIM: another onnxsim than the pinned one, for tests/test_upgrade.py (a real version
+# change: put first on PYTHONPATH by the test; nothing else imports it).
+ALT_ONNXSIM := .venv-alt/onnxsim-0.4.36
 $(STAMP)-test: $(STAMP)
 	$(PIP) install --quiet -c constraints.txt -e ".[test,slurm]"
+	$(PIP) install --quiet --no-deps --only-binary=:all: --target $(ALT_ONNXSIM) onnxsim==0.4.36
 	touch $@
 
 $(STAMP)-lint: $(STAMP)
@@ -114,6 +118,12 @@ scale-npu: install
 scale-int4: install
 	$(BIN)/snakemake --configfile config/scale-int4.yaml --cores $(CORES) --resources gpu=$(GPUS) mem_mb=$(MEM_MB) $(ARGS)
 	$(BIN)/python bench/scale_table.py results/3b-full
+
+# After upgrading a library (pip install -U torch, ...): re-run what the new version may change, in
+# phases, and nothing downstream of an output that comes out equivalent (docs/reliability.md,
+# "Upgrades: early cutoff"). make upgrade ARGS=--check says first what it would cost.
+upgrade: install
+	$(BIN)/vlsens upgrade --config $(CONFIG) --cores $(CORES) --gpus $(GPUS) $(ARGS)
 
 clean:
 	rm -rf results .snakemake

@@ -6,6 +6,7 @@
     vlsens run CKPT --profile slurm -- --jobs 20                         # on SLURM (profiles/slurm)
     vlsens records results/Qwen2.5-VL-3B-Instruct                        # check the run's records
     vlsens recommend results/Qwen2.5-VL-3B-Instruct                      # which folder to ship, again
+    vlsens upgrade --check --config results/Qwen2.5-VL-3B-Instruct/run.yaml   # after pip install -U torch: what re-runs
 
 ``run`` writes the config it runs with to ``<dir>/results/<name>/run.yaml`` (the checkpoint, the
 goal, and every flag below; it extends the workflow's ``config/config.yaml`` and the ``--config``
@@ -69,6 +70,26 @@ def _run_parser(sub) -> None:
     r.add_argument("--strict", action="store_true", help="exit 3 when the run missed a target (recommend.json: missed)")
 
 
+def _upgrade_parser(sub) -> None:
+    u = sub.add_parser("upgrade", help="after a library upgrade: re-run what it may change, stop where outputs come "
+                                       "out equivalent (early cutoff)",
+                       description="Re-run the jobs whose libraries or code changed, in phases; downstream of an "
+                                   "output that came out equivalent to its previous version nothing runs.")
+    u.add_argument("targets", nargs="*", metavar="TARGET", help="files or folders (default: the workflow's)")
+    u.add_argument("--config", action="append", metavar="FILE", dest="configs",
+                   help="the run's config files, as given to snakemake --configfile (a `vlsens run`: "
+                        "results/<name>/run.yaml)")
+    u.add_argument("--dir", metavar="DIR", help="the run's folder (default: the current directory)")
+    u.add_argument("--profile", help="a Snakemake profile: a folder, or one of the workflow's profiles/ (slurm)")
+    u.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="cores for the jobs (default: all)")
+    u.add_argument("--gpus", type=int, default=1, help="GPUs jobs may take (--resources gpu=N; default 1)")
+    u.add_argument("--check", action="store_true", help="say what would run, run only the phases that fit "
+                                                        "--check-seconds, then print the plan left")
+    u.add_argument("--check-seconds", type=float, default=300.0, metavar="S",
+                   help="with --check: run a phase when its jobs took at most S seconds last time (default 300)")
+    u.add_argument("-v", "--verbose", action="store_true", help="Snakemake's own output instead of one line a job")
+
+
 def parser() -> argparse.ArgumentParser:
     from vlsens import __version__
 
@@ -77,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"vlsens {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _run_parser(sub)
+    _upgrade_parser(sub)
     c = sub.add_parser("records", help="check a run's files and JSON records (sizes, hashes, schemas, invariants)")
     c.add_argument("folders", nargs="*", default=["results"], help="run folders (default: results)")
     m = sub.add_parser("recommend", help="which folder to ship per device, from a finished run's recommend.json")
@@ -97,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         from vlsens.cli.run import cmd_run
 
         return cmd_run(args, extra, workflow_dir())
+    if args.command == "upgrade":
+        from vlsens.cli.upgrade import cmd_upgrade
+
+        return cmd_upgrade(args, extra, workflow_dir())
     if args.command == "recommend":
         from vlsens.cli.run import cmd_recommend
 

@@ -91,9 +91,22 @@ def record_outputs(outputs: Iterable[str | Path], rule: str, provenance: dict | 
         cut = cutoff(out, provenance)
         if cut is not None:
             rec["cutoff"] = cut
+        rec["content_since"] = _content_since(out, cut)
         write_json(record_path(out), rec)
         n += len(entries)
     return n
+
+
+def _content_since(output: Path, cut: dict | None) -> float:
+    """Since when ``output`` has held its content: now (its modification time) for new content;
+    for content equivalent to its previous version's, the previous version's ``content_since`` (or
+    its time, for a record written before this field). A job whose outputs are newer than that
+    read this content (:mod:`vlsens.dag.cutoff`)."""
+    if cut is None or not cut.get("equivalent"):
+        return output_mtime(output)
+    prev = _load(_kept_files(output)[1]) or {}
+    since = prev.get("content_since")
+    return float(since) if isinstance(since, int | float) else float(cut["previous_mtime"])
 
 
 def output_mtime(output: str | Path) -> float:
