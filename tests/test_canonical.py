@@ -77,3 +77,26 @@ def test_folders_compare_file_by_file_without_bookkeeping(tmp_path):
     assert digest(tmp_path / "a") == digest(tmp_path / "b")
     (tmp_path / "b" / "extra.txt").write_text("x")
     assert digest(tmp_path / "a") != digest(tmp_path / "b")
+
+
+def test_a_record_may_name_its_own_timing_keys_and_file_sizes_do_not_count(tmp_path):
+    timed = {"plans": {"p1": {"error": 0.05, "measured": {"ms": 0.09, "q1": 0.08, "q3": 0.11, "steps": 30}}},
+             "volatile_keys": ["error", "q1", "q3"]}
+    (tmp_path / "a.json").write_text(json.dumps(timed))
+    again = json.loads(json.dumps(timed))
+    again["plans"]["p1"].update(error=-0.2, measured={"ms": 0.15, "q1": 0.14, "q3": 0.2, "steps": 30})
+    (tmp_path / "b.json").write_text(json.dumps(again))
+    assert equivalent(tmp_path / "a.json", tmp_path / "b.json")
+    again["plans"]["p1"]["measured"]["steps"] = 31  # not a time: a change
+    (tmp_path / "c.json").write_text(json.dumps(again))
+    assert not equivalent(tmp_path / "a.json", tmp_path / "c.json")
+    # "error" is a result where a record does not say otherwise
+    (tmp_path / "d.json").write_text(json.dumps({"error": 0.05}))
+    (tmp_path / "e.json").write_text(json.dumps({"error": 0.06}))
+    assert not equivalent(tmp_path / "d.json", tmp_path / "e.json")
+    # the size of a listed file (one holding a time of its own) is not the record's content; a size elsewhere is
+    (tmp_path / "f.json").write_text(json.dumps({"files": {"plan.yaml": {"bytes": 1457}}, "bytes": 10}))
+    (tmp_path / "g.json").write_text(json.dumps({"files": {"plan.yaml": {"bytes": 1456}}, "bytes": 10}))
+    (tmp_path / "h.json").write_text(json.dumps({"files": {"plan.yaml": {"bytes": 1456}}, "bytes": 11}))
+    assert equivalent(tmp_path / "f.json", tmp_path / "g.json")
+    assert not equivalent(tmp_path / "g.json", tmp_path / "h.json")

@@ -95,7 +95,8 @@ def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | 
                 "context": latency["context"], "uniform_ms": {w: t["ms"] for w, t in latency["uniform"].items()},
                 "within": sum(abs(p["decode_error"]) <= ESTIMATE_GOAL for p in plans if "decode_error" in p),
                 "of": sum("decode_error" in p for p in plans)},
-            "search": {k: front.get(k) for k in ("evaluations", "seconds", "budgets")}}
+            "search": {k: front.get(k) for k in ("evaluations", "seconds", "budgets")},
+            "volatile_keys": ["decode_error", "decode_q"]}  # measured times (vlsens.core.canonical)
 
 
 def _requested(requested: dict, plans: dict) -> dict:

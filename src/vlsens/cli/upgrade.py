@@ -109,15 +109,19 @@ def _time(jobs: list[Job]) -> str:
 
 
 def _phase(up: Upgrade, graph: Graph, keys: list[str], n: int, root: Path) -> None:
+    """Run the jobs ``keys`` (and whatever Snakemake runs with them: its log says which), then
+    read each output's verdict."""
     jobs = [graph.jobs[k] for k in keys]
     outs = sorted({o for j in jobs for o in j.outputs})
     print(f"vlsens: phase {n}: {len(jobs)} job(s), about {_time(jobs)} by their last runs", flush=True)
-    start = time.monotonic()
-    if up.run(["--forcerun", *outs, "--", *outs], root / "logs" / f"upgrade-{n}.log"):
+    start, log = time.monotonic(), root / "logs" / f"upgrade-{n}.log"
+    if up.run(["--forcerun", *outs, "--", *outs], log):
         raise SystemExit(f"vlsens: phase {n} failed; its outputs' previous versions are back in place")
-    same = [o for o in outs if (cut_record(o) or {}).get("equivalent") is True]
-    changed = [o for o in outs if o not in same]
-    up.ledger["phases"].append({"jobs": [j.label for j in jobs], "seconds": round(time.monotonic() - start, 1),
+    ran = parse_dry_run(log.read_text(errors="replace")) or jobs
+    written = sorted({o for j in ran for o in j.outputs})
+    same = [o for o in written if (cut_record(o) or {}).get("equivalent") is True]
+    changed = [o for o in written if o not in same]
+    up.ledger["phases"].append({"jobs": [j.label for j in ran], "seconds": round(time.monotonic() - start, 1),
                                 "equivalent": same, "changed": changed})
     print(f"vlsens: phase {n}: {len(same)} output(s) equivalent to their previous version, {len(changed)} changed",
           flush=True)

@@ -12,8 +12,9 @@ what a consumer computes with and nothing else:
 * ``.npz``: each array's name, dtype, shape and bytes (not the zip container);
 * ``.tar``: each member's name and bytes (not its header's time, owner or mode);
 * ``.json``: the parsed value with the keys of :data:`VOLATILE_KEYS` removed at any depth
-  (timings, library versions and code hashes, memory peaks, hashes of the files it lists: those
-  files are digested themselves), serialized with sorted keys; ``.yaml`` the same (a plan's
+  (timings, library versions and code hashes, memory peaks, hashes and sizes of the files it
+  lists: those files are digested themselves) and the keys it declares under ``volatile_keys``,
+  serialized with sorted keys; ``.yaml`` the same (a plan's
   measured decode time is not the plan);
 * anything else: its bytes.
 
@@ -42,6 +43,8 @@ VOLATILE_KEYS = frozenset({
     # hashes of files that are digested themselves
     "sha256", "data_sha256",
 })
+#: The key under which a record lists more keys of its own that hold measured times.
+DECLARED = "volatile_keys"
 #: Model fields that name the writer, not the computation.
 ONNX_WRITER_FIELDS = ("producer_name", "producer_version", "model_version", "doc_string")
 SKIPPED = (".vlsens", ".snakemake_timestamp")
@@ -92,13 +95,38 @@ def _tar(path: Path) -> str:
     return h.hexdigest()
 
 
-def strip_volatile(value):
-    """``value`` without :data:`VOLATILE_KEYS` at any depth."""
+#: What a record says of each file it lists (``"files": {name: {...}}``): the files are digested
+#: themselves, and a file holding a measured time changes its size with the time's digits.
+FILE_ENTRY_KEYS = frozenset({"bytes", "sha256", "stat"})
+
+
+def strip_volatile(value, listing: bool = False):
+    """``value`` without :data:`VOLATILE_KEYS` at any depth (in the entries of a ``files``
+    mapping, without :data:`FILE_ENTRY_KEYS` too)."""
     if isinstance(value, dict):
-        return {k: strip_volatile(v) for k, v in value.items() if k not in VOLATILE_KEYS}
+        if listing:
+            return {k: ({kk: strip_volatile(vv) for kk, vv in v.items() if kk not in FILE_ENTRY_KEYS | VOLATILE_KEYS}
+                        if isinstance(v, dict) else strip_volatile(v)) for k, v in value.items()}
+        return {k: strip_volatile(v, k == "files") for k, v in value.items() if k not in VOLATILE_KEYS}
     if isinstance(value, list):
         return [strip_volatile(v) for v in value]
     return value
+
+
+def _own_volatile(data):
+    """A record's value without the keys it declares as measured times (``volatile_keys``, at its
+    top level: names that mean a time there and a result elsewhere, e.g. ``error``, ``q1``)."""
+    keys = data.get(DECLARED) if isinstance(data, dict) else None
+    if not isinstance(keys, list):
+        return data
+    drop = {k for k in keys if isinstance(k, str)} | {DECLARED}
+
+    def strip(v):
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if k not in drop}
+        return [strip(x) for x in v] if isinstance(v, list) else v
+
+    return strip(data)
 
 
 def _json(path: Path) -> str:
@@ -106,7 +134,7 @@ def _json(path: Path) -> str:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _file_sha(path)
-    return _sha(json.dumps(strip_volatile(data), sort_keys=True, separators=(",", ":")).encode())
+    return _sha(json.dumps(strip_volatile(_own_volatile(data)), sort_keys=True, separators=(",", ":")).encode())
 
 
 def _yaml(path: Path) -> str:
@@ -116,7 +144,8 @@ def _yaml(path: Path) -> str:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError):
         return _file_sha(path)
-    return _sha(json.dumps(strip_volatile(data), sort_keys=True, separators=(",", ":"), default=str).encode())
+    return _sha(json.dumps(strip_volatile(_own_volatile(data)), sort_keys=True, separators=(",", ":"),
+                           default=str).encode())
 
 
 def file_digest(path: str | Path) -> str:

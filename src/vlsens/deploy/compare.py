@@ -35,9 +35,15 @@ def decoder_bits(folder: Path) -> dict[str, int]:
     return out
 
 
+#: vlsens' own records in a deploy folder: its measure, parity record, card and plan file
+#: (vlsens.budget.plan.PLAN_FILE). They hold measured times whose digits vary from run to run.
+RECORDS = (DONE, "parity.json", "README.md", "plan.yaml")
+
+
 def folder_bytes(folder: Path) -> int:
-    """Every file of a deploy folder (graphs, data files, configs, tokenizer), as shipped."""
-    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+    """The files of a deploy folder the runtime loads (graphs, data files, configs, tokenizer),
+    without vlsens' records (:data:`RECORDS`): the same folder built twice has the same size."""
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file() and f.name not in RECORDS)
 
 
 def graph_bytes(folder: Path) -> dict[str, int]:
