@@ -16,9 +16,10 @@ Every file of either tree is compared by content, by kind:
   made it) and absolute paths made relative: parity numbers, rankings, profile choices and
   metrics, deploy tokens and KL are all compared;
 - ``.csv``: every cell, exactly, but columns :data:`VOLATILE` names (seconds);
-- ``.tar``: the members' names and bytes; ``.md`` / ``.html`` / ``.rst``: the text with lines
-  that :data:`VOLATILE_LINES` matches left out, and table columns whose header it matches
-  (tokens per second, seconds);
+- ``.tar``: the members' names and bytes; ``.md`` / ``.html`` / ``.rst``: the text with table
+  columns whose header :data:`VOLATILE_LINES` matches left out (tokens per second, seconds), and
+  in other lines the numbers followed by a time unit masked (:data:`TIMED_NUMBER`; the decode
+  step's paragraph, :data:`TIMED_TEXT`, left out);
 - ``.png``: byte for byte, except the figures :data:`TIMED_FIGURES` names, which draw measured
   latencies (their records are compared).
 
@@ -57,6 +58,10 @@ DESCRIBED = {"sha256", "data_sha256", "bytes", "folder_bytes", "folder_vs_fp16",
 TIMED_FIGURES = {"latency.png", "pareto.png"}
 #: Lines of text reports whose numbers are timings.
 VOLATILE_LINES = re.compile(r"tok/s|tokens/s|seconds|\bs\)|ms\b|speed|latency", re.I)
+#: Text lines that describe measured times as a whole (the decode step's paragraph), and a number
+#: followed by a time unit in any other line ("about 173 tokens/s"), which is masked.
+TIMED_TEXT = re.compile(r"^\s*Decode step:")
+TIMED_NUMBER = re.compile(r"(\d+(?:\.\d+)?(?:e[-+]?\d+)?)\s*(tok/s|tokens/s|ms\b|s\b)")
 SKIP_DIRS = {"logs", "benchmarks", ".snakemake", ".vlsens"}  # .vlsens: the outputs' records (sizes, hashes, stat keys)
 SKIP_NAMES = {"upgrade.json"}  # `vlsens upgrade`'s ledger: what ran, not a result
 SKIP_SUFFIXES = {".log", ".tsv", ".snakemake_timestamp", ".jinja"}
@@ -105,11 +110,15 @@ def _diff(a, b, where: str = "") -> list[str]:
 
 
 def _load_tree(path: Path, root: Path):
+    """A record's value without its volatile keys (:data:`VOLATILE`, and those it declares itself:
+    vlsens.core.canonical's ``volatile_keys``)."""
+    from vlsens.core.canonical import _own_volatile
+
     if path.suffix == ".json":
-        return _strip(json.loads(path.read_text()), str(root.resolve()))
+        return _strip(_own_volatile(json.loads(path.read_text())), str(root.resolve()))
     import yaml
 
-    return _strip(yaml.safe_load(path.read_text()), str(root.resolve()))
+    return _strip(_own_volatile(yaml.safe_load(path.read_text())), str(root.resolve()))
 
 
 def _same_array(x: np.ndarray, y: np.ndarray) -> bool:
@@ -198,6 +207,9 @@ def _text(path: Path, root: Path) -> list[str]:
             timed = {i for i, c in enumerate(cells) if VOLATILE_LINES.search(c)}  # a table's header
         if cells is None:
             timed = set()
+            if TIMED_TEXT.search(line):
+                continue
+            line = TIMED_NUMBER.sub(r"# \2", line)
         elif timed:
             line = "|".join(c for i, c in enumerate(cells) if i not in timed)
         elif VOLATILE_LINES.search(line):

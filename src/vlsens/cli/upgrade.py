@@ -159,6 +159,7 @@ def cmd_upgrade(args, extra: list[str], workflow: Path) -> int:
     from vlsens.core.errors import VlsensError
 
     up = Upgrade(args, extra, workflow)
+    os.chdir(up.run_dir)  # Snakemake's paths are relative to the run's folder; so are the records read here
     graph, plain = up.graph(), up.dry()
     if not graph.jobs:
         print("vlsens: no jobs in this workflow's DAG")
