@@ -13,7 +13,8 @@ in a scratch folder first. Each library starts from a copy of it. Columns:
 - **plain run**: the jobs ``snakemake -n`` lists with the override, and their time by their last
   benchmark files;
 - **must run**: the jobs whose records name the library (their params change): the floor;
-- **ran** / **dated**: what ``vlsens upgrade`` ran (in how many phases) and dated as up to date;
+- **ran** / **dated**: the jobs ``vlsens upgrade`` ran (in how many phases) and those it dated as
+  up to date instead (every input they read came out equivalent);
 - **equal**: ``bench/compare_runs.py`` between the upgraded run and the run before it (every
   graph, array, table and record value but times): 0 differences is the goal.
 """

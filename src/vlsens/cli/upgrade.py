@@ -53,6 +53,7 @@ class Upgrade:
                     or str(self.run_dir / ".snakemake" / "cache")}
         self.ledger: dict = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                              "phases": [], "touched": []}
+        self.dated: set[str] = set()  # the jobs dated as up to date, by their first output
 
     def _cmd(self, *flags: str) -> list[str]:
         return [*self.base, *flags, *(["--", *self.targets] if self.targets else [])]
@@ -108,9 +109,9 @@ def _time(jobs: list[Job]) -> str:
     return clock(s) + (f" (+{unknown} jobs never timed)" if unknown else "")
 
 
-def _phase(up: Upgrade, graph: Graph, keys: list[str], n: int, root: Path) -> None:
+def _phase(up: Upgrade, graph: Graph, keys: list[str], n: int, root: Path) -> bool:
     """Run the jobs ``keys`` (and whatever Snakemake runs with them: its log says which), then
-    read each output's verdict."""
+    read each output's verdict. Returns whether a checkpoint ran (the DAG is then read anew)."""
     jobs = [graph.jobs[k] for k in keys]
     outs = sorted({o for j in jobs for o in j.outputs})
     print(f"vlsens: phase {n}: {len(jobs)} job(s), about {_time(jobs)} by their last runs", flush=True)
@@ -125,6 +126,7 @@ def _phase(up: Upgrade, graph: Graph, keys: list[str], n: int, root: Path) -> No
                                 "equivalent": same, "changed": changed})
     print(f"vlsens: phase {n}: {len(same)} output(s) equivalent to their previous version, {len(changed)} changed",
           flush=True)
+    return any(j.checkpoint for j in ran)
 
 
 def _plan_left(graph: Graph, state: State) -> None:
@@ -137,16 +139,19 @@ def _plan_left(graph: Graph, state: State) -> None:
         print(line)
 
 
-def _round(up: Upgrade) -> tuple[Graph, State]:
-    """The DAG and a dry run, read: what runs for its own reasons, and the jobs downstream of
-    equivalent outputs only, touched (then read again: their own reasons show once their inputs
-    are older than their outputs)."""
-    graph, run = up.graph(), up.dry()
+def _round(up: Upgrade, graph: Graph | None = None, run: list[Job] | None = None) -> tuple[Graph, State]:
+    """The DAG (``graph``, else read anew) and a dry run (``run``, else made), read: what runs for
+    its own reasons, and the jobs downstream of equivalent outputs only, dated (then read again:
+    their own reasons show once their inputs are older than their outputs)."""
+    graph = graph or up.graph()
+    run = up.dry() if run is None else run
     graph.learn(run)
     state = classify(graph, run)
     if state.touch:
         done = touch(graph, state)
-        up.ledger["touched"] += [graph.jobs[k].label for k in sorted(state.touch)]
+        up.dated |= set(state.touch)
+        up.ledger["touched"] = sorted(graph.jobs[k].label if graph.jobs[k].wildcards else k for k in up.dated
+                                      if k in graph.jobs)
         print(f"vlsens: {len(state.touch)} job(s) read only outputs that came out equivalent: their {len(done)} "
               "output(s) are dated now (up to date)", flush=True)
         run = up.dry()
@@ -175,13 +180,13 @@ def cmd_upgrade(args, extra: list[str], workflow: Path) -> int:
                                                               for lib in library_changes(r)}))
     n, start = 0, time.monotonic()
     try:
-        graph, state = _round(up)
+        graph, state = _round(up, graph, plain)
         while keys := state.frontier(graph):
             if args.check and estimate(graph.jobs[k] for k in keys)[0] > args.check_seconds:
                 break
             n += 1
-            _phase(up, graph, keys, n, root)
-            graph, state = _round(up)
+            checkpoint = _phase(up, graph, keys, n, root)
+            graph, state = _round(up, None if checkpoint else graph)  # a checkpoint that ran adds jobs
     except VlsensError as e:
         raise SystemExit(f"vlsens: {e}") from None
     ran = sum(len(p["jobs"]) for p in up.ledger["phases"])
