@@ -47,6 +47,16 @@ def test_tiny_workflow_through_real_slurm(tmp_path):
     tamper = (log / "tamper.log").read_text()
     assert "rc=0" not in tamper and "ort.0-of-2.csv" in tamper and "changed after they were written" in tamper, \
         tamper[-3000:]
+    # vlsens upgrade through SLURM: torch's jobs ran in phases, what reads their (equivalent) outputs
+    # only was dated, not submitted; a plain run has nothing left
+    upgrade = (log / "upgrade.log").read_text()
+    assert "rc=0" in upgrade, upgrade[-3000:]
+    ledger = json.loads((tmp_path / "results/tiny/upgrade.json").read_text())
+    ran = {label.split()[0] for p in ledger["phases"] for label in p["jobs"]}
+    assert ledger["libraries"] == ["torch"] and {"reference", "export"} <= ran, ledger
+    assert not ran & {"sensitivity_prepare", "sensitivity_shard"}, ledger
+    assert {label.split()[0] for label in ledger["touched"]} >= {"sensitivity_prepare", "sensitivity_shard"}, ledger
+    assert "Nothing to be done" in (log / "after-upgrade.log").read_text()
     assert "stopped daemons" in r.stdout
     left = subprocess.run(["pgrep", "-x", "slurmctld|slurmd"], capture_output=True, text=True).stdout.split()
     assert not left, f"daemons left running: {left}"

@@ -500,3 +500,30 @@ def test_lint_is_clean():
                         "--lint"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Congratulations" in r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_upgrade_check_tells_what_a_torch_upgrade_costs_before_it_runs(finished_run, tmp_path):
+    """`vlsens upgrade --check` on a copy of the finished run, torch's recorded version changed:
+    what a plain run would re-run, which jobs run for torch itself and why, and the plan left
+    with its time; with --check-seconds 0 nothing runs and nothing is dated."""
+    import os
+    import shutil
+
+    wd = tmp_path / "run"
+    shutil.copytree(finished_run, wd, symlinks=True)
+    env = {**os.environ, "VLSENS_VERSION_OVERRIDES": "torch=99.0", "VLSENS_WORKFLOW": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "vlsens.cli", "upgrade", "--check", "--check-seconds", "0", "--dir",
+                        str(wd), "--config", str(wd / "config.yaml"), "--cores", "2"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    plain = int(re.search(r"a plain snakemake would run (\d+) job", out).group(1))
+    dry = smk(wd, "-n", "--cores", "2", overrides="torch=99.0")
+    total = int(re.search(r"^total\s+(\d+)$", dry.stdout + dry.stderr, re.M).group(1))
+    assert plain == total - 1 > 100  # all but the `all` rule
+    # the jobs with reasons of their own and no such job upstream: torch's first readers
+    assert re.search(r"reference\s+7\s+torch \S+ -> 99\.0", out), out
+    assert re.search(r"left to run: \d+ job\(s\), about \d+:\d\d", out) and "up to" in out
+    ledger = json.loads((wd / "results" / "tiny" / "upgrade.json").read_text())
+    assert ledger["phases"] == [] and ledger["touched"] == [] and ledger["check"] is True
