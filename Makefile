@@ -26,12 +26,12 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) install --quiet -c constraints.txt -e ".[genai,peers]"
 	touch $@
 
-# ALT_ONNXSIM: another onnxsim than the pinned one, for tests/test_upgrade.py (a real version
-# change: put first on PYTHONPATH by the test; nothing else imports it).
-ALT_ONNXSIM := .venv-alt/onnxsim-0.4.36
+# ALT_MLD: another ml-dtypes than the pinned one, for tests/test_upgrade.py (a real version
+# change: put first on PYTHONPATH by the test only).
+ALT_MLD := .venv-alt/ml-dtypes-0.5.4
 $(STAMP)-test: $(STAMP)
 	$(PIP) install --quiet -c constraints.txt -e ".[test,slurm]"
-	$(PIP) install --quiet --no-deps --only-binary=:all: --target $(ALT_ONNXSIM) onnxsim==0.4.36
+	$(PIP) install --quiet --no-deps --only-binary=:all: --target $(ALT_MLD) ml-dtypes==0.5.4
 	touch $@
 
 $(STAMP)-lint: $(STAMP)

@@ -1,12 +1,13 @@
-"""`vlsens upgrade` on a real library version change: onnxsim 0.4.36 (`make install-test` puts it
-into .venv-alt/, first on PYTHONPATH here) in place of the pinned 0.8.1, on a small DAG of the tiny
-preset (one image size, fp32 and fp32-sim, the NPU parts, no text tower and no deploy folders).
+"""`vlsens upgrade` on a real library version change: ml-dtypes 0.5.4 (`make install-test` puts it
+into .venv-alt/, first on PYTHONPATH here) in place of the pinned 0.6.0, on a small DAG of the
+tiny preset (one image size: fp32, fp16 and bf16, fp32 and fp16 analysed, the NPU parts, no text
+tower and no deploy folders).
 
-onnxsim simplifies the fp32-sim graph and each NPU part. The new version folds the graph
-differently, so those outputs change and their consumers re-run; nothing upstream and nothing on
-the fp32 path runs; the jobs that read only outputs that came out equivalent are dated, not run;
-afterwards a plain `snakemake -n` has nothing to do, and every result equals a run from scratch
-with onnxsim 0.4.36 (bench/compare_runs.py)."""
+The BF16 variant converts its weights with ml_dtypes (the only stage here that records it), so
+its job re-runs for the new version; bfloat16 rounds the same in both releases, so its outputs
+come out equivalent and what reads them is dated, not run; nothing upstream and nothing else
+runs; afterwards a plain `snakemake -n` has nothing to do, and every result equals a run from
+scratch with 0.5.4 (bench/compare_runs.py)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,11 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-ALT = REPO / ".venv-alt" / "onnxsim-0.4.36"
-CONFIG = {"vision": {"sizes": ["224x224"], "variants": ["fp32", "fp32-sim"], "sensitivity_variants": ["fp32"],
+ALT = REPO / ".venv-alt" / "ml-dtypes-0.5.4"
+LIBRARY, PINNED, OTHER = "ml-dtypes", "0.6.0", "0.5.4"
+CONFIG = {"vision": {"sizes": ["224x224"], "variants": ["fp32", "fp16", "bf16"], "sensitivity_variants": ["fp32", "fp16"],
                      "dynamic": {"enabled": False}, "uint8": {"sizes": []}, "video": {"sizes": []}},
           "text": {"enabled": False}, "embeddings": {"dtypes": []}, "deploy": {"enabled": False}}
-#: the rules that run onnxsim (their params record its version)
-ONNXSIM_RULES = {"simplify", "parts"}
-#: upstream of onnxsim or on the fp32 path only: nothing of theirs may run
-UNTOUCHED = {"tiny_checkpoint", "reference", "calibration", "calibration_tar", "export", "sensitivity_prepare",
-             "sensitivity_shard", "sensitivity_gather", "profile", "report_heatmap", "report_ranked", "report_pareto"}
 
 
 def _env(alt: bool) -> dict:
@@ -53,16 +50,15 @@ def _from_scratch(wd: Path, alt: bool) -> None:
 
 
 def _version(alt: bool) -> str:
-    r = subprocess.run([sys.executable, "-c", "from importlib.metadata import version; print(version('onnxsim'))"],
+    r = subprocess.run([sys.executable, "-c", f"from importlib.metadata import version; print(version({LIBRARY!r}))"],
                        capture_output=True, text=True, env=_env(alt))
     return r.stdout.strip()
 
 
 @pytest.mark.slow
-def test_a_real_onnxsim_version_change_reruns_what_it_changes_and_equals_a_run_from_scratch(tmp_path):
-    assert (ALT / "onnxsim").is_dir(), f"{ALT}: missing (make install-test installs onnxsim 0.4.36 there)"
-    old, new = _version(False), _version(True)
-    assert (old, new) == ("0.8.1", "0.4.36")
+def test_a_real_library_version_change_reruns_its_jobs_cuts_off_the_rest_and_equals_a_run_from_scratch(tmp_path):
+    assert (ALT / "ml_dtypes").is_dir(), f"{ALT}: missing (make install-test installs {LIBRARY} there)"
+    assert (_version(False), _version(True)) == (PINNED, OTHER)
     run = tmp_path / "run"
     _from_scratch(run, alt=False)
     r = subprocess.run([sys.executable, "-m", "vlsens.cli", "upgrade", "--dir", str(run), "--config",
@@ -70,19 +66,17 @@ def test_a_real_onnxsim_version_change_reruns_what_it_changes_and_equals_a_run_f
                        timeout=1800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     ledger = json.loads((run / "results" / "tiny" / "upgrade.json").read_text())
+    assert ledger["libraries"] == [LIBRARY]
     ran = [label.split()[0] for p in ledger["phases"] for label in p["jobs"]]
-    assert set(ran) >= ONNXSIM_RULES and not set(ran) & UNTOUCHED, ran
-    assert ledger["libraries"] == ["onnxsim"]
-    # each simplify / parts output says what was checked, and the new onnxsim changed the graph
-    rec = json.loads((run / "results/tiny/vision/224x224/fp32-sim/.vlsens/model.onnx.json").read_text())
-    assert rec["cutoff"]["libraries"] == {"onnxsim": [old, new]} and rec["cutoff"]["equivalent"] is False
-    changed = [o for p in ledger["phases"] for o in p["changed"]]
-    assert "results/tiny/vision/224x224/fp32-sim/model.onnx" in changed
-    # a job runs in a later phase only for an output that changed before it, or for its own onnxsim
-    first = {label.split()[0] for label in ledger["phases"][0]["jobs"]}
-    assert first <= ONNXSIM_RULES
-    assert not set(ledger["touched"]) & {label for p in ledger["phases"] for label in p["jobs"]}
-    # nothing left for a plain run, and the results are those of a run from scratch with the new onnxsim
+    assert ran == ["bf16"], ledger  # the one job that records the library, nothing else
+    # its outputs say what was checked and that they came out equivalent
+    rec = json.loads((run / "results/tiny/vision/224x224/bf16/.vlsens/model.onnx.json").read_text())
+    assert rec["cutoff"]["libraries"] == {LIBRARY: [PINNED, OTHER]} and rec["cutoff"]["equivalent"] is True
+    assert [o for p in ledger["phases"] for o in p["changed"]] == []
+    # what reads the BF16 graph's record was dated, not run
+    dated = [label.split()[0] for label in ledger["touched"]]
+    assert dated and "bf16" not in dated, ledger
+    # nothing left for a plain run, and the results are those of a run from scratch with the other version
     left = _snakemake(run, "-n", alt=True)
     assert left.returncode == 0 and "Nothing to be done" in left.stdout + left.stderr, left.stdout[-3000:]
     scratch = tmp_path / "scratch"
