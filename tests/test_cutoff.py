@@ -239,3 +239,18 @@ def test_the_detailed_summary_is_read_job_by_job():
                                                                                        "r/fp32/model.onnx"]
     assert parse_dry_run(DRY)[0].checkpoint is False
     assert parse_dry_run(DRY.replace("rule export:", "checkpoint export:"))[0].checkpoint is True
+
+
+def test_a_damaged_previous_version_makes_the_output_new_not_the_job_fail(tmp_path):
+    import json
+
+    arr = tmp_path / "calib.npz"
+    np.savez(arr, x=np.arange(4.0))
+    record_outputs([arr], "calibration")
+    arr.write_bytes(b"PK\x03\x04 cut short")  # damaged after its job wrote it
+    keep_previous([([arr], [])])
+    np.savez(arr, x=np.arange(4.0))  # the job writes it anew
+    record_outputs([arr], "calibration")
+    rec = json.loads(record_path(arr).read_text())
+    assert rec["cutoff"]["equivalent"] is False and "could not be read" in rec["cutoff"]["differs"][0]
+    assert rec["content_since"] == arr.stat().st_mtime

@@ -138,7 +138,10 @@ def cutoff(output: str | Path, provenance: dict | None = None) -> dict | None:
     prev, prev_rec, _ = _kept_files(output)
     if not os.path.lexists(prev):
         return None
-    differ = differences(output, prev, first=True)
+    try:
+        differ = differences(output, prev, first=True)
+    except Exception as e:  # a damaged previous version (a --forcerun of an edited file): it is not this output
+        differ = [f"{output.name}: the previous version could not be read ({type(e).__name__})"]
     before = (_load(prev_rec) or {}).get("provenance") or {}
     out = {"equivalent": not differ, "differs": differ, "previous_mtime": output_mtime(prev),
            "checked": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
