@@ -100,3 +100,18 @@ def test_a_record_may_name_its_own_timing_keys_and_file_sizes_do_not_count(tmp_p
     (tmp_path / "h.json").write_text(json.dumps({"files": {"plan.yaml": {"bytes": 1456}}, "bytes": 11}))
     assert equivalent(tmp_path / "f.json", tmp_path / "g.json")
     assert not equivalent(tmp_path / "g.json", tmp_path / "h.json")
+
+
+def test_raw_files_compare_byte_for_byte(tmp_path):
+    from vlsens.core.canonical import differences, same_file
+
+    data = bytes(range(256)) * 70_000  # 17.9 MB: more than one 16 MB chunk
+    for name, body in (("a.bin", data), ("b.bin", data), ("c.bin", data[:-1] + b"\x00"), ("d.bin", data[:-1])):
+        (tmp_path / name).write_bytes(body)
+    assert same_file(tmp_path / "a.bin", tmp_path / "b.bin")
+    assert not same_file(tmp_path / "a.bin", tmp_path / "c.bin")  # the last byte, in the second chunk
+    assert not same_file(tmp_path / "a.bin", tmp_path / "d.bin")  # another size
+    for folder, body in (("x", data), ("y", data[:-1] + b"\x00")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.onnx.data").write_bytes(body)
+    assert differences(tmp_path / "x", tmp_path / "y") == ["model.onnx.data"]
