@@ -84,23 +84,23 @@ def upgrade(base: Path, library: str, scratch: Path) -> dict:
     ledger = json.loads((wd / "results" / MODEL / "upgrade.json").read_text())
     after = snakemake(wd, "-n", "--cores", "2", env=env)
     nothing = "Nothing to be done" in after.stdout + after.stderr
-    diff = subprocess.run([sys.executable, str(REPO / "bench" / "compare_runs.py"), str(base / "results" / MODEL),
-                           str(wd / "results" / MODEL)], capture_output=True, text=True)
-    differences = [line for line in diff.stdout.splitlines() if line.startswith(("results", "/", "  "))]
     ran = sum(len(p["jobs"]) for p in ledger["phases"])
     plain_s, _ = estimate(plain)
     return {"library": library, "plain": len(plain), "plain_s": plain_s, "must": len(must), "ran": ran,
             "phases": len(ledger["phases"]), "dated": len(ledger["touched"]), "seconds": seconds,
-            "nothing_left": nothing, "compare_rc": diff.returncode, "compare": diff.stdout.strip().splitlines()[-1:],
-            "differences": differences[:5]}
+            "nothing_left": nothing, "differences": differing(base, wd)}
+
+
+def differing(a: Path, b: Path) -> list[str]:
+    """The files bench/compare_runs.py finds different between two runs' results."""
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "compare_runs.py"), str(a / "results" / MODEL),
+                        str(b / "results" / MODEL)], capture_output=True, text=True)
+    return [] if r.returncode == 0 else sorted({line.split(":")[0] for line in r.stdout.splitlines()[:-1]})
 
 
 def compare(a: Path, b: Path) -> str:
-    """What bench/compare_runs.py finds between two runs' results: the files that differ."""
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "compare_runs.py"), str(a / "results" / MODEL),
-                        str(b / "results" / MODEL)], capture_output=True, text=True)
-    files = sorted({line.split(":")[0] for line in r.stdout.splitlines()[:-1]})
-    return "no difference" if r.returncode == 0 else f"differences in {len(files)} file(s): " + ", ".join(files)
+    files = differing(a, b)
+    return f"differences in {len(files)} file(s): " + ", ".join(files) if files else "no difference"
 
 
 def clock(s: float) -> str:
@@ -132,7 +132,7 @@ def main() -> None:
           "nothing left | results equal |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        equal = "yes" if r["compare_rc"] == 0 else "no: " + "; ".join(r["differences"][:3])
+        equal = "no: " + ", ".join(r["differences"][:3]) if r["differences"] else "yes"
         print(f"| {r['library']} | {r['plain']} ({clock(r['plain_s'])}) | {r['must']} | {r['ran']} ({r['phases']}) | "
               f"{r['dated']} | {clock(r['seconds'])} | {'yes' if r['nothing_left'] else 'no'} | {equal} |")
     print("\nplain run: what `snakemake` re-runs after the change, timed by the jobs' last benchmark files; must run: "

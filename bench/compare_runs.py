@@ -112,13 +112,12 @@ def _diff(a, b, where: str = "") -> list[str]:
 def _load_tree(path: Path, root: Path):
     """A record's value without its volatile keys (:data:`VOLATILE`, and those it declares itself:
     vlsens.core.canonical's ``volatile_keys``)."""
-    from vlsens.core.canonical import _own_volatile
-
-    if path.suffix == ".json":
-        return _strip(_own_volatile(json.loads(path.read_text())), str(root.resolve()))
     import yaml
 
-    return _strip(_own_volatile(yaml.safe_load(path.read_text())), str(root.resolve()))
+    from vlsens.core.canonical import declared_volatile, strip_volatile
+
+    data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    return _strip(strip_volatile(data, keys=declared_volatile(data)), str(root.resolve()))
 
 
 def _same_array(x: np.ndarray, y: np.ndarray) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 from vlsens.cli.progress import Progress, clock
 from vlsens.core.fsutil import write_json
 from vlsens.dag.cutoff import (
+    PARAMS,
     Graph,
     Job,
     State,
@@ -96,7 +97,7 @@ def _by_rule(jobs: list[Job]) -> list[str]:
         row = rows.setdefault(j.rule, {"n": 0, "why": {}})
         row["n"] += 1
         for r in j.reasons:
-            if r.startswith("Params"):
+            if r.startswith(PARAMS):
                 for lib, (b, n) in library_changes(r).items():
                     row["why"][f"{lib} {b[:8]} -> {n[:8]}" if lib == "vlsens code" else f"{lib} {b} -> {n}"] = 1
             else:

@@ -100,52 +100,45 @@ def _tar(path: Path) -> str:
 FILE_ENTRY_KEYS = frozenset({"bytes", "sha256", "stat"})
 
 
-def strip_volatile(value, listing: bool = False):
-    """``value`` without :data:`VOLATILE_KEYS` at any depth (in the entries of a ``files``
-    mapping, without :data:`FILE_ENTRY_KEYS` too)."""
+def strip_volatile(value, listing: bool = False, keys: frozenset = VOLATILE_KEYS):
+    """``value`` without ``keys`` (default :data:`VOLATILE_KEYS`) at any depth (in the entries of
+    a ``files`` mapping, without :data:`FILE_ENTRY_KEYS` too)."""
     if isinstance(value, dict):
         if listing:
-            return {k: ({kk: strip_volatile(vv) for kk, vv in v.items() if kk not in FILE_ENTRY_KEYS | VOLATILE_KEYS}
-                        if isinstance(v, dict) else strip_volatile(v)) for k, v in value.items()}
-        return {k: strip_volatile(v, k == "files") for k, v in value.items() if k not in VOLATILE_KEYS}
+            return {k: ({kk: strip_volatile(vv, keys=keys) for kk, vv in v.items() if kk not in FILE_ENTRY_KEYS | keys}
+                        if isinstance(v, dict) else strip_volatile(v, keys=keys)) for k, v in value.items()}
+        return {k: strip_volatile(v, k == "files", keys) for k, v in value.items() if k not in keys}
     if isinstance(value, list):
-        return [strip_volatile(v) for v in value]
+        return [strip_volatile(v, keys=keys) for v in value]
     return value
 
 
-def _own_volatile(data):
-    """A record's value without the keys it declares as measured times (``volatile_keys``, at its
-    top level: names that mean a time there and a result elsewhere, e.g. ``error``, ``q1``)."""
+def declared_volatile(data) -> frozenset:
+    """The keys a record declares as measured times (``volatile_keys``, at its top level: names
+    that mean a time there and a result elsewhere, e.g. ``error``, ``q1``), with that key itself;
+    none for a record that declares none."""
     keys = data.get(DECLARED) if isinstance(data, dict) else None
     if not isinstance(keys, list):
-        return data
-    drop = {k for k in keys if isinstance(k, str)} | {DECLARED}
-
-    def strip(v):
-        if isinstance(v, dict):
-            return {k: strip(x) for k, x in v.items() if k not in drop}
-        return [strip(x) for x in v] if isinstance(v, list) else v
-
-    return strip(data)
+        return frozenset()
+    return frozenset(k for k in keys if isinstance(k, str)) | {DECLARED}
 
 
-def _json(path: Path) -> str:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _file_sha(path)
-    return _sha(json.dumps(strip_volatile(_own_volatile(data)), sort_keys=True, separators=(",", ":")).encode())
+def _value_sha(data) -> str:
+    """A parsed record's digest: without its volatile keys, serialized with sorted keys."""
+    clean = strip_volatile(data, keys=VOLATILE_KEYS | declared_volatile(data))
+    return _sha(json.dumps(clean, sort_keys=True, separators=(",", ":"), default=str).encode())
 
 
-def _yaml(path: Path) -> str:
+def _record(path: Path) -> str:
+    """A JSON or YAML file's digest (:func:`_value_sha`); one that does not parse, by its bytes."""
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError):
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, UnicodeDecodeError, yaml.YAMLError):
         return _file_sha(path)
-    return _sha(json.dumps(strip_volatile(_own_volatile(data)), sort_keys=True, separators=(",", ":"),
-                           default=str).encode())
+    return _value_sha(data)
 
 
 def file_digest(path: str | Path) -> str:
@@ -159,10 +152,19 @@ def file_digest(path: str | Path) -> str:
     if name.endswith(".tar"):
         return "tar:" + _tar(path)
     if name.endswith(".json"):
-        return "json:" + _json(path)
+        return "json:" + _record(path)
     if name.endswith((".yaml", ".yml")):
-        return "yaml:" + _yaml(path)
+        return "yaml:" + _record(path)
     return "bytes:" + _file_sha(path)
+
+
+def _members(path: Path) -> dict[str, Path]:
+    """The files of a folder by relative name, without vlsens' and Snakemake's bookkeeping
+    (:data:`SKIPPED`); a file: itself, by its name."""
+    if not path.is_dir():
+        return {path.name: path}
+    return {f.relative_to(path).as_posix(): f for f in path.rglob("*")
+            if f.is_file() and not any(part in SKIPPED for part in f.relative_to(path).parts)}
 
 
 def digest(path: str | Path) -> str:
@@ -171,20 +173,9 @@ def digest(path: str | Path) -> str:
     if not path.is_dir():
         return file_digest(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        rel = f.relative_to(path)
-        if any(part in SKIPPED for part in rel.parts):
-            continue
-        h.update(f"{rel.as_posix()}|{file_digest(f)}\n".encode())
+    for rel, f in sorted(_members(path).items()):
+        h.update(f"{rel}|{file_digest(f)}\n".encode())
     return "dir:" + h.hexdigest()
-
-
-def _members(path: Path) -> dict[str, Path]:
-    """The files :func:`digest` reads in a folder, by relative name (a file: itself, by its name)."""
-    if not path.is_dir():
-        return {path.name: path}
-    return {f.relative_to(path).as_posix(): f for f in path.rglob("*")
-            if f.is_file() and not any(part in SKIPPED for part in f.relative_to(path).parts)}
 
 
 #: Files read by their structure (:func:`file_digest`); any other file is compared as bytes.

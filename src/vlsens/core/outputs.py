@@ -117,8 +117,9 @@ def output_mtime(output: str | Path) -> float:
     return (stamp if output.is_dir() and stamp.is_file() else output).stat().st_mtime
 
 
-def _library_changes(before: dict, now: dict) -> dict[str, list[str]]:
-    """``{library: [version before, version now]}`` of the versions that differ."""
+def changed_versions(before: dict, now: dict) -> dict[str, list[str]]:
+    """``{library: [version before, version now]}`` of the versions that differ between two
+    ``provenance`` params (:func:`vlsens.core.versions.provenance`)."""
     b, n = before.get("versions") or {}, now.get("versions") or {}
     return {k: [b.get(k, "not recorded"), n.get(k, "not recorded")] for k in sorted(set(b) | set(n))
             if b.get(k) != n.get(k)}
@@ -146,7 +147,7 @@ def cutoff(output: str | Path, provenance: dict | None = None) -> dict | None:
     out = {"equivalent": not differ, "differs": differ, "previous_mtime": output_mtime(prev),
            "checked": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if provenance is not None:
-        out["libraries"] = _library_changes(before, provenance) if before else "not recorded before"
+        out["libraries"] = changed_versions(before, provenance) if before else "not recorded before"
         out["code_changed"] = before.get("code") != provenance.get("code") if before else None
     return out
 

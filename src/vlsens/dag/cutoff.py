@@ -132,10 +132,10 @@ def library_changes(reason: str) -> dict[str, tuple[str, str]]:
         before, now = ast.literal_eval(m.group(1)), ast.literal_eval(m.group(2))
     except (ValueError, SyntaxError):
         return {}
+    from vlsens.core.outputs import changed_versions
+
     b, n = before.get("provenance", before), now.get("provenance", now)
-    out = {k: (b.get("versions", {}).get(k, "-"), n.get("versions", {}).get(k, "-"))
-           for k in sorted(set(b.get("versions") or {}) | set(n.get("versions") or {}))
-           if (b.get("versions") or {}).get(k) != (n.get("versions") or {}).get(k)}
+    out = {k: tuple(v) for k, v in changed_versions(b, n).items()}
     if b.get("code") != n.get("code"):
         out["vlsens code"] = (str(b.get("code")), str(n.get("code")))
     return out

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vlsens.core import paths
 from vlsens.deploy import DONE
+from vlsens.deploy.card import CARD
 from vlsens.deploy.genai import folder as genai
 
 HEURISTIC = "int4-k_quant_mixed"
@@ -37,7 +39,7 @@ def decoder_bits(folder: Path) -> dict[str, int]:
 
 #: vlsens' own records in a deploy folder: its measure, parity record, card and plan file
 #: (vlsens.budget.plan.PLAN_FILE). They hold measured times whose digits vary from run to run.
-RECORDS = (DONE, "parity.json", "README.md", "plan.yaml")
+RECORDS = (DONE, paths.RECORD, CARD, "plan.yaml")
 
 
 def folder_bytes(folder: Path) -> int:
