@@ -57,6 +57,7 @@ rule smooth:
         **gated(paths.in_variant("fp32-smooth")),
     params:
         tolerance=tolerance("fp32"),
+        settings=quant_settings(),
         provenance=provenance("smooth", "smooth.py"),
     log:
         paths.log("smooth"),

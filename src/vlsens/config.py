@@ -172,7 +172,7 @@ def apply_goal(config: dict) -> None:
 def _npu_goal(config: dict) -> None:
     """``goal: npu``: profiles for an NPU (``quant.target: npu`` unless the config names ``qnn``),
     and beside each analysed FP32 fixed-size graph its ``fp32-smooth`` variant (outliers migrated,
-    :mod:`vlsens.variants.smooth`), built, analysed and cut into parts like the FP32 graph."""
+    :mod:`vlsens.variants.smoothquant`), built, analysed and cut into parts like the FP32 graph."""
     if config["quant"]["target"] != "qnn":
         config["quant"]["target"] = "npu"
     v = config["vision"]  # a modality, not a graph

@@ -1,4 +1,4 @@
-"""FP32 -> fp32-smooth: outlier channels migrated into the weights; parity-gated (vlsens.variants.smooth)."""
+"""FP32 -> fp32-smooth: outlier channels migrated into the weights; parity-gated (vlsens.variants.smoothquant)."""
 from pathlib import Path
 
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
@@ -8,4 +8,4 @@ from vlsens.core.scripting import run, threads
 
 run(snakemake, lambda sm: variants.smooth(  # noqa: F821
     Path(sm.input.model).parent, sm.input.reference, sm.input.calib, Path(sm.output.model).parent,
-    sm.params.tolerance, threads=threads(sm), device=sm.config["device"]))
+    sm.params.tolerance, sm.params.settings, threads=threads(sm), device=sm.config["device"]))

@@ -140,16 +140,16 @@ def bf16(src_dir, reference, out_dir, tolerance: dict, threads: int = 0, device:
                           Gate(tolerance, threads, device, open_session=_bf16.session_opener(threads, device)))
 
 
-def smooth(src_dir, reference, calib_npz, out_dir, tolerance: dict, threads: int = 0, device: str = "auto") -> dict:
+def smooth(src_dir, reference, calib_npz, out_dir, tolerance: dict, settings: dict, threads: int = 0,
+           device: str = "auto") -> dict:
     """``fp32-smooth``: outlier channels migrated into the weights where the graph allows
-    (:mod:`vlsens.variants.smooth`), each site's strength measured on the calibration set; gated at
-    FP32's tolerance."""
-    from vlsens.data.samples import Samples
-    from vlsens.variants.smooth import smooth_model
+    (:mod:`vlsens.variants.smoothquant`), each block's strength measured on the calibration set with the
+    target's quantization ``settings`` (``sensitivity.*`` resolved); gated at FP32's tolerance."""
+    from vlsens.quantize.qdq import QuantSettings
+    from vlsens.variants.smoothquant import smooth_model
 
     def transform(src, feeds, staged):
-        calib = Samples.load(calib_npz, src)
-        return smooth_model(src, calib.feeds, staged, threads)
+        return smooth_model(src, calib_npz, staged, QuantSettings.from_config(settings), threads)
 
     return variant_folder(src_dir, reference, out_dir, "fp32-smooth", transform, Gate(tolerance, threads, device))
 
