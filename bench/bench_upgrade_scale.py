@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""Early cutoff at real size: one library's recorded version changed on a finished ``make scale``
+(the Qwen2.5-VL-3B widths, ``config/scale.yaml``), in place, and what ``vlsens upgrade`` costs
+next to the jobs that must run.
+
+    python bench/bench_upgrade_scale.py [--dir .] [--config config/scale.yaml] [--model 3b]
+                                        [--library torch] [--alone] [--publish]
+
+The run folder must hold a finished run of the config (``snakemake -n`` empty). The library's
+version changes through ``VLSENS_VERSION_OVERRIDES`` (every job that records it sees a new
+version; the code is the same, so its outputs should come out equivalent). Columns:
+
+- **plain run**: the jobs ``snakemake -n`` lists with the override, timed by their last benchmark
+  files (what Snakemake alone would re-run);
+- **must run**: the jobs whose records name the library;
+- **upgrade**: ``vlsens upgrade``'s wall time, its phases and the jobs it ran; **in phases**: the
+  phases' own wall time (Snakemake runs of the jobs), the rest being the DAG reads, comparisons
+  and dating between them;
+- **alone** (``--alone``): afterwards, the same jobs forced in one plain Snakemake run with
+  nothing downstream: the time of those stages alone, the floor; **ratio**: upgrade / alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_upgrade import clock, jobs_recording  # noqa: E402
+
+from vlsens.dag.cutoff import estimate, parse_dry_run  # noqa: E402
+
+
+def snakemake(run_dir: Path, config: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(run_dir),
+           "--configfile", str(config), "--cores", "2", "--resources", "gpu=1", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=run_dir)
+
+
+def measure(run_dir: Path, config: Path, model: str, library: str, alone: bool) -> dict:
+    env = {**os.environ, "VLSENS_VERSION_OVERRIDES": f"{library}=99.0", "VLSENS_WORKFLOW": str(REPO),
+           "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    plain = parse_dry_run((lambda r: r.stdout + r.stderr)(snakemake(run_dir, config, env, "-n")))
+    must = jobs_recording(run_dir / "results" / model, library)
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "vlsens.cli", "upgrade", "--dir", str(run_dir), "--config", str(config),
+                        "--cores", "2", "--gpus", "1"], capture_output=True, text=True, env=env, cwd=run_dir)
+    seconds = time.monotonic() - t
+    if r.returncode:
+        raise SystemExit("vlsens upgrade failed:\n" + (r.stdout + r.stderr)[-3000:])
+    ledger = json.loads((run_dir / "results" / model / "upgrade.json").read_text())
+    left = parse_dry_run((lambda r: r.stdout + r.stderr)(snakemake(run_dir, config, env, "-n")))
+    phases = ledger["phases"]
+    written = sorted({o for p in phases for o in p["equivalent"] + p["changed"]})
+    out = {"library": library, "plain": len(plain), "plain_s": estimate(plain)[0], "must": len(must),
+           "ran": sum(len(p["jobs"]) for p in phases), "phases": len(phases), "seconds": seconds,
+           "in_phases": sum(p["seconds"] for p in phases), "dated": len(ledger["touched"]), "left": len(left),
+           "equivalent": sum(len(p["equivalent"]) for p in phases), "changed": sum(len(p["changed"]) for p in phases)}
+    if alone:
+        t = time.monotonic()
+        r = snakemake(run_dir, config, env, "--forcerun", *written, "--", *written)
+        if r.returncode:
+            raise SystemExit("the forced run of the same jobs failed:\n" + (r.stdout + r.stderr)[-3000:])
+        out["alone"] = time.monotonic() - t
+        out["alone_jobs"] = len(parse_dry_run(r.stdout + r.stderr))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", type=Path, default=Path("."), help="the run's folder (results/ and .snakemake/)")
+    ap.add_argument("--config", type=Path, default=REPO / "config" / "scale.yaml")
+    ap.add_argument("--model", default="3b", help="results/<model>/")
+    ap.add_argument("--library", default="torch")
+    ap.add_argument("--alone", action="store_true", help="then force the same jobs in one plain run (the floor)")
+    ap.add_argument("--publish", action="store_true")
+    a = ap.parse_args()
+    r = measure(a.dir.resolve(), a.config.resolve(), a.model, a.library, a.alone)
+    print(f"results/{a.model}, `{a.config.name}`, library {a.library}\n")
+    print("| plain run: jobs (time) | must run | upgrade: wall | phases | jobs ran | in phases | dated | "
+          "outputs equivalent / changed | nothing left | alone: wall (jobs) | upgrade / alone |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |")
+    alone = f"{clock(r['alone'])} ({r['alone_jobs']})" if "alone" in r else "-"
+    ratio = f"{r['seconds'] / r['alone']:.2f}x" if "alone" in r else "-"
+    left = "yes" if not r["left"] else f"no ({r['left']})"
+    print(f"| {r['plain']} ({clock(r['plain_s'])}) | {r['must']} | {clock(r['seconds'])} | {r['phases']} | {r['ran']} | "
+          f"{clock(r['in_phases'])} | {r['dated']} | {r['equivalent']} / {r['changed']} | "
+          f"{left} | {alone} | {ratio} |")
+
+
+if __name__ == "__main__":
+    from _publish import published
+
+    with published(f"upgrade-{sys.argv[sys.argv.index('--model') + 1] if '--model' in sys.argv else '3b'}",
+                   "Early cutoff at real size (make scale)"):
+        main()
