@@ -284,8 +284,6 @@ CLAIMS = [
     (r"then the profiles\) has not run to its end yet", "the 3B NPU profiles (docs/benchmarks/npu-3b.md)",
      lambda: (REPO / "docs" / "benchmarks" / "npu-3b.md").exists()),
     (r"that run has not been made yet", "the whole-VLM plan at 3B", lambda: _plan_3b()),
-    (r"the per-block choice has not run at 3B yet", "fp32-smooth's per-block choice at 3B",
-     lambda: any((REPO / "docs" / "benchmarks" / n).exists() for n in ("smooth-3b.md", "npu-3b.md"))),
     (r"3B by arithmetic, not yet run", "the whole-VLM plan at 3B", lambda: _plan_3b()),
     (r"Not done yet \(the rest of this work\)[^.]*data-aware algorithms per op", "GPTQ / AWQ per op in a plan",
      lambda: "gptq" in _plan_algorithms()),
