@@ -16,7 +16,6 @@ QDQ calibrated on the calibration images, as the sensitivity engine's all-INT8 m
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import tempfile
@@ -31,29 +30,9 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 
-def all_ops_mse(root: Path, variant: str, wide: bool) -> list[float]:
-    """Per evaluation image: MSE of ``variant`` with every op quantized (16-bit activations when
-    ``wide``) against the float graph."""
-    from conftest import run_settings
-
-    from vlsens.core.onnxutil import make_session
-    from vlsens.data.samples import FeedReader, Samples
-    from vlsens.quantize.qdq import calibrate, prepare_float_model, quantize, select_ops
-
-    st = run_settings(**{"quant.target": "npu"})
-    st = st if wide else dataclasses.replace(st, activation_wide="")
-    work = root / f"all-{variant}-{'a16' if wide else 'a8'}"
-    fl = prepare_float_model(root / variant / "model.onnx", work / "float.onnx")
-    calibrate(fl, work / "cache.json", st, FeedReader(Samples.load(root / "calib" / "calib.npz", fl)), work)
-    q = quantize(fl, work / "qdq.onnx", [o.name for o in select_ops(fl, st)], st, work / "cache.json", all_wide=wide)
-    ref, out = make_session(fl), make_session(q, basic=True)
-    return [float(np.mean((out.run(None, f)[0] - ref.run(None, f)[0]) ** 2))
-            for f in Samples.load(root / "calib" / "eval.npz", fl).feeds]
-
-
 def tower(root: Path, seed: int, planted: bool) -> dict:
     from conftest import TOL_FP32, build_graph, run_settings
-    from test_npu_precision import PLANT, SIZE, VISION
+    from test_npu_precision import PLANT, SIZE, VISION, all_ops_mse
 
     from vlsens import variants
     from vlsens.data.images import resolve_images

@@ -36,22 +36,28 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
 
+import bench_upgrade  # noqa: E402
 from bench_upgrade import clock, jobs_recording  # noqa: E402
 
 from vlsens.dag.cutoff import estimate, parse_dry_run  # noqa: E402
 
 
 def snakemake(run_dir: Path, config: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-d", str(run_dir),
-           "--configfile", str(config), "--cores", "2", "--resources", "gpu=1", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=run_dir)
+    return bench_upgrade.snakemake(run_dir, "--configfile", str(config), "--cores", "2", "--resources", "gpu=1",
+                                   *args, env=env)
+
+
+def dry(run_dir: Path, config: Path, env: dict) -> list:
+    """The jobs ``snakemake -n`` lists."""
+    r = snakemake(run_dir, config, env, "-n")
+    return parse_dry_run(r.stdout + r.stderr)
 
 
 def measure(run_dir: Path, config: Path, model: str, library: str, alone: bool) -> dict:
     env = {**os.environ, "VLSENS_VERSION_OVERRIDES": f"{library}=99.0", "VLSENS_WORKFLOW": str(REPO),
            "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     os.chdir(run_dir)  # benchmark paths are relative to the run's folder
-    plain = parse_dry_run((lambda r: r.stdout + r.stderr)(snakemake(run_dir, config, env, "-n")))
+    plain = dry(run_dir, config, env)
     must = jobs_recording(run_dir / "results" / model, library)
     must_before = estimate(j for j in plain if j.key in must)[0]
     t = time.monotonic()
@@ -61,7 +67,7 @@ def measure(run_dir: Path, config: Path, model: str, library: str, alone: bool) 
     if r.returncode:
         raise SystemExit("vlsens upgrade failed:\n" + (r.stdout + r.stderr)[-3000:])
     ledger = json.loads((run_dir / "results" / model / "upgrade.json").read_text())
-    left = parse_dry_run((lambda r: r.stdout + r.stderr)(snakemake(run_dir, config, env, "-n")))
+    left = dry(run_dir, config, env)
     phases = ledger["phases"]
     written = sorted({o for p in phases for o in p["equivalent"] + p["changed"]})
     labels = {label for p in phases for label in p["jobs"]}

@@ -188,23 +188,25 @@ def test_smooth_variant_is_gated_and_returns_w8a16_ops_to_w8a8(npu_run):
     assert bought["a16_ops_returned_to_a8"] >= before["a16_ops"] / 2, bought
 
 
-def _all_w8a8_mse(root, variant):
-    """MSE against the float graph, on the evaluation images, of ``variant`` with every op W8A8
-    (calibrated on the calibration images, as the engine's all-INT8 model)."""
+def all_ops_mse(root, variant, wide: bool = False) -> list[float]:
+    """Per evaluation image: MSE against the float graph of ``variant`` with every op quantized,
+    W8A8 (W8A16 when ``wide``), calibrated on the calibration images as the engine's all-INT8
+    model (also bench/bench_smooth.py's measure)."""
     import dataclasses
 
     from vlsens.core.onnxutil import make_session
     from vlsens.data.samples import FeedReader, Samples
     from vlsens.quantize.qdq import calibrate, prepare_float_model, quantize, select_ops
 
-    st = dataclasses.replace(run_settings(**NPU), activation_wide="")
-    work = root / f"w8a8-{variant}"
+    st = run_settings(**NPU)
+    st = st if wide else dataclasses.replace(st, activation_wide="")
+    work = root / f"all-{variant}-{'a16' if wide else 'a8'}"
     fl = prepare_float_model(root / variant / "model.onnx", work / "float.onnx")
     calibrate(fl, work / "cache.json", st, FeedReader(Samples.load(root / "calib" / "calib.npz", fl)), work)
-    q = quantize(fl, work / "qdq.onnx", [o.name for o in select_ops(fl, st)], st, work / "cache.json")
-    feeds = Samples.load(root / "calib" / "eval.npz", fl).feeds
+    q = quantize(fl, work / "qdq.onnx", [o.name for o in select_ops(fl, st)], st, work / "cache.json", all_wide=wide)
     ref, out = make_session(fl), make_session(q, basic=True)
-    return float(np.mean([np.mean((out.run(None, f)[0] - ref.run(None, f)[0]) ** 2) for f in feeds]))
+    return [float(np.mean((out.run(None, f)[0] - ref.run(None, f)[0]) ** 2))
+            for f in Samples.load(root / "calib" / "eval.npz", fl).feeds]
 
 
 @pytest.mark.slow
@@ -227,7 +229,7 @@ def test_smooth_leaves_a_tower_without_outliers_no_worse(tmp_path):
         assert set(b["errors"]) == {"none", *map(str, ALPHAS)}
         assert (b["alpha"] is None) == (b["error"] == b["error_without"]), b
         assert b["error"] == min(b["errors"].values())
-    fp32, smooth = _all_w8a8_mse(tmp_path, "fp32"), _all_w8a8_mse(tmp_path, "fp32-smooth")
+    fp32, smooth = (float(np.mean(all_ops_mse(tmp_path, v))) for v in ("fp32", "fp32-smooth"))
     assert smooth <= 1.01 * fp32, (smooth, fp32)
 
 

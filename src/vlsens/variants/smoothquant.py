@@ -165,6 +165,8 @@ def blocks_of(model, sites: list[Site]) -> list[Block]:
     index = {n.name: i for i, n in enumerate(nodes)}
     key_of = [parse_op_name(n.name, n.op_type)[0] for n in nodes]
     produced = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    last_read = {x: i for i, n in enumerate(nodes) for x in node_reads(n)}
+    last_read.update({o.name: len(nodes) for o in model.graph.output})
     inits = {i.name for i in model.graph.initializer}
     groups: dict = {}
     for s in sites:
@@ -177,8 +179,8 @@ def blocks_of(model, sites: list[Site]) -> list[Block]:
         start, end = min(idx), max(idx) + 1
         reads = set().union(*(node_reads(n) for n in nodes[start:end]))
         written = {o for n in nodes[start:end] for o in n.output if o}
-        later = set().union(*(node_reads(n) for n in nodes[end:])) | {o.name for o in model.graph.output}
-        out.append(Block(key, group, start, end, sorted(reads - written - inits), sorted(written & later)))
+        later = {o for o in written if last_read.get(o, -1) >= end}
+        out.append(Block(key, group, start, end, sorted(reads - written - inits), sorted(later)))
     return out
 
 
@@ -212,12 +214,12 @@ def collect(model_path: str | Path, sites: list[Site], blocks: list[Block], feed
             values = sess.run(names, feed)
             for s, v in zip(sites, values):
                 v = np.asarray(v, dtype=np.float32).reshape(-1, v.shape[-1])
-                st = s.stats
-                st["cmin"] = np.minimum(st["cmin"], v.min(axis=0)) if "cmin" in st else v.min(axis=0)
-                st["cmax"] = np.maximum(st["cmax"], v.max(axis=0)) if "cmax" in st else v.max(axis=0)
+                lo, hi, st = v.min(axis=0), v.max(axis=0), s.stats
+                st["cmin"] = np.minimum(st["cmin"], lo) if "cmin" in st else lo
+                st["cmax"] = np.maximum(st["cmax"], hi) if "cmax" in st else hi
+                if k < MEASURE_FEEDS:
+                    st.setdefault("feed_absmax", []).append(np.maximum(np.abs(lo), np.abs(hi)))
             if k < MEASURE_FEEDS:
-                for s, v in zip(sites, values):
-                    s.stats.setdefault("feed_absmax", []).append(np.abs(v).reshape(-1, v.shape[-1]).max(axis=0))
                 captured.append({**{t: feed[t] for t in feed}, **dict(zip(kept, values[len(sites):]))})
         del sess
     finally:
@@ -248,16 +250,6 @@ def block_model(model, block: Block, arrays: dict[str, np.ndarray], captured: di
     return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
 
 
-class _Feeds:
-    """ORT's ``CalibrationDataReader`` over a list of feeds."""
-
-    def __init__(self, feeds: list[dict]):
-        self._it = iter(feeds)
-
-    def get_next(self):
-        return next(self._it, None)
-
-
 def folds(n: int) -> list[tuple[list[int], list[int]]]:
     """Two-fold cross-validation over ``n`` inputs: (calibrate on, measure on), even and odd
     positions each way; with one input, that input both ways."""
@@ -274,6 +266,7 @@ def block_error(model, block: Block, arrays_for, captured: list[dict], settings,
     ways (:func:`folds`), so that a strength which only fits the inputs it was fitted on does not
     win."""
     from vlsens.core.onnxutil import make_session, save_with_external_data
+    from vlsens.data.samples import FeedReader, Samples
     from vlsens.quantize.qdq import quantize
 
     src, q, cache = scratch / "block.onnx", scratch / "block.q.onnx", scratch / "block.cache.json"
@@ -286,7 +279,7 @@ def block_error(model, block: Block, arrays_for, captured: list[dict], settings,
         level = root.level
         root.setLevel(logging.ERROR)  # ORT's quantizer advises pre-processing at every call
         try:
-            quantize(src, q, block.readers, settings, cache, _Feeds([feeds[i] for i in fit]))
+            quantize(src, q, block.readers, settings, cache, FeedReader(Samples([feeds[i] for i in fit])))
         finally:
             root.setLevel(level)
         sess = make_session(q, threads=threads, basic=True)
@@ -331,14 +324,9 @@ def _load_untied(src_model: str | Path, untied: Path):
     loaded back with its weights."""
     import onnx
 
-    from vlsens.core.onnxutil import save_with_external_data, untie_identity_initializers
+    from vlsens.quantize.qdq import prepare_float_model
 
-    model = onnx.load(str(src_model), load_external_data=True)
-    untie_identity_initializers(model)
-    for i, node in enumerate(model.graph.node):
-        node.name = node.name or f"{node.op_type}_vlsens_{i}"
-    save_with_external_data(model, untied)
-    return onnx.load(str(untied), load_external_data=True)  # saving made its weights refer to the file
+    return onnx.load(str(prepare_float_model(src_model, untied)), load_external_data=True)
 
 
 def _set(inits: dict, arrays: dict[str, np.ndarray]) -> None:
