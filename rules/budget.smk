@@ -54,6 +54,7 @@ rule budget_vision:
         **paths.BUDGET_VISION,
     params:
         settings=nbits_settings(),
+        measured=config["plan"]["vision_measured"],
         provenance=provenance("deploy", "budget_vision.py"),
     log:
         paths.model_log("budget_vision"),

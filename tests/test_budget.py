@@ -586,3 +586,74 @@ def test_each_op_takes_the_algorithm_it_costs_least_under(engine, tmp_path):
                      [{"bytes": 1, "kl": 0.0, "decoder": 0, "vision": "fp16", "embedding": "fp32", "parts": {}}],
                      list(errors["k_quant"]), kq.as_dict(), algorithms=choice["chosen"])[0]
     assert plan.algorithms == choice["chosen"].get("4", {})
+
+
+# -- the vision Linears' estimate ------------------------------------------------------------------
+
+def test_estimated_linears_take_their_roles_scale_fitted_on_the_measured_ones():
+    """The Linears not measured get KL = their role's scale x output error (per modality by their
+    own error); a role's scale is the geometric mean of measured / output error over its measured
+    Linears, a role with none takes every measured Linear's; each measured Linear keeps its
+    measure and is estimated from the others (held out) in the record; every role is measured
+    once before any role twice."""
+    from vlsens.budget.vision import choose_measured, estimate_rows, fit_scales
+
+    qkv, down, merger = "/visual/blocks.{}/attn/qkv/MatMul", "/visual/blocks.0/mlp/down_proj/MatMul", \
+        "/visual/merger/mlp/mlp.2/MatMul"
+    errors = {op: {"all": e, "text": 0.0, "image": 2 * e, "images": e} for op, e in
+              ((qkv.format(0), 1.0), (qkv.format(1), 4.0), (qkv.format(2), 2.0), (down, 0.5), (merger, 8.0))}
+    assert choose_measured(errors, 3) == [merger, qkv.format(1), down]  # the small down_proj before a second qkv
+    assert choose_measured(errors, 5) == [merger, qkv.format(1), down, qkv.format(2), qkv.format(0)]  # qkv's median
+    measured = {qkv.format(1): 2e-3, qkv.format(2): 4e-3, merger: 8e-3}  # ratios 5e-4, 2e-3, 1e-3
+    rows = [{"op": op, **({"kl_int4": measured[op], "measured": 1} if op in measured else {})} for op in errors]
+    scales = fit_scales(rows, errors)
+    assert scales["attn.qkv"] == pytest.approx(1e-3) and scales["merger.mlp.mlp.2"] == pytest.approx(1e-3)
+    assert scales["mlp.down_proj"] == pytest.approx(1e-3)  # (5e-4 * 2e-3 * 1e-3) ** (1 / 3): no down_proj measured
+    record = estimate_rows(rows, errors)
+    by = {r["op"]: r for r in rows}
+    assert by[qkv.format(0)]["kl_int4"] == pytest.approx(1e-3) and by[qkv.format(0)]["measured"] == 0
+    assert by[down]["kl_int4_image"] == pytest.approx(2 * 0.5 * 1e-3) and by[down]["kl_int4_text"] == 0.0
+    # held out: qkv 1 from qkv 2's ratio (8e-3), qkv 2 from qkv 1's (1e-3), the merger from the others' (8e-3)
+    assert by[qkv.format(1)]["kl_int4"] == 2e-3 and by[qkv.format(1)]["kl_estimate"] == pytest.approx(8e-3)
+    assert by[qkv.format(2)]["kl_estimate"] == pytest.approx(1e-3) and by[merger]["kl_estimate"] == pytest.approx(8e-3)
+    assert record["measured"] == 3 and record["estimated"] == 2
+    assert record["measured_over_estimate"] == pytest.approx({"min": 0.25, "median": 1.0, "max": 4.0})
+    assert record["rank_correlation"] == pytest.approx(0.5)
+
+
+def test_output_errors_are_each_linears_own_int4_output_change(graph_builder, tmp_path):
+    """The estimate's per-Linear error, ``||X (W4 - W)^T||^2`` taken by forward hooks in one float
+    pass, is what that Linear's output changes by when transformers' tower multiplies by the INT4
+    graph's weight instead (the weight swapped the way the INT4 gate swaps it); checked on the
+    first Linear of the tower and on the last one, each on its own input."""
+    import torch
+
+    from vlsens.budget.vision import ErrorHooks
+    from vlsens.core.onnxgraph import dequantize_matmulnbits
+    from vlsens.data.cases import Cases
+    from vlsens.model.loading import load_model
+    from vlsens.precision.weight_only import linear_module, linears, quantize_vision
+
+    b = graph_builder("vision/dynamic")
+    fp32 = b.model("fp32")
+    int4 = tmp_path / "int4" / "model.onnx"
+    quantize_vision(fp32, int4, NBitsSettings(algorithm="rtn", block_size=32))
+    case = next(iter(Cases.load(b.reference)))
+    pixels, grid = case.inputs["patches"], np.asarray(case.meta["grid_thw"], np.int64)
+    hooks = ErrorHooks.from_graphs(b.ckpt, int4, fp32)
+    got = hooks(pixels, grid)
+    hooks.close()
+    ops = linears(fp32)
+    assert set(got) == {o["name"] for o in ops} and all(v > 0 for v in got.values())
+    w4 = dict(dequantize_matmulnbits(int4))
+    seen = {}
+    for o in (ops[0], ops[-1]):
+        model = load_model(b.ckpt, attn_implementation="eager", part="vision")
+        linear = linear_module(model, o["weight"])
+        linear.register_forward_hook(lambda m, a, out: seen.update(x=a[0].detach().clone()))  # None: output kept
+        with torch.no_grad():
+            model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(grid), return_dict=True)
+            before = linear(seen["x"])
+            linear.weight = torch.nn.Parameter(torch.from_numpy(w4[o["name"]].T.copy()), requires_grad=False)
+            after = linear(seen["x"])
+        assert float((after - before).double().pow(2).sum()) == pytest.approx(got[o["name"]], rel=1e-4)

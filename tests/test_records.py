@@ -134,7 +134,9 @@ def _measured():
 
 def _vision():
     return {"linears": 2, "sum_kl_int4": 3e-4, "top": [{"op": "/v/qkv/MatMul", "kl_int4": 2e-4}], "top1_share": 0.67,
-            "points": [{"int4": 1, "kl": 2e-4}], "note": "each Linear alone at INT4"}
+            "points": [{"int4": 1, "kl": 2e-4}], "note": "each Linear alone at INT4",
+            "estimate": {"measured": 1, "estimated": 1, "scales": {"qkv": 2.5}, "measured_over_estimate": None,
+                         "rank_correlation": None, "method": "INT4 output error"}}
 
 
 #: schema -> (a path it is found at, a minimal valid record, a required key, a key given a wrong type,

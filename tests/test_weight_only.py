@@ -329,9 +329,11 @@ def test_a_mixed_vision_graph_gives_each_linear_its_own_format(peer_vision, tmp_
     names = sorted(quantized_nodes(built["int8-wo"][0] / "model.onnx"))
     # the Linears read from the graph alone are the MatMuls gemm_to_matmul makes of it
     model = onnx.load(str(b.folder("fp32") / "model.onnx"))
-    gemm_to_matmul(model)
-    assert linears(b.folder("fp32") / "model.onnx") == [{k: o[k] for k in ("name", "K", "N")}
-                                                       for o in weight_matmuls(model)]
+    weights = gemm_to_matmul(model)
+    found = linears(b.folder("fp32") / "model.onnx")
+    assert [{k: o[k] for k in ("name", "K", "N")} for o in found] == [{k: o[k] for k in ("name", "K", "N")}
+                                                                      for o in weight_matmuls(model)]
+    assert {o["name"]: o["weight"] for o in found} == weights  # each Linear's exported weight, as the rewrite names it
     assert sorted(o["name"] for o in linears(b.folder("fp32") / "model.onnx")) == names
     per_op = {n: (INT4_RTN128, INT8_WO, None)[i % 3] for i, n in enumerate(names)}
     run = NBitsSettings(algorithm="k_quant", block_size=32, symmetric=True)

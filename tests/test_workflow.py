@@ -527,3 +527,48 @@ def test_upgrade_check_tells_what_a_torch_upgrade_costs_before_it_runs(finished_
     assert re.search(r"left to run: \d+ job\(s\), about \d+:\d\d", out) and "up to" in out
     ledger = json.loads((wd / "results" / "tiny" / "upgrade.json").read_text())
     assert ledger["phases"] == [] and ledger["touched"] == [] and ledger["check"] is True
+
+
+@pytest.mark.slow
+def test_vision_linears_measured_in_part_keep_their_measure_and_rank_with_it(finished_run, tmp_path):
+    """``plan.vision_measured`` below the Linears' number (the 3B form): one Linear per role is
+    measured (the very KLs of the run's all-measured table), every other one gets its role's
+    fitted scale times its output error, the record says so (schema-valid), and the curve moves
+    the three Linears the measure finds costliest (the merger's two, the planted qkv) last. With
+    one scale for all Linears the merger's last Linear was estimated among the cheapest."""
+    import numpy as np
+    import pandas as pd
+    import yaml
+
+    from vlsens.budget.build import vision_job
+    from vlsens.budget.vision import order_of, role_of
+    from vlsens.core import paths, records
+    from vlsens.deploy import DECODER_GRAPH, vision_source
+
+    wd = finished_run
+    at = {k: str(wd / paths.fill(v, model="tiny")) for k, v in {
+        "fp32_folder": paths.fill(paths.DEPLOY, precision="fp32"), "reference": paths.MEASURE_REFERENCE,
+        "decoder_model": f"{paths.fill(paths.VARIANT, graph=DECODER_GRAPH, variant='fp32')}/{paths.MAIN}",
+        "cases": paths.MEASURE_CASES, **{f"vision_{f}": vision_source(f) for f in ("fp32", "int4", "int8-wo")}}.items()}
+    (tmp_path / "budget").mkdir()
+    out = {"csv": str(tmp_path / "vision.csv"), "summary": str(tmp_path / "budget" / "vision.json")}
+    settings = yaml.safe_load((wd / "config.yaml").read_text())["deploy"]["nbits"]
+    rec = vision_job({**at, "checkpoint": str(wd / "results" / "tiny" / "checkpoint")}, out, settings, 7)
+    rows = pd.read_csv(out["csv"]).to_dict("records")
+    exact = {r["op"]: r["kl_int4"] for r in pd.read_csv(wd / "results" / "tiny" / "budget" / "vision.csv").to_dict("records")}
+    measured = [r for r in rows if r["measured"]]
+    assert len(rows) == len(exact) == 22 and len({role_of(r["op"]) for r in measured}) == len(measured) == 7
+    for r in measured:
+        assert r["kl_int4"] == pytest.approx(exact[r["op"]], rel=1e-6)
+    est = rec["estimate"]
+    for r in rows:
+        if not r["measured"]:
+            assert r["kl_int4"] == pytest.approx(est["scales"][role_of(r["op"])] * r["output_error"], rel=1e-6)
+    assert est["measured"] == 7 and est["estimated"] == 15 and records.errors(out["summary"]) == []
+    costliest = sorted(exact, key=lambda op: -exact[op])[:3]
+    assert {rows[i]["op"] for i in order_of(rows)[-3:]} == set(costliest)
+    ra, rb = (np.argsort(np.argsort([float(x) for x in v])) for v in ([exact[r["op"]] for r in rows],
+                                                                      [r["kl_int4"] for r in rows]))
+    print(f"\nSpearman rho of the curve's KLs and the measure over 22 Linears: {np.corrcoef(ra, rb)[0, 1]:.3f}")
+    assert np.corrcoef(ra, rb)[0, 1] >= 0.5  # 0.7 measured
+    assert [p["int4"] for p in rec["points"]] == [3, 6, 8, 11, 14, 16, 19, 20, 21]

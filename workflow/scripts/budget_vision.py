@@ -5,4 +5,5 @@ import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environ
 from vlsens.budget.build import vision_job
 from vlsens.core.scripting import run
 
-run(snakemake, lambda sm: vision_job(dict(sm.input.items()), dict(sm.output.items()), sm.params.settings))  # noqa: F821
+run(snakemake, lambda sm: vision_job(dict(sm.input.items()), dict(sm.output.items()), sm.params.settings,  # noqa: F821
+                                     sm.params.measured))

@@ -235,9 +235,10 @@ def components_job(inputs: Mapping, outputs: Mapping) -> dict:
                             base, formats_of(inputs), outputs["components"])
 
 
-def vision_job(inputs: Mapping, outputs: Mapping, settings: Mapping) -> dict:
-    """The ``budget_vision`` job on its named inputs and outputs: each vision Linear alone at INT4,
-    and whole mixed graphs along the curve (:func:`vlsens.budget.vision.write_ops`)."""
+def vision_job(inputs: Mapping, outputs: Mapping, settings: Mapping, measured: int | str = "all") -> dict:
+    """The ``budget_vision`` job on its named inputs and outputs: each vision Linear alone at INT4
+    (``measured``: ``all``, or how many are measured, the rest estimated), and whole mixed graphs
+    along the curve (:func:`vlsens.budget.vision.write_ops`)."""
     from vlsens.budget.vision import write_ops
     from vlsens.data.inputs import checkpoint_dir
     from vlsens.deploy.cases import load_cases
@@ -246,7 +247,7 @@ def vision_job(inputs: Mapping, outputs: Mapping, settings: Mapping) -> dict:
     graphs = {"fp32": inputs["vision_fp32"], "int4": inputs["vision_int4"], "int8-wo": inputs["vision_int8-wo"]}
     return write_ops(checkpoint_dir(inputs["checkpoint"]), inputs["reference"], load_cases(inputs["cases"]),
                      fp32_parts(inputs), graphs, NBitsSettings.from_config(settings), outputs["csv"],
-                     outputs["summary"])
+                     outputs["summary"], None if measured == "all" else int(measured))
 
 
 def front_job(inputs: Mapping, outputs: Mapping, search_settings: dict, threads: int = 0) -> dict:

@@ -24,9 +24,16 @@ measured where the folders are judged:
    builds and gates that graph (:func:`vlsens.precision.weight_only.vision_folder`).
 
 Cost: one folder measure per Linear (on the tiny preset 22 Linears, about 1 s each); at 3B, 162
-Linears each with a 2.7 GB graph written and the measure's 24 cases run through the whole VLM: the
-affordable form there is the estimate through the decoder's sensitivity to its image features,
-which this module does not do yet.
+Linears each with a 2.7 GB graph written and the measure's image cases run through the whole VLM.
+``plan.vision_measured: <m>`` prices only ``m`` of them so, the rest by an **estimate**
+(:func:`output_errors`, :func:`fit_scale`): each Linear's INT4 output error on the measure's images,
+``e = sum ||X (W4 - W)^T||^2`` (``X`` its input in transformers' float vision tower on the folders'
+own preprocessing, ``W4`` the INT4 graph's dequantized weight), all Linears in one float pass. Per
+role (``blocks.<i>/mlp/down_proj`` for every ``i``; a Linear outside the blocks its own) the
+Linear of largest ``e`` is measured end to end, then the others of largest ``e`` up to ``m``, and
+each role's measured / ``e`` (geometric mean) turns its other Linears' ``e`` into a KL. The
+curve's points stay measured whole, so the estimate only orders the Linears; ``vision.json``
+reports every measured Linear's measure against its estimate from the others.
 """
 
 from __future__ import annotations
@@ -37,27 +44,59 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 #: the vision options of the front's search that name a point of the mixed curve
 MIXED_PREFIX = "mixed:"
+MODALITIES = ("text", "image", "images")
 COLUMNS = ("op", "K", "N", "bytes_float", "bytes_int4", "bytes_int8", "kl_int4", "kl_int4_text", "kl_int4_image",
-           "kl_int4_images")
+           "kl_int4_images", "measured", "output_error", "kl_estimate")
 
 
-def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, work: str | Path) -> list[dict]:
-    """One row per Linear of the fp32 vision graph (``graphs["fp32"]``; ``graphs["int4"]`` and
-    ``graphs["int8-wo"]``: the gated weight-only graphs its bytes are read from): its INT4 KL in
-    the fp32 folder (``base``: the folder's decoder, embedding and vision graphs and the ``folder``
-    itself, whose vision preamble is reused), per modality."""
-    import shutil
+class _FolderMeasure:
+    """The fp32 folder (``base``: its decoder, embedding and vision graphs and the ``folder`` itself,
+    whose vision preamble is reused) assembled once under ``work``; each call puts one vision graph
+    in it (``per_op``: every Linear's format, :func:`vlsens.precision.weight_only.quantize_vision`)
+    and measures it on the image cases."""
 
+    def __init__(self, checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, work: Path):
+        from vlsens.deploy.genai import folder as genai
+        from vlsens.deploy.genai.assemble import assemble
+
+        self.reference, self.cases, self.graphs, self.settings, self.work = reference, cases, graphs, settings, work
+        self.modalities = {c["modality"] for c in cases if c["images"]}
+        self.folder = work / "folder"  # the fp32 folder, its vision graph replaced by each one measured
+        self.preamble = Path(base["folder"]) / genai.GRAPHS["vision"]  # the fp32 folder's, reused: no torch here
+        assemble(self.folder, checkpoint, base["decoder"], base["embedding"], base["vision"], work / "preamble",
+                 preamble_from=self.preamble)
+
+    def __call__(self, name: str, per_op: dict) -> tuple[float, dict]:
+        """The mean KL over every case (the text cases do not reach the vision graph and are not
+        run: 0; run, 1e-14) and the measure."""
+        import shutil
+
+        from vlsens.core.onnxutil import model_bytes
+        from vlsens.deploy.genai import folder as genai
+        from vlsens.deploy.genai.measure import measure_folder
+        from vlsens.precision.weight_only import quantize_vision
+
+        staged = self.work / name / "model.onnx"
+        quantize_vision(self.graphs["fp32"], staged, self.settings, per_op=per_op)
+        vision = self.folder / genai.GRAPHS["vision"]
+        genai.wrap_vision(staged, vision, None, self.work / f"{name}-preamble", self.preamble)
+        m = measure_folder(self.folder, self.reference, self.cases, f"vision-{name}", modalities=self.modalities)
+        m["bytes_in_folder"] = model_bytes(vision)  # with its preamble, as shipped
+        shutil.rmtree(staged.parent, ignore_errors=True)
+        return sum(float(r["kl"]) for r in m["cases"]) / len(self.cases), m
+
+
+def _byte_rows(graphs: Mapping) -> list[dict]:
+    """One row per Linear of ``graphs["fp32"]``: its name, shape and bytes in float, in the ``int4``
+    graph and in the ``int8-wo`` graph (which must quantize every Linear)."""
     from vlsens.core.errors import VlsensError
-    from vlsens.core.onnxutil import model_bytes
-    from vlsens.deploy.genai import folder as genai
-    from vlsens.deploy.genai.assemble import assemble
-    from vlsens.deploy.genai.measure import measure_folder
-    from vlsens.precision.weight_only import FORMATS, linears, quantize_vision
+    from vlsens.precision.weight_only import linears
     from vlsens.quantize.nbits import float_bytes, quantized_nodes
 
     ops = linears(graphs["fp32"])
@@ -67,58 +106,228 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
         if missing:
             raise VlsensError(f"{graphs[name]}: Linears not quantized: {missing[:5]} ({len(missing)}); the "
                               f"{name} vision graph quantizes every Linear of {graphs['fp32']}")
-    image_modalities = {c["modality"] for c in cases if c["images"]}
-    work = Path(work)
-    folder = work / "folder"  # the fp32 folder, its vision graph replaced by each one measured
-    preamble = Path(base["folder"]) / genai.GRAPHS["vision"]  # the fp32 folder's, reused: no torch here
-    assemble(folder, checkpoint, base["decoder"], base["embedding"], base["vision"], work / "preamble",
-             preamble_from=preamble)
+    return [{"op": o["name"], "K": o["K"], "N": o["N"], "bytes_float": fb[o["name"]],
+             "bytes_int4": q4[o["name"]]["bytes"], "bytes_int8": q8[o["name"]]["bytes"]} for o in ops]
 
-    def measured(name: str, per_op: dict) -> tuple[float, dict]:
-        """The fp32 folder with the vision graph of ``per_op``: the mean KL over every case (the
-        text cases do not reach the vision graph and are not run: 0; run, 1e-14) and the measure."""
-        staged = work / name / "model.onnx"
-        quantize_vision(graphs["fp32"], staged, settings, per_op=per_op)
-        genai.wrap_vision(staged, folder / genai.GRAPHS["vision"], None, work / f"{name}-preamble", preamble)
-        m = measure_folder(folder, reference, cases, f"vision-{name}", modalities=image_modalities)
-        m["bytes_in_folder"] = model_bytes(folder / genai.GRAPHS["vision"])  # with its preamble, as shipped
-        shutil.rmtree(staged.parent, ignore_errors=True)
-        return sum(float(r["kl"]) for r in m["cases"]) / len(cases), m
 
-    rows = []
-    for i, o in enumerate(ops):
-        kl, m = measured(f"op{i}", {p["name"]: (FORMATS["int4"] if p["name"] == o["name"] else None) for p in ops})
+def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, work: str | Path,
+                measured: int | None = None) -> tuple[list[dict], list[dict], dict | None]:
+    """``(rows, points, estimate)``: one row per Linear of the fp32 vision graph (``graphs["fp32"]``;
+    ``graphs["int4"]`` and ``graphs["int8-wo"]``: the gated weight-only graphs its bytes are read
+    from): its INT4 KL in the fp32 folder (``base``, :class:`_FolderMeasure`), per modality; the
+    whole mixed graphs along the curve; with ``measured`` below the Linears' number, only the
+    ``measured`` Linears :func:`choose_measured` picks are measured and the others estimated
+    (:func:`estimate_rows`; ``estimate``: its record), else None."""
+    from vlsens.precision.weight_only import FORMATS
+
+    rows = _byte_rows(graphs)
+    measure = _FolderMeasure(checkpoint, reference, cases, base, graphs, settings, Path(work))
+    errors = None
+    if measured is not None and measured < len(rows):
+        errors = output_errors(checkpoint, base["folder"], cases, graphs["int4"], graphs["fp32"])
+        chosen = set(choose_measured(errors, measured))
+    for i, r in enumerate(rows):
+        if errors is not None and r["op"] not in chosen:
+            continue
+        kl, m = measure(f"op{i}", {x["op"]: (FORMATS["int4"] if x["op"] == r["op"] else None) for x in rows})
         mods = {k: v["mean_kl"] for k, v in m["modalities"].items()}
-        rows.append({"op": o["name"], "K": o["K"], "N": o["N"], "bytes_float": fb[o["name"]],
-                     "bytes_int4": q4[o["name"]]["bytes"], "bytes_int8": q8[o["name"]]["bytes"],
-                     "kl_int4": kl, **{f"kl_int4_{k}": mods.get(k, 0.0) for k in ("text", "image", "images")}})
-        log.info("vision Linear %d/%d %s: INT4 KL %.4g (%.1f s)", i + 1, len(ops), o["name"], kl, m["seconds"])
+        r.update(kl_int4=kl, measured=1, **{f"kl_int4_{k}": mods.get(k, 0.0) for k in MODALITIES})
+        log.info("vision Linear %d/%d %s: INT4 KL %.4g (%.1f s)", i + 1, len(rows), r["op"], kl, m["seconds"])
+    estimate = estimate_rows(rows, errors) if errors is not None else None
     points, order = [], order_of(rows)
     for k in point_ks(len(rows)):  # whole mixed graphs along the curve: how the errors add up there
         first = {rows[i]["op"] for i in order[:k]}
-        kl, m = measured(f"mixed{k}", {o["name"]: FORMATS["int4"] if o["name"] in first else FORMATS["int8-wo"]
-                                       for o in ops})
+        kl, m = measure(f"mixed{k}", {x["op"]: FORMATS["int4"] if x["op"] in first else FORMATS["int8-wo"]
+                                      for x in rows})
         points.append({"int4": k, "kl": kl, "bytes": m["bytes_in_folder"]})  # as the folder ships it
         log.info("vision mixed, %d of %d Linears INT4: KL %.4g", k, len(rows), kl)
-    return rows, points
+    return rows, points, estimate
 
 
-def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, out_csv, out_json) -> dict:
+def output_errors(checkpoint, folder, cases, int4_graph, fp32_graph) -> dict[str, dict[str, float]]:
+    """Per Linear (MatMul name of ``fp32_graph``) its INT4 output error on the ``cases``' images:
+    ``||X (W4 - W)^T||^2`` summed over a case's images, ``X`` the Linear's input in transformers'
+    float32 vision tower on ``folder``'s own preprocessing, ``W4`` the weight ``int4_graph``'s node
+    multiplies by (:func:`vlsens.core.onnxgraph.dequantize_matmulnbits`); ``{"all": mean over every
+    case (text cases 0), <modality>: mean over its cases}``. One forward pass per distinct image,
+    every Linear's error taken in it by a forward hook."""
+    from vlsens.deploy.genai.evaluate import _image_inputs
+    from vlsens.deploy.genai.runtime import Chat
+
+    hooks = ErrorHooks.from_graphs(checkpoint, int4_graph, fp32_graph)
+    rt = Chat(folder, prepack=False, provider="cpu")
+    per_image: dict[str, dict[str, float]] = {}
+    try:
+        for case in cases:
+            for f in case["images"]:
+                if f["path"] not in per_image:
+                    per_image[f["path"]] = hooks(*_image_inputs(rt, f["path"]))
+    finally:
+        rt.close()
+        hooks.close()
+    out = {op: {"all": 0.0, **dict.fromkeys({c["modality"] for c in cases}, 0.0)} for op in hooks.names}
+    counts = {m: sum(c["modality"] == m for c in cases) for m in {c["modality"] for c in cases}}
+    for case in cases:
+        for op in hooks.names:
+            e = sum(per_image[f["path"]][op] for f in case["images"])
+            out[op]["all"] += e / len(cases)
+            out[op][case["modality"]] += e / counts[case["modality"]]
+    log.info("INT4 output error of %d Linears on %d image(s)", len(out), len(per_image))
+    return out
+
+
+class ErrorHooks:
+    """transformers' vision tower ``model`` (float32, eager) with a forward hook on every Linear of
+    ``w4`` (``(MatMul name, W4)`` pairs, ``W4`` (K, N) the weight it is to multiply by; ``weights``:
+    MatMul name -> the exported weight's name, :func:`vlsens.precision.weight_only.linears`): a
+    call runs one image and returns each Linear's ``||X (W4 - W)^T||^2``. Memory: the tower and one
+    weight change per Linear (twice its float32 weights)."""
+
+    def __init__(self, model, w4, weights: Mapping[str, str], source: str = "the INT4 graph"):
+        import torch
+
+        from vlsens.core.errors import VlsensError
+        from vlsens.precision.weight_only import linear_module
+
+        self.model, self.names, self.current, self.handles = model, [], {}, []
+        for name, w in w4:
+            linear = linear_module(model, weights[name])
+            if tuple(linear.weight.shape) != (w.shape[1], w.shape[0]):
+                raise VlsensError(f"{source}: {name} is {w.shape[0]}x{w.shape[1]}; {weights[name]} holds "
+                                  f"{tuple(linear.weight.shape)} (transposed)")
+            delta = torch.from_numpy(np.ascontiguousarray(w.T, dtype=np.float32)) - linear.weight.detach()
+            self.handles.append(linear.register_forward_hook(self._hook(name, delta)))
+            self.names.append(name)
+
+    @classmethod
+    def from_graphs(cls, checkpoint, int4_graph, fp32_graph) -> ErrorHooks:
+        """The checkpoint's tower with the weights ``int4_graph``'s ``MatMulNBits`` nodes multiply by
+        (:func:`vlsens.core.onnxgraph.dequantize_matmulnbits`), named as in ``fp32_graph``."""
+        from vlsens.core.onnxgraph import dequantize_matmulnbits
+        from vlsens.model.loading import VISION_PART, load_model
+        from vlsens.precision.weight_only import linears
+
+        model = load_model(checkpoint, attn_implementation="eager", part=VISION_PART)
+        return cls(model, dequantize_matmulnbits(int4_graph), {o["name"]: o["weight"] for o in linears(fp32_graph)},
+                   str(int4_graph))
+
+    def _hook(self, name: str, delta):
+        def hook(module, args, output):
+            x = args[0].reshape(-1, delta.shape[1])
+            self.current[name] = self.current.get(name, 0.0) + float((x @ delta.T).double().pow(2).sum())
+        return hook
+
+    def __call__(self, pixels, grid) -> dict[str, float]:
+        import torch
+
+        self.current = {}
+        with torch.no_grad():
+            self.model.get_image_features(torch.from_numpy(pixels), torch.from_numpy(grid), return_dict=True)
+        return self.current
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        del self.model
+
+
+def role_of(op: str) -> str:
+    """A Linear's role: its node name without the block index (``blocks.3/mlp/down_proj`` and
+    ``blocks.7/mlp/down_proj`` share one; a Linear outside the blocks is its own)."""
+    from vlsens.quantize.qdq import parse_op_name
+
+    return parse_op_name(op, "MatMul")[1]
+
+
+def choose_measured(errors: Mapping[str, Mapping[str, float]], count: int) -> list[str]:
+    """The ``count`` Linears measured end to end: per role (:func:`role_of`) the one of largest
+    output error (roles in decreasing order of it: the likeliest costly Linears, measured, not
+    estimated); then per role the one of median output error (so that the role's scale is not
+    fitted on its extreme alone); then the others in decreasing output error."""
+    by_error = sorted(errors, key=lambda op: -errors[op]["all"])
+    roles: dict[str, list[str]] = {}
+    for op in by_error:
+        roles.setdefault(role_of(op), []).append(op)
+    largest = [ops[0] for ops in roles.values()]
+    median = [ops[len(ops) // 2] for ops in roles.values() if len(ops) > 1]
+    first = largest + median
+    return (first + [op for op in by_error if op not in first])[:count]
+
+
+def fit_scales(rows: Sequence[Mapping], errors: Mapping[str, Mapping[str, float]],
+               roles: Sequence[str] | None = None) -> dict[str, float]:
+    """KL per unit of output error per role (:func:`role_of`; ``roles``, default the ``rows'``):
+    the geometric mean of measured KL / output error over the role's measured ``rows``; a role with
+    none measured takes the geometric mean over every measured row (1.0 where there is none). A role's output error reaches the
+    answer through its own path (an attention output projection adds to the residual stream, the
+    merger's last Linear writes the features): on the tiny preset one scale for all ranks the 22
+    Linears at Spearman's rho 0.38 against their measure, one per role at 0.84."""
+    import math
+
+    logs: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("measured") and float(r["kl_int4"]) > 0 and errors[r["op"]]["all"] > 0:
+            logs.setdefault(role_of(r["op"]), []).append(math.log(float(r["kl_int4"]) / errors[r["op"]]["all"]))
+    every = [x for v in logs.values() for x in v]
+    default = math.exp(sum(every) / len(every)) if every else 1.0
+    out = {role: math.exp(sum(v) / len(v)) for role, v in logs.items()}
+    return {role: out.get(role, default) for role in (roles if roles is not None else [role_of(r["op"]) for r in rows])}
+
+
+def estimate_rows(rows: list[dict], errors: Mapping[str, Mapping[str, float]]) -> dict:
+    """Every row gets its ``output_error`` and ``kl_estimate`` (its role's scale, :func:`fit_scales`,
+    x its output error); the rows not measured take the estimate as their KLs (per modality by
+    their own output error, ``measured`` 0). A measured row's estimate leaves it out (its role's
+    scale from the other measured rows): the record's measured / estimate spread and Spearman's
+    rho over the measured rows are held out, not fitted."""
+    import numpy as np
+
+    scales = fit_scales(rows, errors)
+    for i, r in enumerate(rows):
+        e = errors[r["op"]]
+        if r.get("measured"):
+            role = role_of(r["op"])
+            held_out = fit_scales([x for j, x in enumerate(rows) if j != i], errors, [role])[role]
+            r.update(output_error=e["all"], kl_estimate=held_out * e["all"])
+            continue
+        scale = scales[role_of(r["op"])]
+        r.update(output_error=e["all"], kl_estimate=scale * e["all"], kl_int4=scale * e["all"], measured=0,
+                 **{f"kl_int4_{k}": scale * e.get(k, 0.0) for k in MODALITIES})
+    done = [r for r in rows if r["measured"]]
+    ratios = [float(r["kl_int4"]) / r["kl_estimate"] for r in done if r["kl_estimate"] > 0]
+    rank = None
+    if len(done) >= 3:
+        a, b = (np.argsort(np.argsort([float(r[k]) for r in done])) for k in ("kl_int4", "kl_estimate"))
+        rank = float(np.corrcoef(a, b)[0, 1])
+    return {"measured": len(done), "estimated": len(rows) - len(done), "scales": dict(sorted(scales.items())),
+            "measured_over_estimate": {"min": min(ratios), "median": float(np.median(ratios)), "max": max(ratios)}
+            if ratios else None, "rank_correlation": rank,
+            "method": "INT4 output error ||X (W4 - W)^T||^2 of each Linear on the measure's images (transformers' float "
+                      "vision tower, one pass), times its role's KL per unit of output error: the geometric mean of "
+                      "measured / output error over the role's measured Linears (per role the one of largest output "
+                      "error first); a measured Linear's estimate leaves it out"}
+
+
+def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, out_csv, out_json,
+              measured: int | None = None) -> dict:
     """The job: :func:`measure_ops` as ``vision.csv`` and a summary (``vision.json``: the Linears'
-    INT4 KLs summed, how concentrated they are)."""
+    INT4 KLs summed, how concentrated they are, the estimate where one was used)."""
     from vlsens.core.fsutil import write_csv, write_json
 
     with tempfile.TemporaryDirectory(prefix="vlsens-vision-ops-") as work:
-        rows, points = measure_ops(checkpoint, reference, cases, base, graphs, settings, work)
+        rows, points, estimate = measure_ops(checkpoint, reference, cases, base, graphs, settings, work, measured)
+    for r in rows:
+        r.setdefault("measured", 1)
     write_csv(out_csv, rows, list(COLUMNS))
     kls = sorted((r["kl_int4"] for r in rows), reverse=True)
     total = sum(kls)
     record = {"linears": len(rows), "sum_kl_int4": total,
               "top": [{"op": r["op"], "kl_int4": r["kl_int4"]} for r in sorted(rows, key=lambda r: -r["kl_int4"])[:5]],
-              "top1_share": kls[0] / total if total > 0 else None, "points": points,
+              "top1_share": kls[0] / total if total > 0 else None, "points": points, "estimate": estimate,
               "note": "each Linear alone at INT4 (the run's int4 format), every other Linear float, in the fp32 folder, "
                       "measured end to end through onnxruntime-genai on the measure's image cases (its text cases "
-                      "do not reach the vision graph and count 0)"}
+                      "do not reach the vision graph and count 0)" + ("" if estimate is None else
+                      f"; {estimate['estimated']} of them estimated from their INT4 output error (estimate)")}
     write_json(out_json, record)
     return record
 

@@ -555,8 +555,9 @@ def gemm_to_matmul(model) -> dict[str, str]:
 
 def linears(model) -> list[dict]:
     """The Linears :func:`gemm_to_matmul` and :func:`quantize_vision` reach, read from the graph
-    alone (a path or ModelProto; no weight loaded): ``{"name": MatMul name, "K", "N"}`` in graph
-    order (a ``Gemm`` by the name its MatMul will have, a ``MatMul`` on a 2-D initializer by its own)."""
+    alone (a path or ModelProto; no weight loaded): ``{"name": MatMul name, "K", "N", "weight": the
+    initializer's name}`` in graph order (a ``Gemm`` by the name its MatMul will have, a ``MatMul``
+    on a 2-D initializer by its own)."""
     import onnx
     from onnx import helper
 
@@ -569,9 +570,10 @@ def linears(model) -> list[dict]:
         rows, cols = (int(d) for d in inits[n.input[1]].dims)
         if n.op_type == "Gemm":
             trans = int({x.name: helper.get_attribute_value(x) for x in n.attribute}.get("transB", 0))
-            out.append({"name": _matmul_name(n.name), "K": cols if trans else rows, "N": rows if trans else cols})
+            out.append({"name": _matmul_name(n.name), "K": cols if trans else rows, "N": rows if trans else cols,
+                        "weight": n.input[1]})
         elif n.op_type == "MatMul":
-            out.append({"name": n.name, "K": rows, "N": cols})
+            out.append({"name": n.name, "K": rows, "N": cols, "weight": n.input[1]})
     return out
 
 
