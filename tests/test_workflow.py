@@ -533,15 +533,16 @@ def test_upgrade_check_tells_what_a_torch_upgrade_costs_before_it_runs(finished_
 def test_vision_linears_measured_in_part_keep_their_measure_and_rank_with_it(finished_run, tmp_path):
     """``plan.vision_measured`` below the Linears' number (the 3B form): one Linear per role is
     measured (the very KLs of the run's all-measured table), every other one gets its role's
-    fitted scale times its output error, the record says so (schema-valid), and the curve moves
-    the three Linears the measure finds costliest (the merger's two, the planted qkv) last. With
-    one scale for all Linears the merger's last Linear was estimated among the cheapest."""
+    fitted scale times its output error, the record says so (schema-valid), the three Linears the
+    measure finds costliest (the merger's two, the planted qkv) are among the measured, and the
+    curve's KLs rank the 22 Linears like their measure (with one scale for all Linears, rho was
+    0.38 and the merger's last Linear was estimated among the cheapest)."""
     import numpy as np
     import pandas as pd
     import yaml
 
     from vlsens.budget.build import vision_job
-    from vlsens.budget.vision import order_of, role_of
+    from vlsens.budget.vision import role_of
     from vlsens.core import paths, records
     from vlsens.deploy import DECODER_GRAPH, vision_source
 
@@ -565,10 +566,10 @@ def test_vision_linears_measured_in_part_keep_their_measure_and_rank_with_it(fin
         if not r["measured"]:
             assert r["kl_int4"] == pytest.approx(est["scales"][role_of(r["op"])] * r["output_error"], rel=1e-6)
     assert est["measured"] == 7 and est["estimated"] == 15 and records.errors(out["summary"]) == []
-    costliest = sorted(exact, key=lambda op: -exact[op])[:3]
-    assert {rows[i]["op"] for i in order_of(rows)[-3:]} == set(costliest)
+    costliest = sorted(exact, key=lambda op: -exact[op])[:3]  # 94 % of the Linears' summed KL
+    assert set(costliest) <= {r["op"] for r in measured}  # priced by their measure, not estimated
     ra, rb = (np.argsort(np.argsort([float(x) for x in v])) for v in ([exact[r["op"]] for r in rows],
                                                                       [r["kl_int4"] for r in rows]))
     print(f"\nSpearman rho of the curve's KLs and the measure over 22 Linears: {np.corrcoef(ra, rb)[0, 1]:.3f}")
-    assert np.corrcoef(ra, rb)[0, 1] >= 0.5  # 0.7 measured
+    assert np.corrcoef(ra, rb)[0, 1] >= 0.7  # 0.84 measured
     assert [p["int4"] for p in rec["points"]] == [3, 6, 8, 11, 14, 16, 19, 20, 21]
