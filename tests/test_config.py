@@ -52,6 +52,18 @@ def test_schema_accepts_default_and_rejects_unknown_keys():
         validate(_cfg(device="gpu"), schema)
 
 
+def test_a_key_with_alternatives_names_each_of_them():
+    """plan.vision_measured takes a number (at least 2) or 'all': a bad value names the key and
+    what each alternative wanted, not only that none matched."""
+    from vlsens.config import schema_errors
+
+    assert not schema_errors(_cfg(plan__vision_measured=14)) and not schema_errors(_cfg(plan__vision_measured="all"))
+    (one,) = schema_errors(_cfg(plan__vision_measured=1))
+    assert one.startswith("plan.vision_measured: 1 ") and "minimum of 2" in one and "['all']" in one, one
+    (some,) = schema_errors(_cfg(plan__vision_measured="some"))
+    assert "'some' is not of type 'integer'" in some and "['all']" in some, some
+
+
 def test_invalid_size():
     with pytest.raises(ConfigError, match=r"vision\.sizes\[0\]: size '230x224'.*224x224, 252x224"):
         make_plan(_cfg(vision__sizes=["230x224"]))

@@ -125,6 +125,8 @@ def schema_errors(config: dict, schema_path: str | Path = SCHEMA) -> list[str]:
             if err.validator == "type" and isinstance(err.instance, str) and FLOAT_TEXT.fullmatch(err.instance.strip()):
                 hint = (f" (YAML reads {err.instance} as text: write it with a dot, "
                         f"{float(err.instance.strip())!r})")
+            elif err.validator in ("oneOf", "anyOf") and err.context:  # what each alternative wanted
+                hint = f" ({'; '.join(dict.fromkeys(e.message for e in err.context))})"
             out.append(f"{where or '<config>'}: {err.message}{hint}")
     return out
 
