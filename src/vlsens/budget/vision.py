@@ -26,12 +26,13 @@ measured where the folders are judged:
 Cost: one folder measure per Linear (on the tiny preset 22 Linears, about 1 s each); at 3B, 162
 Linears each with a 2.7 GB graph written and the measure's image cases run through the whole VLM.
 ``plan.vision_measured: <m>`` prices only ``m`` of them so, the rest by an **estimate**
-(:func:`output_errors`, :func:`fit_scale`): each Linear's INT4 output error on the measure's images,
+(:func:`output_errors`, :func:`fit_scales`): each Linear's INT4 output error on the measure's images,
 ``e = sum ||X (W4 - W)^T||^2`` (``X`` its input in transformers' float vision tower on the folders'
 own preprocessing, ``W4`` the INT4 graph's dequantized weight), all Linears in one float pass. Per
 role (``blocks.<i>/mlp/down_proj`` for every ``i``; a Linear outside the blocks its own) the
-Linear of largest ``e`` is measured end to end, then the others of largest ``e`` up to ``m``, and
-each role's measured / ``e`` (geometric mean) turns its other Linears' ``e`` into a KL. The
+Linear of largest ``e`` and the one of median ``e`` are measured end to end, then the others of
+largest ``e`` up to ``m`` (:func:`choose_measured`), and each role's measured / ``e`` (geometric
+mean) turns its other Linears' ``e`` into a KL. The
 curve's points stay measured whole, so the estimate only orders the Linears; ``vision.json``
 reports every measured Linear's measure against its estimate from the others.
 """
@@ -151,22 +152,20 @@ def output_errors(checkpoint, folder, cases, int4_graph, fp32_graph) -> dict[str
     multiplies by (:func:`vlsens.core.onnxgraph.dequantize_matmulnbits`); ``{"all": mean over every
     case (text cases 0), <modality>: mean over its cases}``. One forward pass per distinct image,
     every Linear's error taken in it by a forward hook."""
-    from vlsens.deploy.genai.evaluate import _image_inputs
+    from collections import Counter
+
+    from vlsens.deploy.genai.evaluate import _image_inputs, _unique_images
     from vlsens.deploy.genai.runtime import Chat
 
     hooks = ErrorHooks.from_graphs(checkpoint, int4_graph, fp32_graph)
     rt = Chat(folder, prepack=False, provider="cpu")
-    per_image: dict[str, dict[str, float]] = {}
     try:
-        for case in cases:
-            for f in case["images"]:
-                if f["path"] not in per_image:
-                    per_image[f["path"]] = hooks(*_image_inputs(rt, f["path"]))
+        per_image = {f["path"]: hooks(*_image_inputs(rt, f["path"])) for f in _unique_images(cases)}
     finally:
         rt.close()
         hooks.close()
-    out = {op: {"all": 0.0, **dict.fromkeys({c["modality"] for c in cases}, 0.0)} for op in hooks.names}
-    counts = {m: sum(c["modality"] == m for c in cases) for m in {c["modality"] for c in cases}}
+    counts = Counter(c["modality"] for c in cases)
+    out = {op: {"all": 0.0, **dict.fromkeys(counts, 0.0)} for op in hooks.names}
     for case in cases:
         for op in hooks.names:
             e = sum(per_image[f["path"]][op] for f in case["images"])
@@ -186,15 +185,11 @@ class ErrorHooks:
     def __init__(self, model, w4, weights: Mapping[str, str], source: str = "the INT4 graph"):
         import torch
 
-        from vlsens.core.errors import VlsensError
-        from vlsens.precision.weight_only import linear_module
+        from vlsens.precision.weight_only import linear_for
 
         self.model, self.names, self.current, self.handles = model, [], {}, []
         for name, w in w4:
-            linear = linear_module(model, weights[name])
-            if tuple(linear.weight.shape) != (w.shape[1], w.shape[0]):
-                raise VlsensError(f"{source}: {name} is {w.shape[0]}x{w.shape[1]}; {weights[name]} holds "
-                                  f"{tuple(linear.weight.shape)} (transposed)")
+            linear = linear_for(model, weights[name], name, w, source)
             delta = torch.from_numpy(np.ascontiguousarray(w.T, dtype=np.float32)) - linear.weight.detach()
             self.handles.append(linear.register_forward_hook(self._hook(name, delta)))
             self.names.append(name)
@@ -280,8 +275,6 @@ def estimate_rows(rows: list[dict], errors: Mapping[str, Mapping[str, float]]) -
     their own output error, ``measured`` 0). A measured row's estimate leaves it out (its role's
     scale from the other measured rows): the record's measured / estimate spread and Spearman's
     rho over the measured rows are held out, not fitted."""
-    import numpy as np
-
     scales = fit_scales(rows, errors)
     for i, r in enumerate(rows):
         e = errors[r["op"]]
@@ -316,8 +309,6 @@ def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, sett
 
     with tempfile.TemporaryDirectory(prefix="vlsens-vision-ops-") as work:
         rows, points, estimate = measure_ops(checkpoint, reference, cases, base, graphs, settings, work, measured)
-    for r in rows:
-        r.setdefault("measured", 1)
     write_csv(out_csv, rows, list(COLUMNS))
     kls = sorted((r["kl_int4"] for r in rows), reverse=True)
     total = sum(kls)

@@ -587,6 +587,17 @@ def linear_module(model, weight_name: str):
     raise VlsensError(f"{weight_name}: no module {path} in {type(model).__name__}")
 
 
+def linear_for(model, weight_name: str, name: str, w, source):
+    """transformers' Linear behind ``weight_name`` (:func:`linear_module`), checked to hold the
+    transpose of ``w`` (K, N), the weight ``source``'s node ``name`` multiplies by; VlsensError
+    naming both otherwise."""
+    linear = linear_module(model, weight_name)
+    if tuple(linear.weight.shape) != (w.shape[1], w.shape[0]):
+        raise VlsensError(f"{source}: {name} is {w.shape[0]}x{w.shape[1]}; {weight_name} holds "
+                          f"{tuple(linear.weight.shape)} (transposed)")
+    return linear
+
+
 def vision_weight_reference(checkpoint, graph: str | Path, cases: Cases, weights: dict[str, str]) -> Cases:
     """``cases`` (the dynamic vision graph's) with transformers' features recomputed after every
     Linear that ``graph`` quantized is given the dequantized weight it multiplies by; ``weights``:
@@ -600,10 +611,7 @@ def vision_weight_reference(checkpoint, graph: str | Path, cases: Cases, weights
     model = load_model(checkpoint, attn_implementation="eager", part=VISION_PART)
     replaced = 0
     for name, w in dequantize_matmulnbits(graph):
-        linear = linear_module(model, weights[name])
-        if tuple(linear.weight.shape) != (w.shape[1], w.shape[0]):
-            raise VlsensError(f"{graph}: {name} is {w.shape[0]}x{w.shape[1]}; {weights[name]} holds "
-                              f"{tuple(linear.weight.shape)} (transposed)")
+        linear = linear_for(model, weights[name], name, w, graph)
         linear.weight = torch.nn.Parameter(torch.from_numpy(w.T.copy()), requires_grad=False)
         replaced += 1
     log.info("%s: %d quantized weights in transformers' vision tower; recomputing %d cases", graph, replaced, len(cases))
