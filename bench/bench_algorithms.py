@@ -44,30 +44,41 @@ def main() -> None:
           + f" cost least alone under another algorithm than {default}\n")
     fp32 = root / "decoder" / "fp32" / "model.onnx"
     feeds, reference = root / "budget" / "decoder.npz", root / "measure" / "reference.npz"
+    calib = root / "calib" / "decoder" / "calib.npz"  # what a data-aware algorithm (gptq) was chosen on
     image = lambda rows: [r for r in rows if r["modality"] != "text"]  # noqa: E731
+    others = [c for c in choice["candidates"] if c != default]
     print(f"| plan | INT4 / INT8 / float | per-op: ops not {default} | MB per-op | MB all {default} | KL per-op | "
-          f"KL all {default} | per-op / all {default}, all prompts | image prompts |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+          f"KL all {default} | per-op / all {default}, all prompts | image prompts | "
+          + " | ".join(f"KL all {c} | per-op / all {c}" for c in others) + " |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |" + " ---: | --- |" * len(others))
+    from vlsens.core.fsutil import file_sha256
+    from vlsens.quantize.nbits import DATA_AWARE
+
     with tempfile.TemporaryDirectory(prefix="vlsens-algorithms-") as work:
         for f in sorted((root / "budget" / "plans").glob("*.yaml"), key=lambda f: (len(f.stem), f.stem)):
             plan = Plan.load(f)
             if not plan.algorithms:
                 continue
+            every = {c: replace(plan, algorithms={n: c for n, b in plan.decoder.items() if b},
+                                calibration=file_sha256(calib) if c in DATA_AWARE else "") for c in others}
             built = {}
-            for tag, p in (("per-op", plan), ("one", replace(plan, algorithms={}))):
+            for tag, p in (("per-op", plan), ("one", replace(plan, algorithms={}, calibration="")), *every.items()):
                 out = Path(work) / f"{plan.name}-{tag}" / "model.onnx"
                 out.parent.mkdir()
-                build_decoder(p, fp32, out)
+                build_decoder(p, fp32, out, calib)
                 built[tag] = (model_bytes(out), chain_kl(out, feeds, reference))
             (b1, r1), (b0, r0) = built["per-op"], built["one"]
             kl = lambda rows: sum(r["kl"] for r in rows) / len(rows)  # noqa: E731
             s = plan.bits_summary()
             print(f"| {plan.name} | {s['int4']} / {s['int8']} / {s['float']} | {len(plan.algorithms)} | {b1 / 1e6:.4f} | "
                   f"{b0 / 1e6:.4f} | {kl(r1):.3g} | {kl(r0):.3g} | {pair_cell(paired(r1, r0), wins=False)} | "
-                  f"{pair_cell(paired(image(r1), image(r0)), wins=False)} |")
-    print(f"\nThe decoder alone (the fp32 folder's vision graph and table), the same plan built twice: its "
-          f"MatMuls by the algorithms the run chose, and all by {default}; KL per generated step against the fp32 "
-          "folder through the ONNX Runtime chain the search uses (equal to onnxruntime-genai's measure, "
+                  f"{pair_cell(paired(image(r1), image(r0)), wins=False)} | "
+                  + " | ".join(f"{kl(built[c][1]):.3g} | {pair_cell(paired(r1, built[c][1]), wins=False)}" for c in others)
+                  + " |")
+    print(f"\nThe decoder alone (the fp32 folder's vision graph and table), the same plan built again: its "
+          f"MatMuls by the algorithms the run chose, all by {default}, and all by each other candidate; "
+          "KL per generated step against the fp32 folder through the ONNX Runtime chain the search uses "
+          "(equal to onnxruntime-genai's measure, "
           "tests/test_chain.py), on the measure's cases; ratios with the 95 % paired bootstrap interval over the "
           "cases, resampled within each modality. MB: the decoder graph and its data file.")
 

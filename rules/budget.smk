@@ -10,6 +10,7 @@
 # engine nbits on it: every decoder MatMul's INT4 / INT8 error where the folders are judged.
 rule budget_nbits:
     input:
+        unpack(plan_calibration),
         checkpoint=checkpoint_dir,
         folder=paths.fill(DEPLOY, precision="fp32"),
         reference=paths.MEASURE_REFERENCE,
@@ -128,6 +129,7 @@ rule plan_folder:
     input:
         unpack(budget_formats),
         unpack(mixed_vision_reference),
+        unpack(plan_calibration),
         plan=f"{paths.BUDGET_PLANS}/{{plan}}.yaml",
         checkpoint=checkpoint_dir,
         decoder_reference=paths.fill(paths.REFERENCE, graph=_deploy.DECODER_GRAPH),

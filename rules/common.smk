@@ -28,6 +28,7 @@ from vlsens.config import (
     tolerance_for,
 )
 from vlsens.core.device import gpu_present
+from vlsens.quantize.nbits import DATA_AWARE
 from vlsens.core.errors import ConfigError
 from vlsens.dag.plan import configure, lm_config
 from vlsens.data.inputs import os_error_message as _os_error_message, write_manifests
@@ -184,6 +185,14 @@ def mixed_vision_reference(wildcards):
     if "mixed" not in config["plan"]["vision"]:
         return {}
     return {"vision_reference": paths.fill(paths.REFERENCE, model=wildcards.model, graph=_deploy.VISION_GRAPH)}
+
+
+def plan_calibration(wildcards):
+    """With a data-aware algorithm in plan.algorithms (gptq): the decoder's calibration split, which
+    it reads (never the measure's cases it is scored on)."""
+    if not set(config["plan"]["algorithms"]) & set(DATA_AWARE):
+        return {}
+    return {"calibration": paths.fill(CALIB["calib"], model=wildcards.model, graph=_deploy.DECODER_GRAPH)}
 
 
 def anchors():

@@ -553,39 +553,97 @@ def test_a_plan_names_per_op_algorithms_and_its_decoder_takes_them(engine, tmp_p
     same = Plan("x", "fp16", "fp32", dict.fromkeys(ops, 4), kq.as_dict())
     assert plan.digest() != same.digest() and Plan.load(plan.save(tmp_path / "p.yaml")) == plan
     assert "algorithms" not in same.as_dict()  # a plan without per-op algorithms keeps its file and digest
-    with pytest.raises(ConfigError, match="algorithms"):
-        Plan("x", "fp16", "fp32", dict.fromkeys(ops, 4), kq.as_dict(), algorithms={ops[0]: "gptq"})
+    with pytest.raises(ConfigError, match="algorithms: one of"):
+        Plan("x", "fp16", "fp32", dict.fromkeys(ops, 4), kq.as_dict(), algorithms={ops[0]: "hqq"})
     with pytest.raises(ConfigError, match="not quantized"):
         Plan("x", "fp16", "fp32", {**dict.fromkeys(ops, 4), ops[0]: 0}, kq.as_dict(), algorithms={ops[0]: "rtn"})
 
 
 def test_each_op_takes_the_algorithm_it_costs_least_under(engine, tmp_path):
-    """choose_algorithms scores every MatMul alone under each algorithm; the engine built with the
-    choice scores each op at the lowest of them, its bytes those of the chosen algorithm."""
+    """choose_algorithms scores every MatMul alone under each algorithm and every MatMul at each
+    width under each; a candidate that costs more than the default at a width over the whole
+    decoder takes no op at that width (rtn beside k_quant: none); else each op takes the one it
+    alone costs least under (k_quant beside rtn), and the engine built with the choice scores each
+    op at that error, its bytes those of the chosen algorithm."""
     b, _ = engine
     kq = NBitsSettings(algorithm="k_quant", block_size=32, accuracy_level=4)
-    choice = nb.choose_algorithms(b.model("fp32"), b.calib / "eval.npz", kq, ["rtn"], tmp_path / "work", 2,
+    rtn = replace(kq, algorithm="rtn")
+    worse = nb.choose_algorithms(b.model("fp32"), b.calib / "eval.npz", kq, ["rtn"], tmp_path / "w0", 2, logits=True)
+    assert all(worse["uniform"]["rtn"][w] > worse["uniform"]["k_quant"][w] for w in ("4", "8")), worse["uniform"]
+    assert worse["allowed"] == {"4": ["k_quant"], "8": ["k_quant"]} and worse["chosen"] == {}
+    choice = nb.choose_algorithms(b.model("fp32"), b.calib / "eval.npz", rtn, ["k_quant"], tmp_path / "work", 2,
                                   logits=True)
-    assert choice["candidates"] == ["k_quant", "rtn"] and not (tmp_path / "work" / "rtn").exists()
+    assert choice["candidates"] == ["rtn", "k_quant"] and not (tmp_path / "work" / "k_quant").exists()
     errors = choice["errors"]
     for w in ("4", "8"):
-        for op in errors["k_quant"]:
-            best = min(("k_quant", "rtn"), key=lambda a: (errors[a][op][w], a != "k_quant"))
-            assert choice["chosen"].get(w, {}).get(op, "k_quant") == best
-    assert choice["chosen"], "no op is cheaper under rtn: the choice is never exercised"
+        allowed = [a for a in ("rtn", "k_quant") if choice["uniform"][a][w] <= choice["uniform"]["rtn"][w]]
+        assert choice["allowed"][w] == allowed
+        for op in errors["rtn"]:
+            best = min(allowed, key=lambda a: (errors[a][op][w], a != "rtn"))
+            assert choice["chosen"].get(w, {}).get(op, "rtn") == best
+    assert choice["chosen"] and any(len(c) < len(errors["rtn"]) for c in choice["chosen"].values()), \
+        "every op or none takes k_quant: the per-op choice is never exercised"
     eng = tmp_path / "engine"
-    nb.prepare(b.model("fp32"), b.calib / "eval.npz", eng, kq, 2, logits=True,
+    nb.prepare(b.model("fp32"), b.calib / "eval.npz", eng, rtn, 2, logits=True,
                algorithms={int(w): a for w, a in choice["chosen"].items()})
     assert nb.Prepared(eng).meta["algorithms"] == choice["chosen"]
     nb.sensitivity(eng, b.calib / "eval.npz", tmp_path / "nbits.csv", tmp_path / "nbits.json", 2)
     for r in _rows(tmp_path):
         for w in ("4", "8"):
-            low = min(errors[a][r["op"]][w] for a in ("k_quant", "rtn"))
+            low = min(errors[a][r["op"]][w] for a in choice["allowed"][w])
             assert r[f"error_int{w}"] == pytest.approx(low, rel=1e-5, abs=1e-12), (r["op"], w)
+    plan = fr._plans([{"budget": 1, "bits": {op: 4 for op in errors["rtn"]}}],
+                     [{"bytes": 1, "kl": 0.0, "decoder": 0, "vision": "fp16", "embedding": "fp32", "parts": {}}],
+                     list(errors["rtn"]), rtn.as_dict(), algorithms=choice["chosen"])[0]
+    assert plan.algorithms == choice["chosen"].get("4", {})
+
+
+def test_gptq_is_chosen_per_op_on_the_calibration_split_and_its_plans_rebuild_only_on_it(engine, tmp_path):
+    """With gptq a candidate, the INT4 ops GPTQ (on the calibration split) makes cheaper on the
+    evaluation set take it; the engine records the calibration's SHA-256 and the plans name it; a
+    plan's decoder is its ops' GPTQ weights, built only from the same calibration samples; a plan
+    with gptq and no calibration, or calibration and no gptq, is refused."""
+    from vlsens.core.fsutil import file_sha256
+    from vlsens.quantize.nbits import quantize
+
+    b, _ = engine
+    calib, evaluation = b.calib / "calib.npz", b.calib / "eval.npz"
+    kq = NBitsSettings(algorithm="k_quant", block_size=32, accuracy_level=4)
+    with pytest.raises(ValueError, match="calibration"):
+        nb.choose_algorithms(b.model("fp32"), evaluation, kq, ["gptq"], tmp_path / "w0", 2, logits=True)
+    choice = nb.choose_algorithms(b.model("fp32"), evaluation, kq, ["gptq"], tmp_path / "work", 2, logits=True,
+                                  calibration=calib)
+    assert choice["candidates"] == ["k_quant", "gptq"]
+    assert choice["allowed"]["8"] == ["k_quant"] and "8" not in choice["chosen"]  # INT4 only (DATA_AWARE_BITS)
+    at4 = choice["chosen"].get("4", {})
+    assert at4, "GPTQ made no op cheaper at INT4: the choice is never exercised"
+    eng = tmp_path / "engine"
+    nb.prepare(b.model("fp32"), evaluation, eng, kq, 2, logits=True,
+               algorithms={int(w): a for w, a in choice["chosen"].items()}, calibration=calib)
+    meta = nb.Prepared(eng).meta
+    assert meta["calibration"]["sha256"] == file_sha256(calib) == fr.calibration_of(meta)
+    errors = choice["errors"]
     plan = fr._plans([{"budget": 1, "bits": {op: 4 for op in errors["k_quant"]}}],
                      [{"bytes": 1, "kl": 0.0, "decoder": 0, "vision": "fp16", "embedding": "fp32", "parts": {}}],
-                     list(errors["k_quant"]), kq.as_dict(), algorithms=choice["chosen"])[0]
-    assert plan.algorithms == choice["chosen"].get("4", {})
+                     list(errors["k_quant"]), kq.as_dict(), algorithms=choice["chosen"],
+                     calibration=fr.calibration_of(meta))[0]
+    assert plan.algorithms == at4 and plan.calibration == file_sha256(calib)
+    assert Plan.load(plan.save(tmp_path / "p.yaml")) == plan
+    assert plan.digest() != replace(plan, calibration=file_sha256(evaluation)).digest()
+    fp32 = b.model("fp32")
+    (tmp_path / "plan").mkdir()
+    built = build_decoder(plan, fp32, tmp_path / "plan" / "model.onnx", calib)
+    (tmp_path / "direct").mkdir()
+    direct = quantize(fp32, tmp_path / "direct" / "model.onnx", plan.decoder, kq, algorithms=at4, calibration=calib)
+    got, want = _packed(built["model"]), _packed(direct)
+    assert all(np.array_equal(x, y) for op in got for x, y in zip(got[op], want[op], strict=True))
+    for wrong in (evaluation, None):
+        with pytest.raises(VlsensError, match="calibration samples"):
+            build_decoder(plan, fp32, tmp_path / "x" / "model.onnx", wrong)
+    with pytest.raises(ConfigError, match="calibration"):
+        replace(plan, calibration="")
+    with pytest.raises(ConfigError, match="no MatMul takes a data-aware"):
+        replace(plan, algorithms={})
 
 
 # -- the vision Linears' estimate ------------------------------------------------------------------

@@ -91,8 +91,9 @@ def write_components(checkpoint, reference, cases, base: dict, formats: dict, ou
     return record
 
 
-def _gated_decoder(plan, decoder_dir: Path, reference, out_dir: Path, gate) -> Path:
-    """The plan's decoder as a gated variant folder of ``decoder_dir`` (the fp32 decoder)."""
+def _gated_decoder(plan, decoder_dir: Path, reference, out_dir: Path, gate, calibration=None) -> Path:
+    """The plan's decoder as a gated variant folder of ``decoder_dir`` (the fp32 decoder);
+    ``calibration``: the decoder's calibration samples, for a plan that names them."""
     from vlsens.budget.plan import build_decoder
     from vlsens.core import paths
     from vlsens.core.onnxutil import copy_model
@@ -102,7 +103,7 @@ def _gated_decoder(plan, decoder_dir: Path, reference, out_dir: Path, gate) -> P
         if src.name != paths.MAIN:
             copy_model(src, staged)
             return {}
-        return {"plan": plan.name, **build_decoder(plan, src, staged)}
+        return {"plan": plan.name, **build_decoder(plan, src, staged, calibration, gate.threads)}
 
     variant_folder(decoder_dir, reference, out_dir, f"plan-{plan.name}", transform, gate)
     return out_dir / paths.MAIN
@@ -130,7 +131,8 @@ def plan_folder(plan_file, out_dir, checkpoint, sources: dict, images, checks, g
     (``decoder_dir``), its reference cases (``reference``) and every vision and embedding format's
     graph (``vision``, ``embedding``: format -> graph), and for a mixed vision graph what it is
     built and gated from (``vision_mixed``, :func:`_mixed_vision`); ``checks``: the deploy job's
-    (:class:`vlsens.deploy.genai.evaluate.Checks`); ``gate``: the decoder's
+    (:class:`vlsens.deploy.genai.evaluate.Checks`), ``calibration`` the decoder's calibration
+    samples where the plan names them; ``gate``: the decoder's
     (:class:`vlsens.variants.Gate`, with its own-weights reference)."""
     from vlsens.budget.plan import MIXED, Plan
     from vlsens.core import paths
@@ -146,7 +148,7 @@ def plan_folder(plan_file, out_dir, checkpoint, sources: dict, images, checks, g
                               f"(built: {sorted(have[part])})")
     with tempfile.TemporaryDirectory(prefix="vlsens-plan-") as work:
         decoder = _gated_decoder(plan, Path(sources["decoder_dir"]), sources["reference"], Path(work) / "decoder",
-                                 gate)
+                                 gate, sources.get("calibration"))
         vision = (_mixed_vision(plan, sources["vision_mixed"], checkpoint, Path(work) / "vision"),
                   sources["vision_mixed"]["fp32"]) if plan.vision == MIXED else sources["vision"][plan.vision]
         # the record names the run's graphs the scratch ones were built from (the plan file says how)
@@ -195,7 +197,8 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
     (:func:`vlsens.deploy.genai.chain.decoder_feeds`), engine nbits on it and every MatMul's INT4 /
     INT8 error there. With ``params["algorithms"]`` naming algorithms beside the settings' one,
     each MatMul first gets, per width, the one under which it alone costs least
-    (:func:`vlsens.sensitivity.nbits.choose_algorithms`); the engine is built with those, and
+    (:func:`vlsens.sensitivity.nbits.choose_algorithms`; a data-aware one reads
+    ``inputs["calibration"]``, the decoder's calibration split); the engine is built with those, and
     ``nbits.json`` records the choice."""
     from vlsens.core.fsutil import write_json
     from vlsens.data.inputs import checkpoint_dir
@@ -213,10 +216,12 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
         engine.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".vlsens-algorithms-", dir=engine.parent) as work:
             choice = nbits.choose_algorithms(inputs["model"], outputs["feeds"], settings, params["algorithms"], work,
-                                             threads, logits=True, suffix_cuts=params["suffix_cuts"])
+                                             threads, logits=True, suffix_cuts=params["suffix_cuts"],
+                                             calibration=inputs.get("calibration"))
     nbits.prepare(inputs["model"], outputs["feeds"], outputs["engine"], settings, threads, logits=True,
                   suffix_cuts=params["suffix_cuts"],
-                  algorithms={int(w): a for w, a in choice["chosen"].items()} if choice else None)
+                  algorithms={int(w): a for w, a in choice["chosen"].items()} if choice else None,
+                  calibration=inputs.get("calibration"))
     summary = nbits.sensitivity(outputs["engine"], outputs["feeds"], outputs["csv"], outputs["summary"], threads)
     if choice:
         summary["algorithms"] = choice
@@ -278,7 +283,8 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
     ckpt, decoder = checkpoint_dir(inputs["checkpoint"]), Path(inputs["decoder_model"])
     formats = formats_of(inputs)
     formats["embedding"]["fp32"] = decoder.with_name("embedding.onnx")
-    sources = {"decoder_dir": decoder.parent, "reference": inputs["decoder_reference"], **formats}
+    sources = {"decoder_dir": decoder.parent, "reference": inputs["decoder_reference"], **formats,
+               "calibration": inputs.get("calibration")}
     if "vision_reference" in inputs:  # a mixed vision graph can be built (plan.vision has mixed)
         sources["vision_mixed"] = {"fp32": inputs["vision_fp32"], "reference": inputs["vision_reference"],
                                    "tolerance": params["tolerance"], "exact_tolerance": params["exact_tolerance"],
@@ -295,7 +301,7 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
 
 
 def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, settings: dict, mixed=None,
-                  algorithms=None) -> dict:
+                  algorithms=None, calibration: str = "") -> dict:
     """Per anchor (name -> its folder's bytes), the plan of lowest estimated KL within its bytes:
     one of ``plans`` where the same (by digest), else a new plan ``at-<anchor>`` (appended)."""
     from vlsens.budget.front import _plans, at_bytes
@@ -306,7 +312,7 @@ def _anchor_plans(plans: list, record: dict, anchors: dict[str, int], ops, setti
         if point is None:
             out[name] = {"bytes": nbytes, "plan": None, "note": "no front point at or below the anchor's bytes"}
             continue
-        plan = _plans(record["curve"], [point], ops, settings, mixed, algorithms)[0]
+        plan = _plans(record["curve"], [point], ops, settings, mixed, algorithms, calibration)[0]
         same = [p for p in plans if p.digest() == plan.digest()]
         if not same:
             plan = replace(plan, name=f"at-{name}")
@@ -370,7 +376,7 @@ def _budget_plans(plans: list, record: dict, points: list, budgets: list[dict], 
                   mixed=None) -> dict:
     """Each requested budget as a plan of its own name (appended to ``plans``), and its record.
     ``points``: the search's combinations (:func:`budget_point`)."""
-    from vlsens.budget.front import _plans
+    from vlsens.budget.front import _plans, calibration_of
 
     out = {}
     for request in budgets:
@@ -385,7 +391,7 @@ def _budget_plans(plans: list, record: dict, points: list, budgets: list[dict], 
                         request["name"], _nearest(points, request, limit) if points else "")
         else:
             plans.append(replace(_plans(record["curve"], [point], eng.ops, eng.settings.as_dict(), mixed,
-                                        eng.meta.get("algorithms"))[0], name=request["name"]))
+                                        eng.meta.get("algorithms"), calibration_of(eng.meta))[0], name=request["name"]))
         out[request["name"]] = entry
     return out
 
@@ -401,7 +407,7 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     -> folder), ``vision_csv`` (the vision Linears' table, :mod:`vlsens.budget.vision`, whose mixed
     curve joins the vision formats; ``int4`` and ``int8-wo`` among ``components``) and ``latency``
     (``folder``: the fp32 deploy folder, ``context``: :func:`vlsens.budget.latency.uniform_latency`)."""
-    from vlsens.budget.front import Extras, combinations, is_reference, search
+    from vlsens.budget.front import Extras, calibration_of, combinations, is_reference, search
     from vlsens.budget.latency import uniform_latency
     from vlsens.core.fsutil import atomic_dir, write_json
     from vlsens.deploy.genai.measure import folder_weight_bytes
@@ -424,7 +430,7 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     record["mixed_vision_calibration"] = [{"int4": k, "ratio": r} for k, r in scale] if scale else None
     eng = nb.Prepared(engine_dir)
     record["anchors"] = _anchor_plans(plans, record, sizes, eng.ops, eng.settings.as_dict(), mixed,
-                                      eng.meta.get("algorithms"))
+                                      eng.meta.get("algorithms"), calibration_of(eng.meta))
     fp32_bytes = sum(int(components[p]["fp32"]["bytes"]) for p in ("vision", "embedding")) + \
         int(components["decoder_other_bytes"]) + sum(c["bytes_float"] for c in _csv_rows(csv))
     points = [p for p in combinations(record["curve"], parts, int(components["decoder_other_bytes"]))

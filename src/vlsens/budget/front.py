@@ -230,14 +230,22 @@ def budgets_between(low: int, high: int, count: int = BUDGETS) -> list[int]:
     return [int(round(low * ratio ** k)) for k in range(1, count + 1)]
 
 
+def calibration_of(meta: Mapping) -> str:
+    """The SHA-256 of the calibration samples an engine's data-aware algorithms read (``engine.json``), or ''."""
+    return str((meta.get("calibration") or {}).get("sha256", ""))
+
+
 def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[str], settings: dict,
            mixed: Mapping[str, Mapping] | None = None,
-           algorithms: Mapping[str, Mapping[str, str]] | None = None) -> list[Plan]:
+           algorithms: Mapping[str, Mapping[str, str]] | None = None, calibration: str = "") -> list[Plan]:
     """The picked points as plans ``p1``.. (increasing bytes; the decoder's MatMuls in ``ops``'
     order), the estimate of each part in them. ``mixed``: the mixed vision options by name
     (``mixed:<k>`` -> its Linears' bits, :func:`vlsens.budget.vision.mixed_curve`);
     ``algorithms``: the engine's per-op algorithms by width (``engine.json``), which each plan
-    takes for its quantized MatMuls."""
+    takes for its quantized MatMuls; ``calibration``: the SHA-256 of the calibration samples a
+    data-aware one read (:func:`calibration_of`), named by the plans that take one."""
+    from vlsens.quantize.nbits import DATA_AWARE
+
     per_width = {int(w): dict(a) for w, a in (algorithms or {}).items()}
     from vlsens.budget.plan import MIXED
     from vlsens.budget.vision import MIXED_PREFIX
@@ -256,7 +264,9 @@ def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[st
             vision, vision_ops = MIXED, dict(mixed[vision])
         bits = {n: d["bits"][n] for n in ops}
         algos = {n: per_width[b][n] for n, b in bits.items() if b and n in per_width.get(b, {})}
-        plans.append(Plan(f"p{k}", vision, p["embedding"], bits, settings, estimate, vision_ops, algos))
+        reads = any(a in DATA_AWARE for a in algos.values())
+        plans.append(Plan(f"p{k}", vision, p["embedding"], bits, settings, estimate, vision_ops, algos,
+                          calibration if reads else ""))
     return plans
 
 
@@ -358,7 +368,7 @@ def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, compon
     front = [p for p in combine(curve, components, other_bytes) if not is_reference(curve, p)]
     required = [p for p in (at_bytes(front, b) for b in extras.anchor_bytes) if p is not None]
     plans = _plans(curve, pick(front, points, required), eng_dir.ops, eng_dir.settings.as_dict(), extras.mixed,
-                   eng_dir.meta.get("algorithms"))
+                   eng_dir.meta.get("algorithms"), calibration_of(eng_dir.meta))
     record = {"engine_dir": str(engine_dir), "metric": "kl", "settings": eng_dir.settings.as_dict(),
               "budgets": budgets, "max_evals": max_evals, "other_bytes": int(other_bytes),
               "float_bytes": {r["op"]: int(r["bytes_float"]) for r in rows},

@@ -6,7 +6,9 @@ algorithm each quantized one is quantized with, the settings the decoder is quan
 (:class:`~vlsens.quantize.nbits.NBitsSettings`), the vision graph's format and the embedding
 table's format. A :class:`Plan` holds exactly these, plus a name and the search's estimate
 (bytes and KL per part), and is saved as YAML, so the folder a search proposed can be built,
-measured and compared later from the file alone.
+measured and compared later from the file alone. A plan whose MatMuls take a data-aware algorithm
+(``gptq``) also names the SHA-256 of the calibration samples it read, and is rebuilt only from
+those.
 
 Two plans with the same :meth:`Plan.digest` (everything but the name and the estimate, as
 canonical JSON) build the same folder. Every MatMul is listed, float ones as 0, so a plan that
@@ -42,8 +44,9 @@ PLAN_BITS = (FLOAT, *BITS)
 KEYS = ("name", "vision", "embedding", "decoder", "settings")  # and vision_ops where vision is mixed
 HEADER = ("# A vlsens plan: one deploy folder (decoder bits per weight MatMul, 0 = float; vision and\n"
           "# embedding formats, a mixed vision graph's bits per Linear; quantization settings). Rebuild:\n"
-          "# Plan.load(<this file>), then vlsens.budget.plan.build_decoder with the FP32 decoder, the named\n"
-          "# vision and embedding graphs (mixed: vlsens.precision.weight_only.vision_folder with its per_op).\n")
+          "# Plan.load(<this file>), then vlsens.budget.plan.build_decoder with the FP32 decoder (and, where\n"
+          "# it names calibration, the decoder's calibration samples of that SHA-256), the named vision and\n"
+          "# embedding graphs (mixed: vlsens.precision.weight_only.vision_folder with its per_op).\n")
 
 
 def _settings(d, where: str) -> dict:
@@ -100,6 +103,19 @@ def _check_algorithms(algorithms, decoder, where: str) -> None:
         raise ConfigError(f"{where}: algorithms: {loose[:5]} are not quantized MatMuls of the plan's decoder")
 
 
+def _check_calibration(calibration, algorithms, where: str) -> None:
+    """A plan names its calibration samples' SHA-256 exactly when one of its MatMuls takes a
+    data-aware algorithm."""
+    from vlsens.quantize.nbits import DATA_AWARE
+
+    aware = sorted({a for a in (algorithms or {}).values() if a in DATA_AWARE})
+    if aware and not (isinstance(calibration, str) and len(calibration) == 64):
+        raise ConfigError(f"{where}: calibration: algorithms {aware} read calibration samples; the plan names their "
+                          f"SHA-256 (64 hex digits), got {calibration!r}")
+    if calibration and not aware:
+        raise ConfigError(f"{where}: calibration: given, but no MatMul takes a data-aware algorithm ({list(DATA_AWARE)})")
+
+
 @dataclass(frozen=True)
 class Plan:
     """One folder: ``decoder`` (every weight MatMul -> 0 / 4 / 8), its quantization ``settings``
@@ -117,11 +133,14 @@ class Plan:
     #: the quantized decoder MatMuls quantized by another algorithm than ``settings``' (MatMul ->
     #: one of :data:`~vlsens.quantize.nbits.ALGORITHMS`; empty: every one by the settings')
     algorithms: dict[str, str] = field(default_factory=dict)
+    #: the SHA-256 of the calibration samples a data-aware algorithm (``gptq``) read; '' where none is taken
+    calibration: str = ""
 
     def __post_init__(self):
         where = f"plan {self.name!r}"
         _check(self.vision, self.embedding, self.decoder, where, self.vision_ops)
         _check_algorithms(self.algorithms, self.decoder, where)
+        _check_calibration(self.calibration, self.algorithms, where)
         object.__setattr__(self, "algorithms", {str(n): str(a) for n, a in (self.algorithms or {}).items()})
         object.__setattr__(self, "decoder", {str(n): int(b) for n, b in self.decoder.items()})
         object.__setattr__(self, "vision_ops", {str(n): int(b) for n, b in (self.vision_ops or {}).items()})
@@ -129,13 +148,14 @@ class Plan:
         object.__setattr__(self, "estimate", dict(self.estimate or {}))
 
     def as_dict(self) -> dict:
-        d = {"name": self.name, "vision": self.vision, "embedding": self.embedding, "settings": self.settings,
-             "estimate": self.estimate, "decoder": self.decoder}
-        if self.vision_ops:
-            d["vision_ops"] = self.vision_ops
-        if self.algorithms:
-            d["algorithms"] = self.algorithms
-        return d
+        return {"name": self.name, "vision": self.vision, "embedding": self.embedding, "settings": self.settings,
+                "estimate": self.estimate, "decoder": self.decoder, **self._optional()}
+
+    def _optional(self) -> dict:
+        """The optional keys that are set: a mixed vision graph's Linears, per-op algorithms and the
+        calibration a data-aware one read (absent where unset, so a plan without them keeps the
+        file and digest it had before they existed)."""
+        return {k: getattr(self, k) for k in ("vision_ops", "algorithms", "calibration") if getattr(self, k)}
 
     def save(self, path: str | Path) -> Path:
         """The plan as YAML (atomically), a header saying what the file is and how to rebuild it."""
@@ -161,22 +181,21 @@ class Plan:
         missing = [k for k in KEYS if k not in d]
         if missing:
             raise ConfigError(f"{path}: missing key {missing[0]!r} (a plan has {list(KEYS)})")
-        optional = ("estimate", "vision_ops", "algorithms")
+        optional = ("estimate", "vision_ops", "algorithms", "calibration")
         extra = sorted(set(d) - {*KEYS, *optional})
         if extra:
             raise ConfigError(f"{path}: unknown key {extra[0]!r} (a plan has {[*KEYS, *optional]})")
         _check(d["vision"], d["embedding"], d["decoder"], str(path), d.get("vision_ops"))
         _check_algorithms(d.get("algorithms"), d["decoder"], str(path))
+        _check_calibration(d.get("calibration", ""), d.get("algorithms") or {}, str(path))
         return cls(str(d["name"]), d["vision"], d["embedding"], dict(d["decoder"]), _settings(d["settings"], str(path)),
-                   dict(d.get("estimate") or {}), dict(d.get("vision_ops") or {}), dict(d.get("algorithms") or {}))
+                   dict(d.get("estimate") or {}), dict(d.get("vision_ops") or {}), dict(d.get("algorithms") or {}),
+                   str(d.get("calibration") or ""))
 
     def digest(self) -> str:
         """sha256 of what is built (everything but ``name`` and ``estimate``), as canonical JSON."""
-        built = {"vision": self.vision, "embedding": self.embedding, "decoder": self.decoder, "settings": self.settings}
-        if self.vision_ops:  # (absent for the other formats: their digests are what they were)
-            built["vision_ops"] = self.vision_ops
-        if self.algorithms:  # (absent where every op takes the settings' algorithm)
-            built["algorithms"] = self.algorithms
+        built = {"vision": self.vision, "embedding": self.embedding, "decoder": self.decoder, "settings": self.settings,
+                 **self._optional()}
         return hashlib.sha256(json.dumps(built, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def bits_summary(self) -> dict[str, int]:
@@ -192,11 +211,13 @@ class Plan:
         return f"{MIXED} {b.count(4)}/{b.count(8)}/{b.count(FLOAT)}"
 
 
-def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path) -> dict:
+def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path, calibration: str | Path | None = None,
+                  threads: int = 0) -> dict:
     """``out_model`` (+ its data file): ``float_model`` with every MatMul at the plan's bits, by
     :func:`vlsens.quantize.nbits.quantize` at the plan's settings. The plan must list exactly the
     graph's weight MatMuls (else a VlsensError naming the missing and extra ones); the built
-    graph's bits are read back and checked. Facts: plan, digest, counts, weight bytes."""
+    graph's bits are read back and checked. ``calibration``: the samples a plan that names
+    calibration was chosen on (checked by their SHA-256). Facts: plan, digest, counts, weight bytes."""
     from vlsens.precision.nbits import weight_facts
     from vlsens.quantize.nbits import quantize, weight_matmuls
 
@@ -205,8 +226,17 @@ def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path) ->
     if missing or extra:
         raise VlsensError(f"plan {plan.name!r} does not list the weight MatMuls of {float_model}: "
                           f"missing {missing[:5]} ({len(missing)}), extra {extra[:5]} ({len(extra)})")
+    if plan.calibration:
+        from vlsens.core.fsutil import file_sha256
+
+        got = file_sha256(calibration) if calibration is not None and Path(calibration).is_file() else None
+        if got != plan.calibration:
+            given = "missing" if got is None else got[:12] + ".."
+            raise VlsensError(f"plan {plan.name!r} takes weights a data-aware algorithm chose on the calibration samples "
+                              f"{plan.calibration[:12]}..; given {calibration} ({given})")
     model = quantize(float_model, out_model, {n: b for n, b in plan.decoder.items() if b},
-                     NBitsSettings.from_config(plan.settings), algorithms=plan.algorithms)
+                     NBitsSettings.from_config(plan.settings), algorithms=plan.algorithms,
+                     calibration=calibration if plan.calibration else None, threads=threads)
     facts = weight_facts(model)
     if facts["bits"] != plan.decoder:
         wrong = sorted(n for n in plan.decoder if facts["bits"].get(n) != plan.decoder[n])

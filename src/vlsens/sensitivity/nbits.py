@@ -241,12 +241,13 @@ class Prepared:
 
 def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path, settings: NBitsSettings,
             threads: int = 0, *, logits: bool, suffix_cuts: int = 32,
-            algorithms: Mapping[int, Mapping[str, str]] | None = None) -> dict:
+            algorithms: Mapping[int, Mapping[str, str]] | None = None, calibration: str | Path | None = None) -> dict:
     """Engine folder of ``base_model``: the float model, the all-INT4 and all-INT8 models, the
     switch model (segmented for the suffix engine when ``suffix_cuts`` > 0, its probe beside it),
     the float reference on the evaluation set; ``engine.json`` written last. ``algorithms``: per
     width (4, 8) the MatMuls quantized by another algorithm than ``settings.algorithm``
-    (:func:`vlsens.quantize.nbits.quantize`), recorded in ``engine.json``."""
+    (:func:`vlsens.quantize.nbits.quantize`), recorded in ``engine.json``; ``calibration``: the
+    float model's calibration samples a data-aware algorithm reads (its SHA-256 recorded)."""
     from vlsens.core.artifacts import verify
     from vlsens.core.fsutil import savez_stream, write_json
     from vlsens.data.samples import Samples
@@ -265,7 +266,7 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
         log.info("quantizing all %d weight MatMuls to %d bits (%s, block %d)", len(names), b, settings.algorithm,
                  settings.block_size)
         paths[b] = quantize(fl, d / FILES[f"q{b}"], dict.fromkeys(names, b), settings,
-                            algorithms=(algorithms or {}).get(b))
+                            algorithms=(algorithms or {}).get(b), calibration=calibration, threads=threads)
     t_q = time.perf_counter()
     log.info("quantized in %.0f s; building the switch model", t_q - t0)
     nodes = {b: quantized_nodes(p) for b, p in paths.items()}
@@ -285,6 +286,7 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
         "base_model": str(base_model),
         "settings": settings.as_dict(),
         "algorithms": {str(b): dict(a) for b, a in (algorithms or {}).items() if a},
+        **({"calibration": calibration_record(calibration)} if _reads_calibration(algorithms) else {}),
         "logits": bool(logits),
         "ops": [{**o, "bytes": {"float": fb[o["name"]], **{str(b): nodes[b][o["name"]]["bytes"] for b in BITS}}}
                 for o in ops],
@@ -294,6 +296,20 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     }
     write_json(d / FILES["meta"], meta)
     return meta
+
+
+def _reads_calibration(algorithms: Mapping[int, Mapping[str, str]] | None) -> bool:
+    from vlsens.quantize.nbits import DATA_AWARE
+
+    return any(a in DATA_AWARE for per in (algorithms or {}).values() for a in per.values())
+
+
+def calibration_record(calibration: str | Path) -> dict:
+    """``{"file", "sha256"}`` of the calibration samples a data-aware algorithm read: what a plan
+    that takes the algorithm's weights names, and checks before it is rebuilt."""
+    from vlsens.core.fsutil import file_sha256
+
+    return {"file": str(calibration), "sha256": file_sha256(calibration)}
 
 
 def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Path, out_json: str | Path,
@@ -360,39 +376,60 @@ def _score(eng_dir: Prepared, eng: NBitsEngine, ref) -> tuple[list[dict], float,
 
 
 def choose_algorithms(base_model: str | Path, eval_npz: str | Path, settings: NBitsSettings, candidates: Sequence[str],
-                      work: str | Path, threads: int = 0, *, logits: bool, suffix_cuts: int = 32) -> dict:
+                      work: str | Path, threads: int = 0, *, logits: bool, suffix_cuts: int = 32,
+                      calibration: str | Path | None = None) -> dict:
     """Per MatMul and width the algorithm (of ``candidates`` and ``settings.algorithm``) under which
     it alone costs the least: an engine per algorithm (:func:`prepare` in ``work``, removed after),
     every op at 4 and at 8 bits alone scored as :func:`sensitivity` scores it; a tie keeps
     ``settings.algorithm``. The algorithms write the same ``MatMulNBits`` blocks, k_quant with
     zero points symmetric RTN omits (0.5 byte a block): the engine built with the choice reads each
-    op's bytes from its graphs, so the search counts them. ``{"candidates", "chosen": {width: {op:
-    algorithm}} (only where not settings.algorithm), "errors": {algorithm: {op: {"4", "8"}}}}``."""
+    op's bytes from its graphs, so the search counts them. A data-aware candidate (``gptq``) reads
+    ``calibration`` (the float model's calibration samples, not the evaluation set it is scored
+    on), at :data:`~vlsens.quantize.nbits.DATA_AWARE_BITS` only. A candidate takes ops at a width
+    only where every op at that width by it costs no more than every op by the default
+    (``uniform``): errors alone do not add up. ``{"candidates", "chosen": {width: {op: algorithm}} (only where not
+    settings.algorithm), "errors": {algorithm: {op: {"4", "8"}}}, "uniform": {algorithm: {"4",
+    "8"}}, "allowed": {width: [algorithm]}}``."""
     import shutil
     from dataclasses import replace
 
+    from vlsens.quantize.nbits import DATA_AWARE, DATA_AWARE_BITS
+
     default = settings.algorithm
     order = [default, *sorted(set(candidates) - {default})]
+    if calibration is None and set(order) & set(DATA_AWARE):
+        raise ValueError(f"candidates {sorted(set(order) & set(DATA_AWARE))} read calibration inputs: pass calibration=")
     errors: dict[str, dict] = {}
+    uniform: dict[str, dict] = {}
     for algo in order:
         d = Path(work) / algo
-        prepare(base_model, eval_npz, d, replace(settings, algorithm=algo), threads, logits=logits,
-                suffix_cuts=suffix_cuts)
+        widths = DATA_AWARE_BITS if algo in DATA_AWARE else BITS
+        if algo in DATA_AWARE:  # per MatMul only: every one the default's engine holds, at its widths
+            prepare(base_model, eval_npz, d, settings, threads, logits=logits, suffix_cuts=suffix_cuts,
+                    algorithms={b: dict.fromkeys(errors[default], algo) for b in widths}, calibration=calibration)
+        else:
+            prepare(base_model, eval_npz, d, replace(settings, algorithm=algo), threads, logits=logits,
+                    suffix_cuts=suffix_cuts)
         eng_dir = Prepared(d)
         eng, ref = eng_dir.session(eval_npz, threads, cache_dir=d / "cache"), eng_dir.reference()
-        errors[algo] = {o["name"]: {str(b): error(eng.evaluate({o["name"]: b}, ref), eng.logits) for b in BITS}
+        errors[algo] = {o["name"]: {str(b): error(eng.evaluate({o["name"]: b}, ref), eng.logits) for b in widths}
                         for o in eng_dir.meta["ops"]}
+        uniform[algo] = {str(b): error(eng.evaluate(dict.fromkeys(errors[algo], b), ref), eng.logits) for b in widths}
         del eng, ref
         shutil.rmtree(d, ignore_errors=True)
-        log.info("algorithm %s: every op alone scored at %s bits", algo, "/".join(map(str, BITS)))
+        log.info("algorithm %s: every op alone scored at %s bits", algo, "/".join(map(str, widths)))
+    allowed = {str(b): [a for a in order if str(b) in uniform[a] and uniform[a][str(b)] <= uniform[default][str(b)]]
+               for b in BITS}
     chosen: dict[int, dict[str, str]] = {}
     for b in BITS:
         for op in errors[default]:
-            best = min(order, key=lambda a: (errors[a][op][str(b)], a != default))
+            best = min(allowed[str(b)], key=lambda a: (errors[a][op][str(b)], a != default))
             if best != default:
                 chosen.setdefault(b, {})[op] = best
-    log.info("per-op algorithms: %s", {b: len(c) for b, c in chosen.items()} or "every op keeps " + default)
-    return {"candidates": order, "chosen": {str(b): c for b, c in chosen.items()}, "errors": errors}
+    log.info("per-op algorithms: %s (allowed per width: %s)", {b: len(c) for b, c in chosen.items()} or
+             "every op keeps " + default, allowed)
+    return {"candidates": order, "chosen": {str(b): c for b, c in chosen.items()}, "errors": errors,
+            "uniform": uniform, "allowed": allowed}
 
 
 def error(metrics: Mapping[str, float], logits: bool) -> float:

@@ -1,0 +1,166 @@
+#!/usr/bin/env python
+"""GPTQ per MatMul against round to nearest (and ONNX Runtime's vendored GPTQ) on a decoder's own
+inputs: every weight MatMul's output error ``||X (W_q - W)||^2`` on samples GPTQ never saw, after
+fitting on the others, and the time GPTQ takes per MatMul (its Hessian included). Prints a table.
+
+    python bench/bench_gptq.py --model results/held-out/decoder/fp32/model.onnx \\
+        --samples results/held-out/budget/decoder.npz --fit 12
+
+``--samples``: a Samples npz of the model's inputs (the budget's decoder feeds: the measure's
+cases); the first ``--fit`` samples are the calibration, the rest the held-out rows. Or
+``--samples calib.npz --held eval.npz``: a run's calibration split and its evaluation split
+
+    python bench/bench_gptq.py --model results/3b/decoder/fp32/model.onnx \
+        --samples results/3b/calib/decoder/calib.npz --held results/3b/calib/decoder/eval.npz --no-ort
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def _captured(model: Path, samples, tensors: list[str], threads: int) -> list[dict]:
+    """Per sample, every tensor's rows (the model run with them as outputs)."""
+    import onnx
+    from onnx import helper
+
+    from vlsens.core.onnxutil import make_session
+
+    m = onnx.load(str(model), load_external_data=False)
+    given = {i.name for i in m.graph.input}
+    for t in tensors:
+        if t not in given:
+            m.graph.output.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
+    probe = model.with_name(".bench-gptq-probe.onnx")
+    onnx.save(m, str(probe))
+    try:
+        sess = make_session(probe, threads=threads, lean=True)
+        outs = [t for t in tensors if t not in given]
+        rows = []
+        for feed in samples.feeds:
+            got = dict(zip(outs, sess.run(outs, feed)))
+            rows.append({t: np.asarray(got.get(t, feed.get(t)), np.float32).reshape(-1, (got.get(t, feed.get(t))).shape[-1])
+                         for t in tensors})
+    finally:
+        probe.unlink(missing_ok=True)
+    return rows
+
+
+def _ort_gptq(w, h, bits, block, symmetric):
+    """ONNX Runtime's vendored GPTQ as its quantizer stores it: fake-quantized, then round to nearest again."""
+    from onnxruntime.quantization.neural_compressor.weight_only import gptq as ort
+
+    from vlsens.quantize import gptq
+
+    q = ort(w.astype(np.float64).copy(), h.copy(), num_bits=bits, group_size=block, scheme="sym" if symmetric else "asym")
+    return gptq.dequantized(*gptq.codes(q.astype(np.float32), None, bits, block, symmetric), w.shape[0])
+
+
+def _k_quant(w, bits, block):
+    """llama.cpp's k_quant as ONNX Runtime's quantizer writes it (asymmetric, zero points), dequantized."""
+    from onnxruntime.quantization.neural_compressor.weight_only import pad_tensor, quant_tensor_k_quant_cuda
+
+    k, n = w.shape
+    blocks = -(-k // block)
+    q, scale, zero = quant_tensor_k_quant_cuda(pad_tensor(w, block, blocks).T, bits, block)
+    deq = (q - zero.astype(np.float64)) * scale.astype(np.float32).astype(np.float64)
+    return deq.reshape(n, blocks * block)[:, :k].T.astype(np.float32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--samples", required=True, type=Path)
+    ap.add_argument("--fit", type=int, help="the first FIT samples calibrate, the rest are held out")
+    ap.add_argument("--held", type=Path, help="held-out samples (then every one of --samples calibrates)")
+    ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--asymmetric", action="store_true")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--no-ort", action="store_true", help="leave ONNX Runtime's vendored GPTQ out (slow at real widths)")
+    ap.add_argument("--publish", action="store_true", help="write the table to docs/benchmarks/ (default: results/bench/)")
+    a = ap.parse_args()
+    import onnx
+
+    from vlsens.core.onnxutil import tensor_array
+    from vlsens.data.samples import Samples
+    from vlsens.quantize import gptq
+    from vlsens.quantize.nbits import weight_matmuls
+    from vlsens.quantize.qdq import parse_op_name
+
+    sym = not a.asymmetric
+    ops = weight_matmuls(a.model)
+    graph = onnx.load(str(a.model), load_external_data=False)
+    reads = {n.name: n.input[0] for n in graph.graph.node if n.name in {o["name"] for o in ops}}
+    inits = {i.name: i for i in graph.graph.initializer}
+    samples = Samples.load(a.samples, a.model)
+    if a.held is not None:
+        a.fit = samples.count
+        samples = Samples(samples.feeds + Samples.load(a.held, a.model).feeds)
+    elif a.fit is None or not 0 < a.fit < samples.count:
+        sys.exit(f"--fit {a.fit}: between 1 and {samples.count - 1} (the samples: {samples.count}), or --held")
+    t0 = time.perf_counter()
+    rows = _captured(a.model, samples, sorted(set(reads.values())), a.threads)
+    fit = {t: np.concatenate([r[t] for r in rows[:a.fit]]) for t in set(reads.values())}
+    held = {t: np.concatenate([r[t] for r in rows[a.fit:]]) for t in set(reads.values())}
+    print(f"{a.model}: {len(ops)} weight MatMuls; {a.fit} samples fitted ({next(iter(fit.values())).shape[0]} rows), "
+          f"{samples.count - a.fit} held out ({next(iter(held.values())).shape[0]} rows); inputs captured in "
+          f"{time.perf_counter() - t0:.1f} s\n")
+    cols = ["gptq / rtn", "k_quant / rtn"] + ([] if a.no_ort else ["ORT's gptq / rtn"])
+    print(f"| op | K x N | bits | rtn error (held out) | {' | '.join(cols)} | gptq / rtn on the fitted rows | "
+          "s GPTQ (Hessian + loop) |")
+    print("| --- | --- | ---: | ---: |" + " ---: |" * len(cols) + " ---: | ---: |")
+    ratios: dict[int, list[float]] = {b: [] for b in a.bits}
+    versus_k: dict[int, list[float]] = {b: [] for b in a.bits}
+    for o in ops:
+        w = np.asarray(tensor_array(inits[o["weight"]], a.model.parent), np.float32)
+        xf, xh = fit[reads[o["name"]]], held[reads[o["name"]]]
+        err = lambda x, wq, w=w: float(np.sum((x @ (wq - w)) ** 2))  # noqa: E731
+        block, role = parse_op_name(o["name"], "MatMul")
+        for b in a.bits:
+            t1 = time.perf_counter()
+            xd = xf.astype(np.float64)
+            h = xd.T @ xd
+            wg = gptq.dequantized(*gptq.codes(w, h, b, a.block, sym), o["K"])
+            sec = time.perf_counter() - t1
+            wr = gptq.dequantized(*gptq.codes(w, None, b, a.block, sym), o["K"])
+            e_r = err(xh, wr)
+            cells = [f"{err(xh, wg) / e_r:.3f}", f"{err(xh, _k_quant(w, b, a.block)) / e_r:.3f}"]
+            if not a.no_ort:
+                cells.append(f"{err(xh, _ort_gptq(w, h, b, a.block, sym)) / e_r:.3f}")
+            ratios[b].append(err(xh, wg) / e_r)
+            versus_k[b].append(err(xh, wg) / err(xh, _k_quant(w, b, a.block)))
+            print(f"| {role}{'' if block is None else f' (block {block})'} | {o['K']} x {o['N']} | {b} | {e_r:.4g} | "
+                  f"{' | '.join(cells)} | {err(xf, wg) / err(xf, wr):.3f} | {sec:.2f} |")
+    print()
+    for b, r in ratios.items():
+        r = np.array(r)
+        print(f"INT{b}: GPTQ / RTN output error on held-out rows, over {r.size} MatMuls: median {np.median(r):.3f}, "
+              f"geometric mean {np.exp(np.log(r).mean()):.3f}, range {r.min():.3f} .. {r.max():.3f}; "
+              f"{int((r < 1).sum())} of {r.size} lower")
+        k = np.array(versus_k[b])
+        print(f"INT{b}: GPTQ / k_quant: median {np.median(k):.3f}, geometric mean {np.exp(np.log(k).mean()):.3f}, "
+              f"range {k.min():.3f} .. {k.max():.3f}; {int((k < 1).sum())} of {k.size} lower")
+    import resource
+
+    print(f"\nPeak resident memory of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB.")
+    print(f"\nBlocks of {a.block}, {'symmetric' if sym else 'asymmetric'}; error: sum of squares of the MatMul's "
+          "output change on the held-out samples' rows. ORT's gptq: onnxruntime.quantization's vendored GPTQ "
+          "(neural_compressor.weight_only.gptq) on the same weight and Hessian, stored as its quantizer stores it "
+          "(round to nearest of its fake-quantized weight). k_quant: llama.cpp's scale search as ONNX Runtime's "
+          "quantizer writes it (asymmetric: zero points, 0.5 byte more a block of 32 than symmetric GPTQ and RTN).")
+
+
+if __name__ == "__main__":
+    from _publish import published
+
+    name = Path(sys.argv[sys.argv.index("--model") + 1]).parts[1] if "--model" in sys.argv else "run"
+    with published(f"gptq-{name}", "GPTQ per MatMul against round to nearest"):
+        main()

@@ -1,0 +1,201 @@
+"""GPTQ for ``MatMulNBits`` weights: a data-aware INT4 / INT8 weight-only algorithm per MatMul.
+
+GPTQ (Frantar et al., 2022) quantizes a weight ``W`` (K x N, ``y = x W``) one input row at a time
+and spreads each row's rounding error onto the rows not yet quantized through the inverse of the
+Hessian ``H = X^T X`` of the MatMul's calibration inputs ``X``, so that ``||X (W_q - W)||`` is
+small rather than ``||W_q - W||``. The loop is the reference one (blocks of 128 rows, the error of
+a block pushed onto the rest at once, dampening 1 % of the mean diagonal, rows in their order) as
+ONNX Runtime's vendored copy runs it (``onnxruntime.quantization.neural_compressor.gptq``), with
+one difference: each block's scale and zero point are fixed when GPTQ reaches the block, by the
+rule round to nearest uses (:func:`onnxruntime.quantization.neural_compressor.weight_only.quant_tensor`:
+symmetric ``2 max|w| / 15`` around 8, or asymmetric min / max), and the integer codes are written
+as they are. ONNX Runtime's copy instead fake-quantizes, then quantizes the result again by round
+to nearest (a second rounding where the two grids differ) and writes INT8 as a float MatMul. So:
+with no correlation between inputs (``H`` diagonal) GPTQ here is round to nearest code for code
+(test), and both widths are ``MatMulNBits`` blocks like every other algorithm's.
+
+The Hessians come from the float model itself: one pass over the calibration samples with every
+quantized MatMul's input added to the outputs (a graph-only copy reading the model's own data
+file), each input's rows appended to a scratch file, then per input ``X^T X`` in float64. Memory:
+one sample's captured inputs (tokens x the sum of the distinct inputs' widths, float32) during the
+pass; then the largest ``K x K`` Hessian in float64, its rows ``X`` and one weight. Disk: the
+captured rows, tokens x sum of widths x 4 bytes (about 2.5 GB per 1 000 calibration tokens for a
+36-layer 3B decoder).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+#: fraction of the mean Hessian diagonal added to it (GPTQ's ``percdamp``, ONNX Runtime's default)
+DAMP = 0.01
+#: rows a lazy update covers (GPTQ's ``blocksize``; a multiple of the quantization block)
+ROWS = 128
+
+
+def grid(w: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point per column of the block ``w`` (rows x N), by round to nearest's rule
+    (``quant_tensor`` with unsigned codes): symmetric ``2 max|w| / (2^bits - 1)`` around
+    ``2^(bits-1)``, asymmetric ``(max - min) / (2^bits - 1)`` with the zero point rounded and clipped.
+    A block of zeros gets scale 1. The codes are rounded with the float64 scale and the float32 one
+    is stored, as there."""
+    maxq = (1 << bits) - 1
+    lo, hi = w.min(axis=0), w.max(axis=0)
+    scale = np.ones(w.shape[1])
+    if symmetric:
+        rng = np.maximum(np.abs(lo), np.abs(hi))
+        scale[rng > 0] = rng[rng > 0] * 2.0 / maxq
+        zero = np.full(w.shape[1], 1 << (bits - 1), dtype=np.float64)
+    else:
+        nz = lo != hi  # the range in float32, as quant_tensor takes it from a float32 weight
+        scale[nz] = (hi.astype(np.float32) - lo.astype(np.float32)).astype(np.float64)[nz] / maxq
+        zero = np.clip(np.round(-lo / scale), 0, maxq)
+    return scale, zero
+
+
+def codes(weight: np.ndarray, hessian: np.ndarray | None, bits: int, block_size: int, symmetric: bool,
+          damp: float = DAMP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GPTQ of ``weight`` (K x N) against ``hessian`` (K x K; ``None``: round to nearest): the codes
+    (N x k_blocks x block_size, uint8, padded rows included), the scales (N x k_blocks, float32) and
+    the zero points (N x k_blocks, uint8), in ``MatMulNBits``' block order."""
+    k, n = weight.shape
+    blocks = -(-k // block_size)
+    kp = blocks * block_size
+    w = np.zeros((kp, n), np.float64)
+    w[:k] = weight
+    if hessian is None:
+        hinv = None
+    else:
+        h = np.zeros((kp, kp), np.float64)
+        h[:k, :k] = hessian
+        dead = np.diag(h) == 0
+        h[dead, dead] = 1.0
+        w[dead] = 0.0
+        h[np.diag_indices(kp)] += damp * np.mean(np.diag(h))
+        hinv = np.linalg.cholesky(np.linalg.inv(h)).T  # upper: row i holds what row i's error moves
+    maxq = (1 << bits) - 1
+    q = np.zeros((kp, n), np.uint8)
+    scales, zeros = np.zeros((blocks, n), np.float32), np.zeros((blocks, n), np.uint8)
+    step = block_size * max(1, ROWS // block_size)
+    for i1 in range(0, kp, step):
+        i2 = min(i1 + step, kp)
+        w1 = w[i1:i2].copy()
+        err = np.zeros_like(w1)
+        for i in range(i2 - i1):
+            r = i1 + i
+            if r % block_size == 0:
+                scale, zero = grid(w1[i:i + block_size], bits, symmetric)
+                scales[r // block_size], zeros[r // block_size] = scale, zero
+            c = np.clip(np.round(w1[i] / scale) + zero, 0, maxq)
+            q[r] = c
+            if hinv is None:
+                continue
+            e = (w1[i] - (c - zero) * scale) / hinv[r, r]
+            w1[i:] -= np.outer(hinv[r, r:i2], e)
+            err[i] = e
+        if hinv is not None:
+            w[i2:] -= hinv[i1:i2, i2:].T @ err
+    return (np.ascontiguousarray(q.T.reshape(n, blocks, block_size)), np.ascontiguousarray(scales.T),
+            np.ascontiguousarray(zeros.T))
+
+
+def dequantized(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, k: int) -> np.ndarray:
+    """The K x N float weight that codes, scales and zero points of :func:`codes` stand for."""
+    n, blocks, block = q.shape
+    w = (q.astype(np.float64) - zeros[:, :, None]) * scales[:, :, None].astype(np.float64)
+    return w.reshape(n, blocks * block)[:, :k].T.astype(np.float32)
+
+
+def node(matmul, k: int, bits: int, settings, q: np.ndarray, scales: np.ndarray, zeros: np.ndarray):
+    """The ``MatMulNBits`` node ``<name>_Q<bits>`` and its weight tensors for ``matmul`` (a MatMul
+    NodeProto with a K x N weight; ``settings``: block size, symmetry, ``accuracy_level``), written
+    by ONNX Runtime's own writer (the one its round to nearest uses: the same packing, names and
+    attributes); zero points only where asymmetric."""
+    from onnxruntime.quantization.neural_compressor.weight_only import make_matmul_weight_only_node
+
+    n, blocks, block = q.shape
+    return make_matmul_weight_only_node(node=matmul, weight_shape=(k, n), num_bits=bits, group_size=block,
+                                        k_blocks=blocks, q_weight=q.reshape(n * blocks, block),
+                                        scale=scales.reshape(-1, 1),
+                                        zero_point=None if settings.symmetric else zeros.reshape(-1, 1),
+                                        accuracy_level=settings.accuracy_level)
+
+
+def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[str], scratch: str | Path,
+             threads: int = 0) -> Iterator[tuple[str, np.ndarray, int]]:
+    """``(input, X^T X, rows)`` for each tensor of ``inputs`` (MatMul inputs of ``float_model``), over
+    every position of the calibration samples (:class:`vlsens.data.samples.Samples` npz of the
+    model's inputs), one session pass; the captured rows are kept in ``scratch`` until read."""
+    import onnx
+    from onnx import helper
+
+    from vlsens.core.onnxgraph import element_types
+    from vlsens.core.onnxutil import make_session
+    from vlsens.data.samples import Samples
+
+    float_model, scratch = Path(float_model), Path(scratch)
+    model = onnx.load(str(float_model), load_external_data=False)
+    given = {i.name for i in model.graph.input}
+    types = element_types(float_model)
+    have = {o.name for o in model.graph.output}
+    for t in inputs:
+        if t not in given and t not in have:
+            model.graph.output.append(helper.make_tensor_value_info(t, types.get(t, onnx.TensorProto.FLOAT), None))
+    probe = float_model.with_name(f".vlsens-gptq-{uuid.uuid4().hex}.onnx")  # beside the data file it reads
+    onnx.save(model, str(probe))
+    del model
+    files = {t: scratch / f"x{j}.f32" for j, t in enumerate(inputs)}
+    width: dict[str, int] = {}
+    try:
+        sess = make_session(probe, threads=threads, lean=True)
+        samples = Samples.load(calibration, float_model)
+        outs = [t for t in inputs if t not in given]
+        for feed in samples.feeds:
+            got = dict(zip(outs, sess.run(outs, feed)))
+            for t in inputs:
+                x = np.asarray(got[t] if t in got else feed[t], np.float32)
+                width[t] = x.shape[-1]
+                with open(files[t], "ab") as f:
+                    x.reshape(-1, x.shape[-1]).tofile(f)
+        del sess
+    finally:
+        probe.unlink(missing_ok=True)
+    log.info("GPTQ: %d MatMul inputs captured over %d calibration samples", len(inputs), samples.count)
+    for t in inputs:
+        x = np.fromfile(files[t], np.float32).reshape(-1, width[t]).astype(np.float64)
+        files[t].unlink()
+        yield t, x.T @ x, x.shape[0]
+
+
+def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], nodes: Mapping[str, object], inits: Mapping,
+                   bits: Mapping[str, int], settings, calibration: str | Path, scratch: str | Path,
+                   threads: int = 0) -> dict[str, tuple]:
+    """``{MatMul name: (MatMulNBits node, its weight tensors)}`` for ``ops`` (weight MatMuls of
+    :func:`vlsens.quantize.nbits.weight_matmuls`; ``nodes`` their NodeProtos, ``inits`` the graph's
+    initializers) by GPTQ at their ``bits`` and ``settings``' block size, symmetry and
+    ``accuracy_level``. MatMuls that read the same input share its Hessian."""
+    from vlsens.core.onnxutil import tensor_array
+
+    by_input: dict[str, list[Mapping]] = {}
+    for o in ops:
+        by_input.setdefault(nodes[o["name"]].input[0], []).append(o)
+    done = {}
+    weights_dir = Path(float_model).parent
+    for t, h, rows in hessians(float_model, calibration, list(by_input), scratch, threads):
+        if rows < h.shape[0]:
+            log.warning("GPTQ: %d calibration rows for the %d inputs of %s: the Hessian is singular (dampening "
+                        "keeps it invertible, but the fit follows these rows; more calibration samples, "
+                        "calibration.num_calib, give it more)", rows, h.shape[0], t)
+        for o in by_input[t]:
+            w = np.asarray(tensor_array(inits[o["weight"]], weights_dir), np.float32)
+            q, s, z = codes(w, h, int(bits[o["name"]]), settings.block_size, settings.symmetric)
+            done[o["name"]] = node(nodes[o["name"]], o["K"], int(bits[o["name"]]), settings, q, s, z)
+        log.debug("GPTQ: %s (%d rows): %s", t, rows, [o["name"] for o in by_input[t]])
+    return done
