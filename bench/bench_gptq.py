@@ -74,6 +74,28 @@ def _k_quant(w, bits, block):
     return deq.reshape(n, blocks * block)[:, :k].T.astype(np.float32)
 
 
+def _deq(coded, c0: int, c1: int, k: int) -> np.ndarray:
+    """Columns c0:c1 of the weight :func:`vlsens.quantize.gptq.codes` wrote."""
+    from vlsens.quantize import gptq
+
+    q, s, z = coded
+    return gptq.dequantized(q[c0:c1], s[c0:c1], z[c0:c1], k)
+
+
+def _errors(xs, w: np.ndarray, quantized) -> list[float]:
+    """``||x (W_q - W)||^2`` for each ``x`` of ``xs``, ``quantized(c0, c1)`` giving W_q's columns
+    c0:c1: summed over column chunks (a 3B lm_head is 2048 x 151936)."""
+    from vlsens.quantize.gptq import COLUMNS
+
+    out = [0.0] * len(xs)
+    for c0 in range(0, w.shape[1], COLUMNS):
+        c1 = min(c0 + COLUMNS, w.shape[1])
+        d = quantized(c0, c1) - w[:, c0:c1]
+        for j, x in enumerate(xs):
+            out[j] += float(np.sum((x @ d) ** 2))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, type=Path)
@@ -122,23 +144,31 @@ def main() -> None:
     for o in ops:
         w = np.asarray(tensor_array(inits[o["weight"]], a.model.parent), np.float32)
         xf, xh = fit[reads[o["name"]]], held[reads[o["name"]]]
-        err = lambda x, wq, w=w: float(np.sum((x @ (wq - w)) ** 2))  # noqa: E731
         block, role = parse_op_name(o["name"], "MatMul")
+        t1 = time.perf_counter()
+        xd = xf.astype(np.float64)
+        h = xd.T @ xd
+        del xd
+        t_h = time.perf_counter() - t1
         for b in a.bits:
             t1 = time.perf_counter()
-            xd = xf.astype(np.float64)
-            h = xd.T @ xd
-            wg = gptq.dequantized(*gptq.codes(w, h, b, a.block, sym), o["K"])
-            sec = time.perf_counter() - t1
-            wr = gptq.dequantized(*gptq.codes(w, None, b, a.block, sym), o["K"])
-            e_r = err(xh, wr)
-            cells = [f"{err(xh, wg) / e_r:.3f}", f"{err(xh, _k_quant(w, b, a.block)) / e_r:.3f}"]
+            g = gptq.codes(w, h, b, a.block, sym)
+            sec = time.perf_counter() - t1 + t_h
+            r = gptq.codes(w, None, b, a.block, sym)
+            k, wb = o["K"], w
+            ways = {"gptq": lambda c0, c1, g=g, k=k: _deq(g, c0, c1, k), "rtn": lambda c0, c1, r=r, k=k: _deq(r, c0, c1, k),
+                    "k_quant": lambda c0, c1, b=b, wb=wb: _k_quant(wb[:, c0:c1], b, a.block)}
             if not a.no_ort:
-                cells.append(f"{err(xh, _ort_gptq(w, h, b, a.block, sym)) / e_r:.3f}")
-            ratios[b].append(err(xh, wg) / e_r)
-            versus_k[b].append(err(xh, wg) / err(xh, _k_quant(w, b, a.block)))
+                ways["ort"] = lambda c0, c1, b=b, wb=wb, h=h: _ort_gptq(wb[:, c0:c1], h, b, a.block, sym)
+            e = {name: _errors((xh, xf), w, f) for name, f in ways.items()}
+            e_r = e["rtn"][0]
+            cells = [f"{e['gptq'][0] / e_r:.3f}", f"{e['k_quant'][0] / e_r:.3f}"]
+            if not a.no_ort:
+                cells.append(f"{e['ort'][0] / e_r:.3f}")
+            ratios[b].append(e["gptq"][0] / e_r)
+            versus_k[b].append(e["gptq"][0] / e["k_quant"][0])
             print(f"| {role}{'' if block is None else f' (block {block})'} | {o['K']} x {o['N']} | {b} | {e_r:.4g} | "
-                  f"{' | '.join(cells)} | {err(xf, wg) / err(xf, wr):.3f} | {sec:.2f} |")
+                  f"{' | '.join(cells)} | {e['gptq'][1] / e['rtn'][1]:.3f} | {sec:.2f} |", flush=True)
     print()
     for b, r in ratios.items():
         r = np.array(r)

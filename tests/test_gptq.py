@@ -164,3 +164,16 @@ def test_onnx_runtimes_vendored_gptq_moves_no_error():
     theirs = err(ort_gptq(w.astype(np.float64).copy(), h.copy(), num_bits=4, group_size=32, scheme="sym"))
     ours = err(gptq.dequantized(*gptq.codes(w, h, 4, 32, True), k))
     assert theirs == pytest.approx(rtn, rel=1e-4) and ours < 0.7 * rtn
+
+
+def test_columns_quantized_in_chunks_give_the_same_codes(monkeypatch):
+    """Output columns do not interact: GPTQ over chunks of 7 columns writes what one pass over
+    all of them writes (the chunks bound a 3B lm_head's float64 copy)."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((96, 40)).astype(np.float32)
+    x = (rng.standard_normal((400, 96)) @ (rng.standard_normal((96, 96)) * 0.3 + np.eye(96))).astype(np.float32)
+    h = x.astype(np.float64).T @ x
+    whole = gptq.codes(w, h, 4, 32, False)
+    monkeypatch.setattr(gptq, "COLUMNS", 7)
+    chunked = gptq.codes(w, h, 4, 32, False)
+    assert all(np.array_equal(a, b) for a, b in zip(whole, chunked, strict=True))

@@ -18,7 +18,8 @@ The Hessians come from the float model itself: one pass over the calibration sam
 quantized MatMul's input added to the outputs (a graph-only copy reading the model's own data
 file), each input's rows appended to a scratch file, then per input ``X^T X`` in float64. Memory:
 one sample's captured inputs (tokens x the sum of the distinct inputs' widths, float32) during the
-pass; then the largest ``K x K`` Hessian in float64, its rows ``X`` and one weight. Disk: the
+pass; then the largest ``K x K`` Hessian in float64 (three: it, its inverse, the factor), its rows
+``X``, one weight and ``K x 8192`` of it in float64. Disk: the
 captured rows, tokens x sum of widths x 4 bytes (about 2.5 GB per 1 000 calibration tokens for a
 36-layer 3B decoder).
 """
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 DAMP = 0.01
 #: rows a lazy update covers (GPTQ's ``blocksize``; a multiple of the quantization block)
 ROWS = 128
+#: output columns quantized at a time (they do not interact)
+COLUMNS = 8192
 
 
 def grid(w: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -64,25 +67,46 @@ def codes(weight: np.ndarray, hessian: np.ndarray | None, bits: int, block_size:
           damp: float = DAMP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GPTQ of ``weight`` (K x N) against ``hessian`` (K x K; ``None``: round to nearest): the codes
     (N x k_blocks x block_size, uint8, padded rows included), the scales (N x k_blocks, float32) and
-    the zero points (N x k_blocks, uint8), in ``MatMulNBits``' block order."""
+    the zero points (N x k_blocks, uint8), in ``MatMulNBits``' block order. Output columns do not
+    interact, so they are quantized :data:`COLUMNS` at a time (the same codes, test): the float64
+    copy is K x COLUMNS, not K x N (2.5 GB for a 3B lm_head)."""
     k, n = weight.shape
     blocks = -(-k // block_size)
     kp = blocks * block_size
-    w = np.zeros((kp, n), np.float64)
-    w[:k] = weight
-    if hessian is None:
-        hinv = None
-    else:
-        h = np.zeros((kp, kp), np.float64)
-        h[:k, :k] = hessian
-        dead = np.diag(h) == 0
-        h[dead, dead] = 1.0
+    hinv, dead = _factor(hessian, k, kp, damp)
+    q = np.zeros((n, blocks, block_size), np.uint8)
+    scales, zeros = np.zeros((n, blocks), np.float32), np.zeros((n, blocks), np.uint8)
+    for c0 in range(0, n, COLUMNS):
+        c1 = min(c0 + COLUMNS, n)
+        w = np.zeros((kp, c1 - c0), np.float64)
+        w[:k] = weight[:, c0:c1]
         w[dead] = 0.0
-        h[np.diag_indices(kp)] += damp * np.mean(np.diag(h))
-        hinv = np.linalg.cholesky(np.linalg.inv(h)).T  # upper: row i holds what row i's error moves
+        cq, cs, cz = _rows(w, hinv, bits, block_size, symmetric)
+        q[c0:c1] = cq.T.reshape(c1 - c0, blocks, block_size)
+        scales[c0:c1], zeros[c0:c1] = cs.T, cz.T
+    return q, scales, zeros
+
+
+def _factor(hessian: np.ndarray | None, k: int, kp: int, damp: float) -> tuple[np.ndarray | None, np.ndarray]:
+    """The upper Cholesky factor of the dampened inverse Hessian (padded to ``kp`` rows; row i holds
+    what row i's error moves) and the rows no input reaches (``None`` and none without a Hessian)."""
+    if hessian is None:
+        return None, np.zeros(kp, bool)
+    h = np.zeros((kp, kp), np.float64)
+    h[:k, :k] = hessian
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1.0
+    h[np.diag_indices(kp)] += damp * np.mean(np.diag(h))
+    return np.linalg.cholesky(np.linalg.inv(h)).T, dead
+
+
+def _rows(w: np.ndarray, hinv: np.ndarray | None, bits: int, block_size: int, symmetric: bool):
+    """GPTQ's row loop over ``w`` (kp x columns, float64, changed in place): codes (kp x columns),
+    scales and zero points (k_blocks x columns)."""
+    kp, n = w.shape
     maxq = (1 << bits) - 1
     q = np.zeros((kp, n), np.uint8)
-    scales, zeros = np.zeros((blocks, n), np.float32), np.zeros((blocks, n), np.uint8)
+    scales, zeros = np.zeros((kp // block_size, n), np.float32), np.zeros((kp // block_size, n), np.uint8)
     step = block_size * max(1, ROWS // block_size)
     for i1 in range(0, kp, step):
         i2 = min(i1 + step, kp)
@@ -102,8 +126,7 @@ def codes(weight: np.ndarray, hessian: np.ndarray | None, bits: int, block_size:
             err[i] = e
         if hinv is not None:
             w[i2:] -= hinv[i1:i2, i2:].T @ err
-    return (np.ascontiguousarray(q.T.reshape(n, blocks, block_size)), np.ascontiguousarray(scales.T),
-            np.ascontiguousarray(zeros.T))
+    return q, scales, zeros
 
 
 def dequantized(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, k: int) -> np.ndarray:
