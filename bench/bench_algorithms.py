@@ -52,7 +52,7 @@ def main() -> None:
           + " | ".join(f"KL all {c} | per-op / all {c}" for c in others) + " |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |" + " ---: | --- |" * len(others))
     from vlsens.core.fsutil import file_sha256
-    from vlsens.quantize.nbits import DATA_AWARE
+    from vlsens.quantize.nbits import data_aware
 
     with tempfile.TemporaryDirectory(prefix="vlsens-algorithms-") as work:
         for f in sorted((root / "budget" / "plans").glob("*.yaml"), key=lambda f: (len(f.stem), f.stem)):
@@ -60,7 +60,7 @@ def main() -> None:
             if not plan.algorithms:
                 continue
             every = {c: replace(plan, algorithms={n: c for n, b in plan.decoder.items() if b},
-                                calibration=file_sha256(calib) if c in DATA_AWARE else "") for c in others}
+                                calibration=file_sha256(calib) if data_aware([c]) else "") for c in others}
             built = {}
             for tag, p in (("per-op", plan), ("one", replace(plan, algorithms={}, calibration="")), *every.items()):
                 out = Path(work) / f"{plan.name}-{tag}" / "model.onnx"

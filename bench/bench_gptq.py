@@ -26,33 +26,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
-def _captured(model: Path, samples, tensors: list[str], threads: int) -> list[dict]:
-    """Per sample, every tensor's rows (the model run with them as outputs)."""
-    import onnx
-    from onnx import helper
-
-    from vlsens.core.onnxutil import make_session
-
-    m = onnx.load(str(model), load_external_data=False)
-    given = {i.name for i in m.graph.input}
-    for t in tensors:
-        if t not in given:
-            m.graph.output.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
-    probe = model.with_name(".bench-gptq-probe.onnx")
-    onnx.save(m, str(probe))
-    try:
-        sess = make_session(probe, threads=threads, lean=True)
-        outs = [t for t in tensors if t not in given]
-        rows = []
-        for feed in samples.feeds:
-            got = dict(zip(outs, sess.run(outs, feed)))
-            rows.append({t: np.asarray(got.get(t, feed.get(t)), np.float32).reshape(-1, (got.get(t, feed.get(t))).shape[-1])
-                         for t in tensors})
-    finally:
-        probe.unlink(missing_ok=True)
-    return rows
-
-
 def _ort_gptq(w, h, bits, block, symmetric):
     """ONNX Runtime's vendored GPTQ as its quantizer stores it: fake-quantized, then round to nearest again."""
     from onnxruntime.quantization.neural_compressor.weight_only import gptq as ort
@@ -129,7 +102,7 @@ def main() -> None:
     elif a.fit is None or not 0 < a.fit < samples.count:
         sys.exit(f"--fit {a.fit}: between 1 and {samples.count - 1} (the samples: {samples.count}), or --held")
     t0 = time.perf_counter()
-    rows = _captured(a.model, samples, sorted(set(reads.values())), a.threads)
+    rows = list(gptq.captured(a.model, samples.feeds, sorted(set(reads.values())), a.threads))
     fit = {t: np.concatenate([r[t] for r in rows[:a.fit]]) for t in set(reads.values())}
     held = {t: np.concatenate([r[t] for r in rows[a.fit:]]) for t in set(reads.values())}
     print(f"{a.model}: {len(ops)} weight MatMuls; {a.fit} samples fitted ({next(iter(fit.values())).shape[0]} rows), "

@@ -28,11 +28,10 @@ from vlsens.config import (
     tolerance_for,
 )
 from vlsens.core.device import gpu_present
-from vlsens.quantize.nbits import DATA_AWARE
 from vlsens.core.errors import ConfigError
 from vlsens.dag.plan import configure, lm_config
 from vlsens.data.inputs import os_error_message as _os_error_message, write_manifests
-from vlsens.quantize.nbits import NBitsSettings
+from vlsens.quantize.nbits import NBitsSettings, data_aware
 from vlsens.precision.weight_only import PER_CHANNEL
 from vlsens.model.presets import rule_names as _preset_rule_names
 from vlsens.quantize.target import check_profile_objective as _check_objective, resolve as _resolve_quant
@@ -190,7 +189,7 @@ def mixed_vision_reference(wildcards):
 def plan_calibration(wildcards):
     """With a data-aware algorithm in plan.algorithms (gptq): the decoder's calibration split, which
     it reads (never the measure's cases it is scored on)."""
-    if not set(config["plan"]["algorithms"]) & set(DATA_AWARE):
+    if not data_aware(config["plan"]["algorithms"]):
         return {}
     return {"calibration": paths.fill(CALIB["calib"], model=wildcards.model, graph=_deploy.DECODER_GRAPH)}
 

@@ -244,7 +244,7 @@ def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[st
     ``algorithms``: the engine's per-op algorithms by width (``engine.json``), which each plan
     takes for its quantized MatMuls; ``calibration``: the SHA-256 of the calibration samples a
     data-aware one read (:func:`calibration_of`), named by the plans that take one."""
-    from vlsens.quantize.nbits import DATA_AWARE
+    from vlsens.quantize.nbits import data_aware
 
     per_width = {int(w): dict(a) for w, a in (algorithms or {}).items()}
     from vlsens.budget.plan import MIXED
@@ -264,9 +264,8 @@ def _plans(curve: Sequence[Mapping], picked: Sequence[Mapping], ops: Sequence[st
             vision, vision_ops = MIXED, dict(mixed[vision])
         bits = {n: d["bits"][n] for n in ops}
         algos = {n: per_width[b][n] for n, b in bits.items() if b and n in per_width.get(b, {})}
-        reads = any(a in DATA_AWARE for a in algos.values())
         plans.append(Plan(f"p{k}", vision, p["embedding"], bits, settings, estimate, vision_ops, algos,
-                          calibration if reads else ""))
+                          calibration if data_aware(algos.values()) else ""))
     return plans
 
 

@@ -106,9 +106,9 @@ def _check_algorithms(algorithms, decoder, where: str) -> None:
 def _check_calibration(calibration, algorithms, where: str) -> None:
     """A plan names its calibration samples' SHA-256 exactly when one of its MatMuls takes a
     data-aware algorithm."""
-    from vlsens.quantize.nbits import DATA_AWARE
+    from vlsens.quantize.nbits import DATA_AWARE, data_aware
 
-    aware = sorted({a for a in (algorithms or {}).values() if a in DATA_AWARE})
+    aware = data_aware((algorithms or {}).values())
     if aware and not (isinstance(calibration, str) and len(calibration) == 64):
         raise ConfigError(f"{where}: calibration: algorithms {aware} read calibration samples; the plan names their "
                           f"SHA-256 (64 hex digits), got {calibration!r}")

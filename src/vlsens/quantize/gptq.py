@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -151,45 +151,56 @@ def node(matmul, k: int, bits: int, settings, q: np.ndarray, scales: np.ndarray,
                                         accuracy_level=settings.accuracy_level)
 
 
-def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[str], scratch: str | Path,
-             threads: int = 0) -> Iterator[tuple[str, np.ndarray, int]]:
-    """``(input, X^T X, rows)`` for each tensor of ``inputs`` (MatMul inputs of ``float_model``), over
-    every position of the calibration samples (:class:`vlsens.data.samples.Samples` npz of the
-    model's inputs), one session pass; the captured rows are kept in ``scratch`` until read."""
+def captured(float_model: str | Path, feeds: Iterable[Mapping[str, np.ndarray]], tensors: Sequence[str],
+             threads: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Per feed, each of ``tensors`` (tensors of ``float_model``, its inputs among them) as rows
+    (positions x width, float32): one session of a graph-only copy of the model with them as
+    outputs, beside the data file it reads, removed after."""
     import onnx
     from onnx import helper
 
     from vlsens.core.onnxgraph import element_types
     from vlsens.core.onnxutil import make_session
-    from vlsens.data.samples import Samples
 
-    float_model, scratch = Path(float_model), Path(scratch)
+    float_model = Path(float_model)
     model = onnx.load(str(float_model), load_external_data=False)
     given = {i.name for i in model.graph.input}
     types = element_types(float_model)
     have = {o.name for o in model.graph.output}
-    for t in inputs:
+    for t in tensors:
         if t not in given and t not in have:
             model.graph.output.append(helper.make_tensor_value_info(t, types.get(t, onnx.TensorProto.FLOAT), None))
     probe = float_model.with_name(f".vlsens-gptq-{uuid.uuid4().hex}.onnx")  # beside the data file it reads
     onnx.save(model, str(probe))
     del model
-    files = {t: scratch / f"x{j}.f32" for j, t in enumerate(inputs)}
-    width: dict[str, int] = {}
     try:
         sess = make_session(probe, threads=threads, lean=True)
-        samples = Samples.load(calibration, float_model)
-        outs = [t for t in inputs if t not in given]
-        for feed in samples.feeds:
+        outs = [t for t in tensors if t not in given]
+        for feed in feeds:
             got = dict(zip(outs, sess.run(outs, feed)))
-            for t in inputs:
-                x = np.asarray(got[t] if t in got else feed[t], np.float32)
-                width[t] = x.shape[-1]
-                with open(files[t], "ab") as f:
-                    x.reshape(-1, x.shape[-1]).tofile(f)
+            yield {t: (x := np.asarray(got[t] if t in got else feed[t], np.float32)).reshape(-1, x.shape[-1])
+                   for t in tensors}
         del sess
     finally:
         probe.unlink(missing_ok=True)
+
+
+def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[str], scratch: str | Path,
+             threads: int = 0) -> Iterator[tuple[str, np.ndarray, int]]:
+    """``(input, X^T X, rows)`` for each tensor of ``inputs`` (MatMul inputs of ``float_model``), over
+    every position of the calibration samples (:class:`vlsens.data.samples.Samples` npz of the
+    model's inputs), one session pass (:func:`captured`); the rows are kept in ``scratch`` until read."""
+    from vlsens.data.samples import Samples
+
+    scratch = Path(scratch)
+    files = {t: scratch / f"x{j}.f32" for j, t in enumerate(inputs)}
+    width: dict[str, int] = {}
+    samples = Samples.load(calibration, float_model)
+    for rows in captured(float_model, samples.feeds, inputs, threads):
+        for t, x in rows.items():
+            width[t] = x.shape[1]
+            with open(files[t], "ab") as f:
+                x.tofile(f)
     log.info("GPTQ: %d MatMul inputs captured over %d calibration samples", len(inputs), samples.count)
     for t in inputs:
         x = np.fromfile(files[t], np.float32).reshape(-1, width[t]).astype(np.float64)

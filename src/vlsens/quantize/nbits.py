@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -36,6 +36,11 @@ DATA_AWARE = ("gptq",)
 DATA_AWARE_BITS = (4,)
 BITS = (4, 8)
 FLOAT = 0  # "bits" of an op left in float
+
+
+def data_aware(algorithms: Iterable[str]) -> list[str]:
+    """The data-aware algorithms among ``algorithms`` (sorted, once each): those that read calibration inputs."""
+    return sorted(set(algorithms) & set(DATA_AWARE))
 
 
 @dataclass(frozen=True)
@@ -149,7 +154,7 @@ def _checked(float_model, bits: Mapping[str, int], algorithms: Mapping[str, str]
     bad = {n: a for n, a in algorithms.items() if a not in ALGORITHMS or n not in bits}
     if bad:
         raise ValueError(f"algorithms: each a quantized MatMul's, one of {list(ALGORITHMS)}; got {dict(list(bad.items())[:5])}")
-    aware = sorted({a for a in algorithms.values() if a in DATA_AWARE})
+    aware = data_aware(algorithms.values())
     if aware and calibration is None:
         raise ValueError(f"algorithms {aware} read calibration inputs: pass calibration= (a Samples npz of {float_model}'s "
                          "inputs)")

@@ -42,7 +42,18 @@ import numpy as np
 
 from vlsens.core.metrics import Metrics
 from vlsens.core.onnxgraph import copy_node, element_types
-from vlsens.quantize.nbits import BITS, FLOAT, NBitsSettings, float_bytes, quantize, quantized_nodes, weight_matmuls
+from vlsens.quantize.nbits import (
+    BITS,
+    DATA_AWARE,
+    DATA_AWARE_BITS,
+    FLOAT,
+    NBitsSettings,
+    data_aware,
+    float_bytes,
+    quantize,
+    quantized_nodes,
+    weight_matmuls,
+)
 from vlsens.sensitivity.suffix import SKIP_INPUT, SuffixCache, SuffixPlan
 from vlsens.sensitivity.suffix import build as build_suffix
 from vlsens.sensitivity.switch import SwitchMap, check_beside, switch_gather, write_switch_model
@@ -286,7 +297,8 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
         "base_model": str(base_model),
         "settings": settings.as_dict(),
         "algorithms": {str(b): dict(a) for b, a in (algorithms or {}).items() if a},
-        **({"calibration": calibration_record(calibration)} if _reads_calibration(algorithms) else {}),
+        **({"calibration": calibration_record(calibration)}
+           if data_aware(a for per in (algorithms or {}).values() for a in per.values()) else {}),
         "logits": bool(logits),
         "ops": [{**o, "bytes": {"float": fb[o["name"]], **{str(b): nodes[b][o["name"]]["bytes"] for b in BITS}}}
                 for o in ops],
@@ -296,12 +308,6 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     }
     write_json(d / FILES["meta"], meta)
     return meta
-
-
-def _reads_calibration(algorithms: Mapping[int, Mapping[str, str]] | None) -> bool:
-    from vlsens.quantize.nbits import DATA_AWARE
-
-    return any(a in DATA_AWARE for per in (algorithms or {}).values() for a in per.values())
 
 
 def calibration_record(calibration: str | Path) -> dict:
@@ -393,12 +399,10 @@ def choose_algorithms(base_model: str | Path, eval_npz: str | Path, settings: NB
     import shutil
     from dataclasses import replace
 
-    from vlsens.quantize.nbits import DATA_AWARE, DATA_AWARE_BITS
-
     default = settings.algorithm
     order = [default, *sorted(set(candidates) - {default})]
-    if calibration is None and set(order) & set(DATA_AWARE):
-        raise ValueError(f"candidates {sorted(set(order) & set(DATA_AWARE))} read calibration inputs: pass calibration=")
+    if calibration is None and data_aware(order):
+        raise ValueError(f"candidates {data_aware(order)} read calibration inputs: pass calibration=")
     errors: dict[str, dict] = {}
     uniform: dict[str, dict] = {}
     for algo in order:
