@@ -19,6 +19,7 @@ rule budget_nbits:
         parity=BUDGET_DECODER["parity"],
     output:
         **paths.BUDGET_NBITS,
+        **gptq_store(),
         feeds=paths.BUDGET_FEEDS,
         engine=directory(paths.BUDGET_ENGINE),
     params:
@@ -129,7 +130,7 @@ rule plan_folder:
     input:
         unpack(budget_formats),
         unpack(mixed_vision_reference),
-        unpack(plan_calibration),
+        unpack(plan_data),
         plan=f"{paths.BUDGET_PLANS}/{{plan}}.yaml",
         checkpoint=checkpoint_dir,
         decoder_reference=paths.fill(paths.REFERENCE, graph=_deploy.DECODER_GRAPH),

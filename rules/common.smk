@@ -194,6 +194,23 @@ def plan_calibration(wildcards):
     return {"calibration": paths.fill(CALIB["calib"], model=wildcards.model, graph=_deploy.DECODER_GRAPH)}
 
 
+#: GPTQ's codes per decoder MatMul, computed once by budget_nbits and read by the plans
+#: (vlsens.quantize.gptq.Store).
+BUDGET_GPTQ = f"{paths.BUDGET}/gptq"
+
+
+def gptq_store():
+    """budget_nbits's store of GPTQ codes (an output) where a data-aware algorithm is configured."""
+    return {"gptq": directory(BUDGET_GPTQ)} if data_aware(config["plan"]["algorithms"]) else {}
+
+
+def plan_data(wildcards):
+    """A plan folder's calibration split and the run's GPTQ codes (what budget_nbits computed), where
+    a data-aware algorithm is configured."""
+    out = plan_calibration(wildcards)
+    return {**out, "gptq": paths.fill(BUDGET_GPTQ, model=wildcards.model)} if out else out
+
+
 def anchors():
     """The folders the plan is held against: the builder's int4 folders and the peers."""
     return [p for p in deploy_folders() if p in _deploy.INT4 and p != "int4-mixed" or p.startswith(_deploy.PEER_PREFIX)]

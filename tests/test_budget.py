@@ -598,12 +598,16 @@ def test_each_op_takes_the_algorithm_it_costs_least_under(engine, tmp_path):
     assert plan.algorithms == choice["chosen"].get("4", {})
 
 
-def test_gptq_is_chosen_per_op_on_the_calibration_split_and_its_plans_rebuild_only_on_it(engine, tmp_path):
+def test_gptq_is_chosen_per_op_on_the_calibration_split_and_its_plans_rebuild_only_on_it(engine, tmp_path,
+                                                                                          monkeypatch):
     """With gptq a candidate, the INT4 ops GPTQ (on the calibration split) makes cheaper on the
     evaluation set take it; the engine records the calibration's SHA-256 and the plans name it; a
     plan's decoder is its ops' GPTQ weights, built only from the same calibration samples; a plan
-    with gptq and no calibration, or calibration and no gptq, is refused."""
+    with gptq and no calibration, or calibration and no gptq, is refused. GPTQ runs once: the
+    candidate engine fills the run's store, the engine built with the choice and the plan's
+    decoder read it (the same codes as computing them)."""
     from vlsens.core.fsutil import file_sha256
+    from vlsens.quantize import gptq
     from vlsens.quantize.nbits import quantize
 
     b, _ = engine
@@ -611,15 +615,20 @@ def test_gptq_is_chosen_per_op_on_the_calibration_split_and_its_plans_rebuild_on
     kq = NBitsSettings(algorithm="k_quant", block_size=32, accuracy_level=4)
     with pytest.raises(ValueError, match="calibration"):
         nb.choose_algorithms(b.model("fp32"), evaluation, kq, ["gptq"], tmp_path / "w0", 2, logits=True)
+    store = tmp_path / "gptq"
     choice = nb.choose_algorithms(b.model("fp32"), evaluation, kq, ["gptq"], tmp_path / "work", 2, logits=True,
-                                  calibration=calib)
+                                  calibration=gptq.Calibration(calib, gptq.Store(store, b.model("fp32"), calib, True)))
     assert choice["candidates"] == ["k_quant", "gptq"]
     assert choice["allowed"]["8"] == ["k_quant"] and "8" not in choice["chosen"]  # INT4 only (DATA_AWARE_BITS)
+    assert len(list(store.glob("*.npz"))) == len(choice["errors"]["k_quant"])  # every MatMul at INT4, once
     at4 = choice["chosen"].get("4", {})
     assert at4, "GPTQ made no op cheaper at INT4: the choice is never exercised"
+    hessians = gptq.hessians
+    monkeypatch.setattr(gptq, "hessians", lambda *a, **k: pytest.fail("GPTQ computed again beside the store"))
+    read = gptq.Calibration(calib, gptq.Store(store, b.model("fp32"), calib))
     eng = tmp_path / "engine"
     nb.prepare(b.model("fp32"), evaluation, eng, kq, 2, logits=True,
-               algorithms={int(w): a for w, a in choice["chosen"].items()}, calibration=calib)
+               algorithms={int(w): a for w, a in choice["chosen"].items()}, calibration=read)
     meta = nb.Prepared(eng).meta
     assert meta["calibration"]["sha256"] == file_sha256(calib) == fr.calibration_of(meta)
     errors = choice["errors"]
@@ -632,7 +641,8 @@ def test_gptq_is_chosen_per_op_on_the_calibration_split_and_its_plans_rebuild_on
     assert plan.digest() != replace(plan, calibration=file_sha256(evaluation)).digest()
     fp32 = b.model("fp32")
     (tmp_path / "plan").mkdir()
-    built = build_decoder(plan, fp32, tmp_path / "plan" / "model.onnx", calib)
+    built = build_decoder(plan, fp32, tmp_path / "plan" / "model.onnx", read)
+    monkeypatch.setattr(gptq, "hessians", hessians)
     (tmp_path / "direct").mkdir()
     direct = quantize(fp32, tmp_path / "direct" / "model.onnx", plan.decoder, kq, algorithms=at4, calibration=calib)
     got, want = _packed(built["model"]), _packed(direct)

@@ -177,3 +177,66 @@ def test_columns_quantized_in_chunks_give_the_same_codes(monkeypatch):
     monkeypatch.setattr(gptq, "COLUMNS", 7)
     chunked = gptq.codes(w, h, 4, 32, False)
     assert all(np.array_equal(a, b) for a, b in zip(whole, chunked, strict=True))
+
+
+def test_a_runs_store_gives_the_same_codes_without_computing_them_again(decoder, tmp_path, monkeypatch):
+    """The codes kept by a writable store (one file per MatMul) make the same graph as computing
+    them, with no calibration pass; a store is keyed by the calibration samples and the float
+    model, so other samples find nothing in it and compute."""
+    import onnx
+
+    from vlsens.core.onnxutil import tensor_array
+    from vlsens.quantize import gptq
+
+    fl = decoder.model("fp32")
+    settings = NBitsSettings(algorithm="rtn", block_size=32, accuracy_level=0)
+    bits = {o["name"]: 4 for o in weight_matmuls(fl)}
+    gq = dict.fromkeys(bits, "gptq")
+    calib = decoder.calib / "calib.npz"
+    plain = quantize(fl, tmp_path / "plain.onnx", bits, settings, algorithms=gq, calibration=calib)
+    kept = gptq.Calibration(calib, gptq.Store(tmp_path / "store", fl, calib, writable=True))
+    quantize(fl, tmp_path / "fill.onnx", bits, settings, algorithms=gq, calibration=kept)
+    assert len(list((tmp_path / "store").glob("*.npz"))) == len(bits)
+
+    def no_pass(*a, **k):
+        raise AssertionError("a MatMul in the store was computed again")
+
+    monkeypatch.setattr(gptq, "hessians", no_pass)
+    read = gptq.Calibration(calib, gptq.Store(tmp_path / "store", fl, calib))
+    again = quantize(fl, tmp_path / "again.onnx", bits, settings, algorithms=gq, calibration=read)
+
+    def weights(p):
+        m = onnx.load(str(p), load_external_data=False)
+        return {i.name: tensor_array(i, p.parent) for i in m.graph.initializer}
+
+    want, got = weights(plain), weights(again)
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(want[name], got[name], err_msg=name)
+    other = gptq.Calibration(decoder.calib / "eval.npz", gptq.Store(tmp_path / "store", fl, decoder.calib / "eval.npz"))
+    with pytest.raises(AssertionError, match="computed again"):
+        quantize(fl, tmp_path / "other.onnx", bits, settings, algorithms=gq, calibration=other)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_store_keeps_codes_exactly_and_per_format(tmp_path, bits):
+    """Codes, scales and zero points come back as they were saved (INT4 two a byte); another
+    width, block size or symmetry is another entry; a read-only store writes nothing."""
+    from vlsens.quantize import gptq
+
+    (tmp_path / "m.onnx").write_bytes(b"graph")
+    (tmp_path / "s.npz").write_bytes(b"samples")
+    rng = np.random.default_rng(bits)
+    q = rng.integers(0, 1 << bits, (24, 3, 32), dtype=np.uint8)
+    s, z = rng.random((24, 3), np.float32), rng.integers(0, 1 << bits, (24, 3), dtype=np.uint8)
+    op, settings = {"name": "mm", "K": 90, "N": 24}, NBitsSettings(block_size=32)
+    store = gptq.Store(tmp_path / "st", tmp_path / "m.onnx", tmp_path / "s.npz", writable=True)
+    store.save(op, bits, settings, q, s, z)
+    for got, want in zip(store.load(op, bits, settings), (q, s, z), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert store.load(op, 12 - bits, settings) is None
+    assert store.load(op, bits, replace(settings, block_size=64)) is None
+    assert store.load(op, bits, replace(settings, symmetric=False)) is None
+    read = gptq.Store(tmp_path / "st", tmp_path / "m.onnx", tmp_path / "s.npz")
+    read.save({**op, "name": "other"}, bits, settings, q, s, z)
+    assert len(list((tmp_path / "st").glob("*.npz"))) == 1

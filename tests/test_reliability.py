@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,6 +143,16 @@ def test_records_hold_the_sha256_of_each_onnx_file(run):
             assert record_path.name == "parts.json" and data.name not in rec["files"], m
         for f in (m, data) if data.exists() else (m,):
             assert rec["files"][f.name] == {"bytes": f.stat().st_size, "sha256": file_sha256(f)}, f
+    # a model's digest (what keys the GPTQ store) is the same from its record as from its bytes
+    from vlsens.quantize.gptq import model_digest
+
+    m = next(p for p in models if p.with_name(p.name + ".data").exists())
+    copy = Path(run["results"]).parent / "digest-copy" / m.name
+    copy.parent.mkdir(exist_ok=True)
+    for f in (m, m.with_name(m.name + ".data")):
+        shutil.copy(f, copy.parent / f.name)
+    assert model_digest(m) == model_digest(copy)
+    shutil.rmtree(copy.parent)
 
 
 def test_4_calibration_manifest_records_size_and_mode(run):

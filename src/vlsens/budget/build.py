@@ -192,6 +192,20 @@ def fp32_parts(inputs: Mapping) -> dict[str, Path]:
             "folder": Path(inputs["fp32_folder"])}
 
 
+def gptq_calibration(inputs: Mapping, store, writable: bool):
+    """The decoder's calibration split (``inputs["calibration"]``, None where no data-aware
+    algorithm is configured) with the run's store of GPTQ codes for the fp32 decoder
+    (``inputs["model"]`` or ``inputs["decoder_model"]``) in ``store``: ``budget_nbits`` fills it
+    (``writable``), the plans read it."""
+    from vlsens.quantize.gptq import Calibration, Store
+
+    samples = inputs.get("calibration")
+    if samples is None:
+        return None
+    source = inputs.get("model") or inputs["decoder_model"]
+    return Calibration(Path(samples), Store(store, source, samples, writable) if store else None)
+
+
 def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 0) -> dict:
     """The ``budget_nbits`` job: the measure's cases as the decoder's evaluation set
     (:func:`vlsens.deploy.genai.chain.decoder_feeds`), engine nbits on it and every MatMul's INT4 /
@@ -210,6 +224,7 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
     decoder_feeds(inputs["folder"], inputs["reference"], load_cases(inputs["cases"]), checkpoint_dir(inputs["checkpoint"]),
                   outputs["feeds"])
     settings = NBitsSettings.from_config(params["settings"])
+    calibration = gptq_calibration(inputs, outputs.get("gptq"), writable=True)
     choice = None
     if set(params.get("algorithms") or ()) - {settings.algorithm}:
         engine = Path(outputs["engine"])
@@ -217,11 +232,11 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
         with tempfile.TemporaryDirectory(prefix=".vlsens-algorithms-", dir=engine.parent) as work:
             choice = nbits.choose_algorithms(inputs["model"], outputs["feeds"], settings, params["algorithms"], work,
                                              threads, logits=True, suffix_cuts=params["suffix_cuts"],
-                                             calibration=inputs.get("calibration"))
+                                             calibration=calibration)
     nbits.prepare(inputs["model"], outputs["feeds"], outputs["engine"], settings, threads, logits=True,
                   suffix_cuts=params["suffix_cuts"],
                   algorithms={int(w): a for w, a in choice["chosen"].items()} if choice else None,
-                  calibration=inputs.get("calibration"))
+                  calibration=calibration)
     summary = nbits.sensitivity(outputs["engine"], outputs["feeds"], outputs["csv"], outputs["summary"], threads)
     if choice:
         summary["algorithms"] = choice
@@ -284,7 +299,7 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
     formats = formats_of(inputs)
     formats["embedding"]["fp32"] = decoder.with_name("embedding.onnx")
     sources = {"decoder_dir": decoder.parent, "reference": inputs["decoder_reference"], **formats,
-               "calibration": inputs.get("calibration")}
+               "calibration": gptq_calibration(inputs, inputs.get("gptq"), writable=False)}
     if "vision_reference" in inputs:  # a mixed vision graph can be built (plan.vision has mixed)
         sources["vision_mixed"] = {"fp32": inputs["vision_fp32"], "reference": inputs["vision_reference"],
                                    "tolerance": params["tolerance"], "exact_tolerance": params["exact_tolerance"],
@@ -441,7 +456,6 @@ def write_front(engine_dir, eval_npz, csv, components: dict, out_front, plans_di
     with atomic_dir(plans_dir) as tmp:
         for plan in plans:
             plan.save(Path(tmp) / f"{plan.name}.yaml")
-    record["plans"] = [{"name": p.name, "digest": p.digest(), **p.estimate, **p.bits_summary(),
-                        "vision": p.vision_label(), "embedding": p.embedding} for p in plans]
+    record["plans"] = [p.entry() for p in plans]
     write_json(out_front, record)
     return record

@@ -372,8 +372,7 @@ def search(engine_dir: str | Path, eval_npz: str | Path, csv: str | Path, compon
               "budgets": budgets, "max_evals": max_evals, "other_bytes": int(other_bytes),
               "float_bytes": {r["op"]: int(r["bytes_float"]) for r in rows},
               "components": {k: dict(v) for k, v in components.items()}, "curve": curve, "front": front,
-              "picked": [{"name": p.name, "digest": p.digest(), **p.estimate, **p.bits_summary(),
-                          "vision": p.vision_label(), "embedding": p.embedding} for p in plans],
+              "picked": [p.entry() for p in plans],
               "evaluations": {"measured": measured.evaluations, "asked": measured.calls},
               "seconds": {"curve": t_curve - t0, "total": time.perf_counter() - t0}}
     log.info("front: %d decoder points, %d front points, %d plans; %d assignments measured (%d asked) in %.0f s",

@@ -203,6 +203,15 @@ class Plan:
         b = list(self.decoder.values())
         return {"int4": b.count(4), "int8": b.count(8), "float": b.count(FLOAT)}
 
+    def entry(self) -> dict:
+        """The plan as the front's record lists it: name, digest, estimate, MatMul counts per width
+        and, where some take another algorithm than the settings', per algorithm (``algorithms``)."""
+        counts: dict[str, int] = {}
+        for a in self.algorithms.values():
+            counts[a] = counts.get(a, 0) + 1
+        return {"name": self.name, "digest": self.digest(), **self.estimate, **self.bits_summary(),
+                **({"algorithms": counts} if counts else {}), "vision": self.vision_label(), "embedding": self.embedding}
+
     def vision_label(self) -> str:
         """The vision format as a table shows it (a mixed graph with its INT4 / INT8 / float Linears)."""
         if self.vision != MIXED:
@@ -211,13 +220,15 @@ class Plan:
         return f"{MIXED} {b.count(4)}/{b.count(8)}/{b.count(FLOAT)}"
 
 
-def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path, calibration: str | Path | None = None,
+def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path, calibration=None,
                   threads: int = 0) -> dict:
     """``out_model`` (+ its data file): ``float_model`` with every MatMul at the plan's bits, by
     :func:`vlsens.quantize.nbits.quantize` at the plan's settings. The plan must list exactly the
     graph's weight MatMuls (else a VlsensError naming the missing and extra ones); the built
     graph's bits are read back and checked. ``calibration``: the samples a plan that names
-    calibration was chosen on (checked by their SHA-256). Facts: plan, digest, counts, weight bytes."""
+    calibration was chosen on (checked by their SHA-256), a path or a
+    :class:`vlsens.quantize.gptq.Calibration` with the run's store of GPTQ codes (read, not
+    recomputed: the same decoder). Facts: plan, digest, counts, weight bytes."""
     from vlsens.precision.nbits import weight_facts
     from vlsens.quantize.nbits import quantize, weight_matmuls
 
@@ -228,12 +239,14 @@ def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path, ca
                           f"missing {missing[:5]} ({len(missing)}), extra {extra[:5]} ({len(extra)})")
     if plan.calibration:
         from vlsens.core.fsutil import file_sha256
+        from vlsens.quantize.gptq import Calibration
 
-        got = file_sha256(calibration) if calibration is not None and Path(calibration).is_file() else None
+        samples = Calibration.of(calibration).samples if calibration is not None else None
+        got = file_sha256(samples) if samples is not None and samples.is_file() else None
         if got != plan.calibration:
             given = "missing" if got is None else got[:12] + ".."
             raise VlsensError(f"plan {plan.name!r} takes weights a data-aware algorithm chose on the calibration samples "
-                              f"{plan.calibration[:12]}..; given {calibration} ({given})")
+                              f"{plan.calibration[:12]}..; given {samples} ({given})")
     model = quantize(float_model, out_model, {n: b for n, b in plan.decoder.items() if b},
                      NBitsSettings.from_config(plan.settings), algorithms=plan.algorithms,
                      calibration=calibration if plan.calibration else None, threads=threads)

@@ -42,7 +42,7 @@ def _plans(front: dict, measures: dict[str, dict], latency: dict | None = None) 
             continue
         est = p["kl"]
         rows.append({"plan": p["name"], "vision": p["vision"], "embedding": p["embedding"],
-                     "int4": p["int4"], "int8": p["int8"], "float": p["float"],
+                     "int4": p["int4"], "int8": p["int8"], "float": p["float"], "algorithms": p.get("algorithms", {}),
                      "estimate_bytes": p["bytes"], "bytes": m["bytes"], "estimate_kl": est, "kl": m["mean_kl"],
                      "estimate_error": (est - m["mean_kl"]) / m["mean_kl"] if m["mean_kl"] > NOISE_KL else None,
                      "modalities": {k: v["mean_kl"] for k, v in m["modalities"].items()}, "top1": m["top1"]})
@@ -137,7 +137,9 @@ def markdown(result: dict) -> str:
         if timed:
             step = (f" {p['estimate_decode_ms']:.3g} | {p['decode_ms']:.3g} [{p['decode_q'][0]:.3g}, {p['decode_q'][1]:.3g}] |"
                     if "decode_ms" in p else " - | - |")
-        lines.append(f"| {p['plan']} | {p['vision']} | {p['embedding']} | {p['int4']} / {p['int8']} / {p['float']} | "
+        algos = ", ".join(f"{n} {a}" for a, n in sorted(p.get("algorithms", {}).items()))
+        lines.append(f"| {p['plan']} | {p['vision']} | {p['embedding']} | {p['int4']} / {p['int8']} / {p['float']}"
+                     + (f" ({algos})" if algos else "") + " | "
                      f"{p['bytes'] / 1e6:.3f} | {p['estimate_kl']:.3g} | {p['kl']:.3g} | {err} | "
                      + " | ".join(f"{p['modalities'].get(m, float('nan')):.3g}" for m in mods) + f" | {p['top1']:.3f} |"
                      + step)
@@ -158,6 +160,9 @@ def markdown(result: dict) -> str:
               "", f"Estimate vs built: {e['within']} of {e['of']} plans within {e['goal']:.0%} of their measured KL "
                   f"(the others' error is printed with its sign); the plans measured below {NOISE_KL:g} per step "
                   "(\"noise\") are at the rounding of two runtimes, where a relative error says nothing."]
+    if any(p.get("algorithms") for p in result["plans"]):
+        lines += ["", "MatMuls \"(N gptq)\": N of the plan's quantized MatMuls take that algorithm instead of the "
+                      "run's nbits algorithm (chosen per op, docs/plan.md)."]
     if timed:
         t = result["latency"]
         lines += ["", f"Decode step: one generated token after {t['context']} cached tokens, ms, the median of the "

@@ -22,13 +22,24 @@ pass; then the largest ``K x K`` Hessian in float64 (three: it, its inverse, the
 ``X``, one weight and ``K x 8192`` of it in float64. Disk: the
 captured rows, tokens x sum of widths x 4 bytes (about 2.5 GB per 1 000 calibration tokens for a
 36-layer 3B decoder).
+
+A MatMul's GPTQ codes are a function of its weight, the Hessian (the float model upstream of it and
+the calibration samples) and the format, so a run computes each once: a :class:`Store` keeps them
+per MatMul in a folder, keyed by the float model's published content, the samples' SHA-256, the
+MatMul, its shape, width, block size and symmetry and this loop's constants (:data:`FORMAT`). The
+sensitivity engine of the plan fills it; the jobs after it (the engine built with the choice, each
+plan's decoder) read their MatMuls from it and compute only what it lacks (the same codes either way,
+test).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +52,84 @@ DAMP = 0.01
 ROWS = 128
 #: output columns quantized at a time (they do not interact)
 COLUMNS = 8192
+#: the version of the codes a :class:`Store` holds: raised whenever :func:`codes` gives other codes
+FORMAT = 1
+
+
+class Store:
+    """GPTQ codes per MatMul kept in ``folder`` (one ``.npz`` of plain arrays per MatMul and
+    format, written atomically: INT4 codes two a byte, the scales and zero points; about the
+    quantized weight's bytes), for the float model ``source`` (a published model: its record's
+    SHA-256s name it, else its files are hashed) and the calibration ``samples``. ``writable``:
+    whether codes computed here are added (a job writes only into its own outputs)."""
+
+    def __init__(self, folder: str | Path, source: str | Path, samples: str | Path, writable: bool = False):
+        from vlsens.core.fsutil import file_sha256
+
+        self.folder, self.writable = Path(folder), writable
+        self.base = {"format": FORMAT, "damp": DAMP, "rows": ROWS, "float": model_digest(source),
+                     "calibration": file_sha256(samples)}
+        if writable:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        elif not self.folder.is_dir():
+            raise FileNotFoundError(f"GPTQ store {self.folder}: not a folder")
+
+    def path(self, op: Mapping, bits: int, settings) -> Path:
+        key = {**self.base, "op": op["name"], "K": op["K"], "N": op["N"], "bits": int(bits),
+               "block_size": settings.block_size, "symmetric": bool(settings.symmetric)}
+        return self.folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:40] + ".npz")
+
+    def load(self, op: Mapping, bits: int, settings) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The codes, scales and zero points of ``op`` at ``bits`` (None when not kept)."""
+        p = self.path(op, bits, settings)
+        if not p.is_file():
+            return None
+        with np.load(p, allow_pickle=False) as z:
+            q = z["q"]
+            if bits == 4:  # two codes a byte, the even one low
+                q = np.stack([q & 15, q >> 4], axis=-1).reshape(*q.shape[:-1], 2 * q.shape[-1])
+            return q, z["scales"], z["zeros"]
+
+    def save(self, op: Mapping, bits: int, settings, q: np.ndarray, scales: np.ndarray, zeros: np.ndarray) -> None:
+        from vlsens.core.fsutil import savez
+
+        if self.writable:
+            packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8) if bits == 4 else q
+            savez(self.path(op, bits, settings), {"q": packed, "scales": scales, "zeros": zeros})
+
+
+def model_digest(model: str | Path) -> str:
+    """A SHA-256 that names ``model``'s content, graph and weights: from its record once
+    :func:`vlsens.core.artifacts.verify` passes (no rehash), else from its files (and its data
+    file where it has one); the same either way."""
+    from vlsens.core.artifacts import find_record, verify
+    from vlsens.core.fsutil import file_sha256
+    from vlsens.core.onnxutil import data_path
+
+    model = Path(model)
+    found = find_record(model)
+    if found is not None:
+        verify(model)
+        parts = [found[1]["files"][p.name]["sha256"] for p in (model, data_path(model)) if p.name in found[1]["files"]]
+    else:
+        parts = [file_sha256(p) for p in (model, data_path(model)) if p.is_file()]
+    return hashlib.sha256(" ".join(parts).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What GPTQ reads beside the weights: the calibration ``samples`` (a Samples npz of the float
+    model's inputs) and the run's :class:`Store` (None: the codes are computed and not kept)."""
+
+    samples: Path
+    store: Store | None = None
+
+    @classmethod
+    def of(cls, calibration: str | Path | Calibration | None) -> Calibration | None:
+        """``calibration`` as a Calibration (a path: its samples, no store)."""
+        if calibration is None or isinstance(calibration, Calibration):
+            return calibration
+        return cls(Path(calibration))
 
 
 def grid(w: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -209,27 +298,42 @@ def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[
 
 
 def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], nodes: Mapping[str, object], inits: Mapping,
-                   bits: Mapping[str, int], settings, calibration: str | Path, scratch: str | Path,
+                   bits: Mapping[str, int], settings, calibration: Calibration, scratch: str | Path,
                    threads: int = 0) -> dict[str, tuple]:
     """``{MatMul name: (MatMulNBits node, its weight tensors)}`` for ``ops`` (weight MatMuls of
     :func:`vlsens.quantize.nbits.weight_matmuls`; ``nodes`` their NodeProtos, ``inits`` the graph's
     initializers) by GPTQ at their ``bits`` and ``settings``' block size, symmetry and
-    ``accuracy_level``. MatMuls that read the same input share its Hessian."""
+    ``accuracy_level``: read from ``calibration.store`` where it holds them, the others computed
+    (and kept there when it is writable). MatMuls that read the same input share its Hessian; only
+    the inputs of MatMuls computed here are captured."""
     from vlsens.core.onnxutil import tensor_array
 
+    store, done = calibration.store, {}
     by_input: dict[str, list[Mapping]] = {}
     for o in ops:
-        by_input.setdefault(nodes[o["name"]].input[0], []).append(o)
-    done = {}
+        b = int(bits[o["name"]])
+        kept = store.load(o, b, settings) if store is not None else None
+        if kept is not None:
+            done[o["name"]] = node(nodes[o["name"]], o["K"], b, settings, *kept)
+        else:
+            by_input.setdefault(nodes[o["name"]].input[0], []).append(o)
+    if store is not None:
+        log.info("GPTQ: %d of %d MatMuls read from %s, %d to compute", len(done), len(ops), store.folder,
+                 len(ops) - len(done))
+    if not by_input:
+        return done
     weights_dir = Path(float_model).parent
-    for t, h, rows in hessians(float_model, calibration, list(by_input), scratch, threads):
+    for t, h, rows in hessians(float_model, calibration.samples, list(by_input), scratch, threads):
         if rows < h.shape[0]:
             log.warning("GPTQ: %d calibration rows for the %d inputs of %s: the Hessian is singular (dampening "
                         "keeps it invertible, but the fit follows these rows; more calibration samples, "
                         "calibration.num_calib, give it more)", rows, h.shape[0], t)
         for o in by_input[t]:
+            b = int(bits[o["name"]])
             w = np.asarray(tensor_array(inits[o["weight"]], weights_dir), np.float32)
-            q, s, z = codes(w, h, int(bits[o["name"]]), settings.block_size, settings.symmetric)
-            done[o["name"]] = node(nodes[o["name"]], o["K"], int(bits[o["name"]]), settings, q, s, z)
+            q, s, z = codes(w, h, b, settings.block_size, settings.symmetric)
+            if store is not None:
+                store.save(o, b, settings, q, s, z)
+            done[o["name"]] = node(nodes[o["name"]], o["K"], b, settings, q, s, z)
         log.debug("GPTQ: %s (%d rows): %s", t, rows, [o["name"] for o in by_input[t]])
     return done

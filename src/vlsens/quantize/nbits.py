@@ -87,13 +87,14 @@ def weight_matmuls(model) -> list[dict]:
 
 def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, int], settings: NBitsSettings,
              batch_bytes: int = 512 << 20, algorithms: Mapping[str, str] | None = None,
-             calibration: str | Path | None = None, threads: int = 0) -> Path:
+             calibration=None, threads: int = 0) -> Path:
     """Write ``float_model`` with every MatMul named in ``bits`` quantized to that width (4 or 8)
     and every other MatMul left float, by ONNX Runtime's ``MatMulNBitsQuantizer``; ``out_model`` +
     its data file. Node ``<name>`` becomes ``<name>_Q<bits>``. ``algorithms``: per MatMul an
     algorithm other than ``settings.algorithm`` (one of :data:`ALGORITHMS`: the same
     ``MatMulNBits`` blocks; k_quant also writes zero points where symmetric RTN has none, 0.5
-    byte a block; ``gptq`` reads ``calibration``, a Samples npz of ``float_model``'s inputs).
+    byte a block; ``gptq`` reads ``calibration``, a Samples npz of ``float_model``'s inputs, or a
+    :class:`vlsens.quantize.gptq.Calibration`: the samples and the run's store of GPTQ codes).
 
     The quantizer is run on models of a few MatMuls each (about ``batch_bytes`` of float weights,
     read from ``float_model``'s data file) and its nodes and weights are put into the float graph:
@@ -163,8 +164,9 @@ def _checked(float_model, bits: Mapping[str, int], algorithms: Mapping[str, str]
 
 def _data_aware(float_model: Path, model, group: Sequence[dict], inits: dict, bits: Mapping[str, int],
                 settings: NBitsSettings, calibration, scratch_parent: Path, threads: int) -> dict[str, tuple]:
-    """``group``'s MatMuls by GPTQ (:func:`vlsens.quantize.gptq.quantize_nodes`), its captured
-    inputs in a scratch folder beside the output, removed after."""
+    """``group``'s MatMuls by GPTQ (:func:`vlsens.quantize.gptq.quantize_nodes`; ``calibration``
+    a path or a :class:`~vlsens.quantize.gptq.Calibration`), its captured inputs in a scratch folder
+    beside the output, removed after."""
     import tempfile
 
     from vlsens.quantize import gptq
@@ -172,7 +174,8 @@ def _data_aware(float_model: Path, model, group: Sequence[dict], inits: dict, bi
     nodes = {n.name: n for n in model.graph.node if n.name in {o["name"] for o in group}}
     scratch_parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".vlsens-gptq-", dir=scratch_parent) as scratch:
-        return gptq.quantize_nodes(float_model, group, nodes, inits, bits, settings, calibration, scratch, threads)
+        return gptq.quantize_nodes(float_model, group, nodes, inits, bits, settings, gptq.Calibration.of(calibration),
+                                   scratch, threads)
 
 
 def _batches(ops: Sequence[dict], batch_bytes: int) -> list[list[dict]]:

@@ -310,12 +310,15 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     return meta
 
 
-def calibration_record(calibration: str | Path) -> dict:
-    """``{"file", "sha256"}`` of the calibration samples a data-aware algorithm read: what a plan
-    that takes the algorithm's weights names, and checks before it is rebuilt."""
+def calibration_record(calibration) -> dict:
+    """``{"file", "sha256"}`` of the calibration samples a data-aware algorithm read (a path or a
+    :class:`vlsens.quantize.gptq.Calibration`): what a plan that takes the algorithm's weights
+    names, and checks before it is rebuilt."""
     from vlsens.core.fsutil import file_sha256
+    from vlsens.quantize.gptq import Calibration
 
-    return {"file": str(calibration), "sha256": file_sha256(calibration)}
+    samples = Calibration.of(calibration).samples
+    return {"file": str(samples), "sha256": file_sha256(samples)}
 
 
 def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Path, out_json: str | Path,
