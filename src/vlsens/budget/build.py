@@ -192,18 +192,15 @@ def fp32_parts(inputs: Mapping) -> dict[str, Path]:
             "folder": Path(inputs["fp32_folder"])}
 
 
-def gptq_calibration(inputs: Mapping, store, writable: bool):
-    """The decoder's calibration split (``inputs["calibration"]``, None where no data-aware
-    algorithm is configured) with the run's store of GPTQ codes for the fp32 decoder
-    (``inputs["model"]`` or ``inputs["decoder_model"]``) in ``store``: ``budget_nbits`` fills it
-    (``writable``), the plans read it."""
+def gptq_calibration(samples, decoder, store, writable: bool):
+    """The decoder's calibration split ``samples`` with the run's store of GPTQ codes for the fp32
+    ``decoder`` in ``store``: ``budget_nbits`` fills it (``writable``), the plans read it. None
+    where ``samples`` is None (no data-aware algorithm configured)."""
     from vlsens.quantize.gptq import Calibration, Store
 
-    samples = inputs.get("calibration")
     if samples is None:
         return None
-    source = inputs.get("model") or inputs["decoder_model"]
-    return Calibration(Path(samples), Store(store, source, samples, writable) if store else None)
+    return Calibration(Path(samples), Store(store, decoder, samples, writable) if store else None)
 
 
 def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 0) -> dict:
@@ -224,7 +221,7 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
     decoder_feeds(inputs["folder"], inputs["reference"], load_cases(inputs["cases"]), checkpoint_dir(inputs["checkpoint"]),
                   outputs["feeds"])
     settings = NBitsSettings.from_config(params["settings"])
-    calibration = gptq_calibration(inputs, outputs.get("gptq"), writable=True)
+    calibration = gptq_calibration(inputs.get("calibration"), inputs["model"], outputs.get("gptq"), writable=True)
     choice = None
     if set(params.get("algorithms") or ()) - {settings.algorithm}:
         engine = Path(outputs["engine"])
@@ -299,7 +296,7 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
     formats = formats_of(inputs)
     formats["embedding"]["fp32"] = decoder.with_name("embedding.onnx")
     sources = {"decoder_dir": decoder.parent, "reference": inputs["decoder_reference"], **formats,
-               "calibration": gptq_calibration(inputs, inputs.get("gptq"), writable=False)}
+               "calibration": gptq_calibration(inputs.get("calibration"), decoder, inputs.get("gptq"), writable=False)}
     if "vision_reference" in inputs:  # a mixed vision graph can be built (plan.vision has mixed)
         sources["vision_mixed"] = {"fp32": inputs["vision_fp32"], "reference": inputs["vision_reference"],
                                    "tolerance": params["tolerance"], "exact_tolerance": params["exact_tolerance"],
