@@ -11,7 +11,13 @@ of the measure's costliest quarter found in the curve's), the measure over the e
 Linear not measured and per measured Linear held out (spread), the curve's points (KL at k Linears
 INT4, measured whole, in the measure's order and in the estimate's), and the job's time.
 
+With ``--refit``, on a run that measured only some Linears (``plan.vision_measured: m``, the 3B
+scale run), it fits the run's own stored measures again with either fit of the estimate (per role,
+and per role with the depth term, :class:`vlsens.budget.vision.Fit`) and prints how each predicts
+the measured Linears held out, and which one :func:`vlsens.budget.vision.choose_depth` takes.
+
     python bench/bench_vision_estimate.py --results results/tiny [--measured 4 8] [--publish]
+    python bench/bench_vision_estimate.py --results results/3b --refit [--publish]
 """
 
 from __future__ import annotations
@@ -84,8 +90,8 @@ def report(results: Path, exact_rows: list[dict], exact_record: dict, exact_seco
     print()
     print("| Linears measured | estimated | rho: the curve's KLs | rho: estimates alone | costliest quarter found | "
           "measure / estimate, estimated Linears (min, median, max) | measure / held-out estimate, measured Linears "
-          "(min, median, max) | job s |")
-    print("| ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
+          "(min, median, max) | depth term (held-out RMS log miss: role / role+depth) | job s |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |")
     for m, r in sorted(runs.items()):
         est = {x["op"]: float(x["kl_estimate"]) for x in r["rows"]}
         used = {x["op"]: float(x["kl_int4"]) for x in r["rows"]}  # measured where measured: what orders the curve
@@ -96,7 +102,8 @@ def report(results: Path, exact_rows: list[dict], exact_record: dict, exact_seco
         free = [kl[x["op"]] / est[x["op"]] for x in r["rows"] if not x["measured"] and est[x["op"]] > 0]
         mo = r["record"]["estimate"]["measured_over_estimate"]
         print(f"| {m} | {n - m} | {rho:.2f} | {rho_est:.2f} | {found} of {q} | {min(free):.2f}, {np.median(free):.2f}, "
-              f"{max(free):.2f} | {mo['min']:.2f}, {mo['median']:.2f}, {mo['max']:.2f} | {r['seconds']:.0f} |")
+              f"{max(free):.2f} | {mo['min']:.2f}, {mo['median']:.2f}, {mo['max']:.2f} | "
+              f"{depth_cell(r['record']['estimate'].get('depth'))} | {r['seconds']:.0f} |")
     print()
     print("The curve's points, measured whole (KL at k Linears INT4, the rest INT8 weight-only; MB as the folder "
           "ships the vision graph):")
@@ -111,14 +118,61 @@ def report(results: Path, exact_rows: list[dict], exact_record: dict, exact_seco
         print(f"| {k} | {exact[k]['kl']:.3g} ({exact[k]['bytes'] / 1e6:.3f}) | {cells} |")
 
 
+def depth_cell(depth: dict | None) -> str:
+    if not depth:
+        return "-"
+    rms = depth["held_out_rms_log"]
+    cells = " / ".join("-" if rms[k] is None else f"{rms[k]:.2f}" for k in ("role", "role+depth"))
+    return (f"**used**, first block {depth['first_over_last']:.3g}x the last: {cells}" if depth["used"]
+            else f"not used: {cells}")
+
+
+def refit(results: Path) -> None:
+    """Both fits of the estimate on the run's own measured Linears, each measured one held out."""
+    import math
+
+    import pandas as pd
+
+    from vlsens.budget.vision import _log_ratios, block_count, choose_depth, held_out
+
+    rows = pd.read_csv(results / "budget" / "vision.csv").to_dict("records")
+    errors = {r["op"]: {"all": float(r["output_error"])} for r in rows}
+    blocks = block_count(r["op"] for r in rows)
+    done = [r for r in rows if r["measured"] and float(r["kl_int4"]) > 0 and float(r["output_error"]) > 0]
+    points = _log_ratios(done, errors, blocks)
+    print(f"{results}: {len(rows)} vision Linears in {blocks} blocks, {len(done)} measured end to end (the run's "
+          f"budget/vision.csv); each measured Linear estimated from the other measured ones:")
+    print()
+    print("| fit | held-out RMS log miss | rho: measure vs held-out estimate | measure / held-out estimate (min, median, "
+          "max) | the same, blocks only (min, max) |")
+    print("| --- | ---: | ---: | --- | --- |")
+    for name, depth in (("per role", False), ("per role + depth", True)):
+        res = held_out(points, depth)
+        ratio = [math.exp(x) for x in res]
+        est = [float(r["kl_int4"]) / q for r, q in zip(done, ratio)]
+        inner = [q for r, q in zip(done, ratio) if "blocks." in r["op"]]
+        print(f"| {name} | {math.sqrt(sum(x * x for x in res) / len(res)):.2f} | "
+              f"{spearman([float(r['kl_int4']) for r in done], est):.2f} | {min(ratio):.2f}, {np.median(ratio):.2f}, "
+              f"{max(ratio):.2f} | {min(inner):.2f}, {max(inner):.2f} |")
+    print()
+    print(f"The run's choice (vlsens.budget.vision.choose_depth): {depth_cell(choose_depth(points))}.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=Path("results/tiny"))
     ap.add_argument("--measured", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--refit", action="store_true", help="fit a partly measured run's own measures again")
     ap.add_argument("--publish", action="store_true")
     args = ap.parse_args()
     import pandas as pd
     from _publish import published
+
+    if args.refit:
+        with published(f"vision-estimate-refit-{args.results.name}",
+                       f"The vision Linears' estimate fitted again on {args.results}'s measures", results=args.results):
+            refit(args.results)
+        return
 
     inputs, settings = job_inputs(args.results)
     exact_rows = pd.read_csv(args.results / "budget" / "vision.csv").to_dict("records")

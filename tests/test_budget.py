@@ -689,6 +689,58 @@ def test_estimated_linears_take_their_roles_scale_fitted_on_the_measured_ones():
     assert record["rank_correlation"] == pytest.approx(0.5)
 
 
+def _depth_rows(ratio, measured, blocks=8):
+    """Every Linear of ``blocks`` blocks (qkv, down_proj) and the merger's last; ``ratio(op)``: its
+    KL per unit of output error; the ``measured`` ones carry their KL."""
+    ops = [f"/visual/blocks.{i}/{r}/MatMul" for i in range(blocks) for r in ("attn/qkv", "mlp/down_proj")]
+    ops.append("/visual/merger/mlp/mlp.2/MatMul")
+    errors = {op: {"all": 1.0 + (i % 3), "text": 0.0, "image": 1.0 + (i % 3), "images": 0.0} for i, op in enumerate(ops)}
+    rows = [{"op": op, **({"kl_int4": ratio(op) * errors[op]["all"], "measured": 1} if op in measured else {})}
+            for op in ops]
+    return ops, errors, rows
+
+
+def test_the_depth_term_is_taken_where_it_predicts_the_measured_linears_held_out_better():
+    """Where an error costs more the earlier its block (KL / output error falling by one factor per
+    block, as the 3B random tower measured), the estimate takes the depth term: every Linear not
+    measured gets its true KL, where the role-only fit misses the first and last blocks by the
+    depth's whole factor; where the ratio does not depend on depth (noise around each role's), the
+    role-only fit is kept and the record says why (the held-out misses of both)."""
+    import math
+
+    from vlsens.budget.vision import Fit, _log_ratios, choose_depth, estimate_rows, relative_depth, role_of
+
+    role = {"attn.qkv": 1e-4, "mlp.down_proj": 3e-4, "merger.mlp.mlp.2": 1e-3}
+
+    def falling(op):  # 10x from the first block to the last
+        d = relative_depth(op, 8)
+        return role[role_of(op)] * 10 ** (1 - (1.0 if d is None else d))
+
+    measured = [f"/visual/blocks.{i}/{r}/MatMul" for i, r in ((1, "attn/qkv"), (6, "attn/qkv"), (2, "mlp/down_proj"),
+                                                              (5, "mlp/down_proj"), (7, "mlp/down_proj"))]
+    measured.append("/visual/merger/mlp/mlp.2/MatMul")
+    ops, errors, rows = _depth_rows(falling, measured)
+    record = estimate_rows(rows, errors)
+    assert record["depth"]["used"] and record["depth"]["first_over_last"] == pytest.approx(10.0)
+    rms = record["depth"]["held_out_rms_log"]
+    assert rms["role+depth"] < 0.5 * rms["role"]  # both miss the merger, measured once, held out
+    for r in rows:
+        assert r["kl_int4"] == pytest.approx(falling(r["op"]) * errors[r["op"]]["all"])
+        if "blocks." in r["op"]:  # held out too: every block Linear's role stays measured at another depth
+            assert r["kl_estimate"] == pytest.approx(falling(r["op"]) * errors[r["op"]]["all"])
+    # the role-only fit on the same measures misses the first block's qkv by more than 2x
+    first = "/visual/blocks.0/attn/qkv/MatMul"
+    fit = Fit.of(_log_ratios(_depth_rows(falling, measured)[2], errors), depth=False)
+    assert fit.scale("attn.qkv", 0.0) < 0.5 * falling(first)
+
+    noise = {op: math.exp(0.4 * ((i * 7) % 5 - 2)) for i, op in enumerate(ops)}  # no trend in depth
+    _, errors, rows = _depth_rows(lambda op: role[role_of(op)] * noise[op], measured)
+    record = estimate_rows(rows, errors)
+    rms = record["depth"]["held_out_rms_log"]
+    assert not record["depth"]["used"] and record["depth"]["slope"] == 0.0 and rms["role"] <= rms["role+depth"]
+    assert choose_depth([("attn.qkv", 0.1, -3.0), ("mlp.down_proj", 0.9, -2.0)])["used"] is False  # no role at 2 depths
+
+
 def test_output_errors_are_each_linears_own_int4_output_change(graph_builder, tmp_path):
     """The estimate's per-Linear error, ``||X (W4 - W)^T||^2`` taken by forward hooks in one float
     pass, is what that Linear's output changes by when transformers' tower multiplies by the INT4
