@@ -240,3 +240,37 @@ def test_a_record_that_contradicts_itself_or_its_csv_is_a_problem(tmp_path):
     measure = run / "measure" / "int4-mixed.json"
     assert records.invariants(measure, _measure()) == []
     assert records.invariants(measure, {**_measure(), "mean_kl": 1e-9})[0].startswith("mean_kl: 1e-09, but its 2")
+
+
+def test_every_variant_the_config_accepts_is_one_its_records_accept():
+    """A variant the config may name (a graph's ``variants``, its ``sensitivity_variants``, the
+    parts' ``variants``) is one the parity, profile and parts records accept: an ``fp32-smooth``
+    run's records once failed ``python -m vlsens.core.records`` though every job had passed."""
+    import yaml
+
+    from vlsens.config import VARIANTS
+    from vlsens.core.records import SCHEMAS
+
+    def enums(node, key=None):
+        if isinstance(node, dict):
+            if key is not None and isinstance(node.get("items"), dict) and "enum" in node["items"]:
+                yield key, set(node["items"]["enum"])
+            for k, v in node.items():
+                yield from enums(v, k)
+        elif isinstance(node, list):
+            for v in node:
+                yield from enums(v, key)
+
+    config = yaml.safe_load((SCHEMAS.parent / "config.schema.yaml").read_text())
+    named = {}
+    for key, values in enums(config):
+        if values & {"fp32", "fp16"}:
+            named.setdefault(key, set()).update(values)
+    assert named["variants"] == set(VARIANTS) and "fp32-smooth" in named["sensitivity_variants"]
+
+    def record(kind):
+        return set(yaml.safe_load((SCHEMAS / f"{kind}.schema.yaml").read_text())["properties"]["variant"]["enum"])
+
+    assert named["variants"] <= record("parity")
+    assert named["variants"] <= record("parts")
+    assert named["sensitivity_variants"] <= record("eval")
