@@ -46,3 +46,25 @@ def test_the_deploy_table_has_the_median_its_spread_and_a_whole_error_line(capsy
     out = capsys.readouterr().out
     assert "| a | 10 | 0.100 | 100 | 10.0 [5.0, 10.0] | 2.00x | 1.00 |" in out
     assert "failed: ValueError: a Hugging Face Qwen2.5-VL directory is needed here |" in out
+
+
+def test_the_npu_weight_rounding_bench_rounds_on_the_qdq_grid_and_gptq_only_helps_where_inputs_correlate():
+    """``bench_npu_weights``: round to nearest puts every weight on the QDQ models' per-channel grid
+    (``2 max|w| / 255``, codes -128..127); GPTQ on that grid equals it where the inputs do not
+    correlate (a diagonal Hessian) and costs less output error where they do."""
+    import numpy as np
+
+    b = _module("bench_npu_weights")
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 24))
+    s = np.abs(w).max(0) * 2 / 255
+    r = b.rtn(w)
+    codes = r / s
+    assert np.allclose(codes, np.round(codes)) and np.round(codes).min() >= -128 and np.round(codes).max() <= 127
+    assert np.allclose(b.gptq(w, np.diag(rng.uniform(0.5, 2.0, 64)), damp=0.0, rows=16), r)
+    x = rng.standard_normal((400, 8)) @ rng.standard_normal((8, 64)) + 0.05 * rng.standard_normal((400, 64))
+    h = x.T @ x
+    g = b.gptq(w, h, rows=16)
+    assert np.allclose(g / s, np.round(g / s))  # on the grid too
+    assert b.output_error(g - w, h) < 0.7 * b.output_error(r - w, h)
+    assert np.isclose(b.output_error(r - w, h), np.sum((x @ (r - w)) ** 2))
