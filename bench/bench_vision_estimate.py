@@ -133,13 +133,13 @@ def refit(results: Path) -> None:
 
     import pandas as pd
 
-    from vlsens.budget.vision import _log_ratios, block_count, choose_depth, held_out
+    from vlsens.budget.vision import _points, block_count, choose_depth, held_out
 
     rows = pd.read_csv(results / "budget" / "vision.csv").to_dict("records")
     errors = {r["op"]: {"all": float(r["output_error"])} for r in rows}
     blocks = block_count(r["op"] for r in rows)
-    done = [r for r in rows if r["measured"] and float(r["kl_int4"]) > 0 and float(r["output_error"]) > 0]
-    points = _log_ratios(done, errors, blocks)
+    by_row = _points(rows, errors, blocks)
+    done, points = [rows[i] for i in by_row], list(by_row.values())
     print(f"{results}: {len(rows)} vision Linears in {blocks} blocks, {len(done)} measured end to end (the run's "
           f"budget/vision.csv); each measured Linear estimated from the other measured ones:")
     print()

@@ -269,11 +269,17 @@ def _log_ratios(rows: Sequence[Mapping], errors: Mapping[str, Mapping[str, float
                 blocks: int | None = None) -> list[tuple[str, float | None, float]]:
     """``(role, relative depth, log(measured KL / output error))`` of every measured row with both above 0
     (``blocks``: the tower's, default the rows' :func:`block_count`)."""
+    return list(_points(rows, errors, blocks).values())
+
+
+def _points(rows: Sequence[Mapping], errors: Mapping[str, Mapping[str, float]],
+            blocks: int | None = None) -> dict[int, tuple[str, float | None, float]]:
+    """:func:`_log_ratios`' points by the index of the row each comes from."""
     import math
 
     blocks = block_count(r["op"] for r in rows) if blocks is None else blocks
-    return [(role_of(r["op"]), relative_depth(r["op"], blocks), math.log(float(r["kl_int4"]) / errors[r["op"]]["all"]))
-            for r in rows if r.get("measured") and float(r["kl_int4"]) > 0 and errors[r["op"]]["all"] > 0]
+    return {i: (role_of(r["op"]), relative_depth(r["op"], blocks), math.log(float(r["kl_int4"]) / errors[r["op"]]["all"]))
+            for i, r in enumerate(rows) if r.get("measured") and float(r["kl_int4"]) > 0 and errors[r["op"]]["all"] > 0}
 
 
 def block_count(ops) -> int:
@@ -363,12 +369,13 @@ def estimate_rows(rows: list[dict], errors: Mapping[str, Mapping[str, float]]) -
     measured / estimate spread and Spearman's rho over the measured rows are held out, not fitted
     (the choice of the depth term is made on the same held-out misses)."""
     blocks = block_count(r["op"] for r in rows)
-    depth = choose_depth(_log_ratios(rows, errors, blocks))
-    fit = Fit.of(_log_ratios(rows, errors, blocks), depth["used"])
+    points = _points(rows, errors, blocks)
+    depth = choose_depth(list(points.values()))
+    fit = Fit.of(list(points.values()), depth["used"])
     for i, r in enumerate(rows):
         e, role, d = errors[r["op"]], role_of(r["op"]), relative_depth(r["op"], blocks)
         if r.get("measured"):
-            others = Fit.of(_log_ratios([x for j, x in enumerate(rows) if j != i], errors, blocks), depth["used"])
+            others = Fit.of([p for j, p in points.items() if j != i], depth["used"]) if i in points else fit
             r.update(output_error=e["all"], kl_estimate=others.scale(role, d) * e["all"])
             continue
         scale = fit.scale(role, d)
