@@ -567,10 +567,11 @@ def builder_settings():
     return canonical(settings.as_dict())
 
 
-def quant_settings():
+def quant_settings(*unused):
     """``sensitivity.*`` for ``quant.target`` (vlsens.quantize.target.resolve): a param of every engine
-    rule, so a change of target or saturation guard re-runs the analysis and the profiles."""
-    return canonical(QUANT)
+    rule, so a change of target or saturation guard re-runs the analysis and the profiles; ``unused``:
+    keys the rule does not read (a change of them re-runs nothing there)."""
+    return canonical({k: v for k, v in QUANT.items() if k not in unused})
 
 
 def tower_settings(stage):

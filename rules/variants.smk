@@ -57,7 +57,7 @@ rule smooth:
         **gated(paths.in_variant("fp32-smooth")),
     params:
         tolerance=tolerance("fp32"),
-        settings=quant_settings(),
+        settings=quant_settings("weight_rounding"),  # the migration is chosen with round to nearest
         provenance=provenance("smooth", "smooth.py"),
     log:
         paths.log("smooth"),

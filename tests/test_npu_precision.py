@@ -330,3 +330,41 @@ def test_goal_npu_builds_analyses_and_cuts_fp32_smooth_beside_fp32():
     cfg = default_config()
     apply_goal(cfg)
     assert "fp32-smooth" not in cfg["vision"]["variants"]
+
+
+def test_gptq_weight_codes_keep_estimate_equal_built_and_lower_the_w8a16_floor(npu_run):
+    """``quant.weight_rounding: gptq`` on the same tower: the engine fits GPTQ codes on ORT's grid
+    once, and every model built from its calibration takes them, so the profile's estimate is still
+    the built QDQ model; with the weights' rounding lowered, the all-W8A16 model is closer to float
+    and the profile needs fewer W8A16 ops than round to nearest's."""
+    import onnx
+
+    from vlsens.core.onnxutil import tensor_array
+    from vlsens.quantize import rounding
+    from vlsens.sensitivity.stages import gather, prepare, run_shard
+
+    root = npu_run["root"]
+    ev, eng = root / "calib" / "eval.npz", root / "engine-gptq"
+    settings = run_settings(**NPU, **{"quant.weight_rounding": "gptq"})
+    meta = prepare(root / "fp32" / "model.onnx", root / "calib" / "calib.npz", ev, eng, settings, logits=False)
+    assert meta["settings"]["weight_rounding"] == "gptq"
+    weighted = [o["name"] for o in meta["ops"] if o["weight_params"]]
+    assert meta["rounding"]["ops"] == len(weighted) > 20 and meta["rounding"]["kept_rtn"] == {}  # every weight op
+    assert meta["rounding"]["output_error_vs_rtn"]["max"] < 1.0
+    assert rounding.CODES in meta["files"]
+    run_shard(eng, ev, 0, 1, root / "ort-gptq.0.csv")
+    gptq = gather(eng, ev, [root / "ort-gptq.0.csv"], root / "ort-gptq.csv", root / "ort-gptq.json")
+    rtn = json.loads((root / "ort-fp32.json").read_text())
+    assert 1 - gptq["wide"]["all_a16"]["cosine"] < 0.9 * (1 - rtn["wide"]["all_a16"]["cosine"])
+    rec, prof = _profile(root, "gptq")
+    before, _ = npu_run["fp32"]
+    assert rec["status"] == "met" and rec["int8_weight_share"] == 1.0
+    assert rec["a16_ops"] < before["a16_ops"]  # 4 against 8 here
+    assert abs(rec["measured"]["cosine"] - rec["estimate"]["cosine"]) < 1e-6 and rec["rebuilds"] == 0
+    # the built model holds the engine's codes, not ORT's
+    model = root / "profile-gptq" / "model.onnx"
+    built = rounding.slots(onnx.load(str(model), load_external_data=False), model.parent)
+    with np.load(eng / rounding.CODES) as z:
+        ops = z["ops"].tolist()
+        for op, slot in built.items():
+            assert np.array_equal(tensor_array(slot.codes, model.parent), z[f"codes{ops.index(op)}"]), op

@@ -79,6 +79,18 @@ def _counts(layers: list[dict]) -> dict:
     return {"wide_layers": sum(v for k, v in n.items() if k in ("U16", "S16")), "fp32_layers": n.get("FP32", 0)}
 
 
+def _rounding_note(settings: dict) -> dict:
+    """How the profile's INT8 weights were rounded, and what that means for each toolchain."""
+    method = settings.get("weight_rounding", "rtn")
+    if method == "rtn":
+        return {"method": method, "note": "round to nearest on ONNX Runtime's per-channel grid: what the QDQ model "
+                                          "holds, and the closest model of a toolchain that rounds the float graph"}
+    return {"method": method,
+            "note": "GPTQ codes on ONNX Runtime's per-channel grid (vlsens.quantize.rounding): the QDQ model holds them, "
+                    "so its measured error is the profile's; pulsar2 build rounds the float graph's weights itself, "
+                    "so pulsar2.json's U16 layers were chosen for weights that build does not make (it may need more)"}
+
+
 def smooth_bought(smoothed: dict, unsmoothed: dict) -> dict:
     """What the ``fp32-smooth`` variant's profile bought against the FP32 profile of the same graph
     (both eval.json): ops and weights that left W8A16 and float for W8A8."""
@@ -132,6 +144,7 @@ def write_toolchain(profile_dir: str | Path, graph_model: str | Path, calib_tar:
                     "opset": qnn.opset(qdq), "measured": evaluation["measured"], "estimate": evaluation["estimate"],
                     "session": evaluation["session"]},
             "checked": CHECKED,
+            "weight_rounding": _rounding_note(settings),
         }
         if unsmoothed is not None:
             record["smooth"] = smooth_bought(evaluation, json.loads(Path(unsmoothed).read_text()))

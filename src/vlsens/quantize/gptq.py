@@ -218,6 +218,30 @@ def _rows(w: np.ndarray, hinv: np.ndarray | None, bits: int, block_size: int, sy
     return q, scales, zeros
 
 
+def channel_codes(weight: np.ndarray, hessian: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmin: int, qmax: int,
+                  damp: float = DAMP) -> np.ndarray:
+    """GPTQ of ``weight`` (K x N) on a grid fixed beforehand: one ``scale`` and ``zero`` point per
+    output column (a QDQ model's per-channel weight grid) and codes in ``qmin .. qmax``. The integer
+    codes (K x N, int32). Rows in their order, lazy batches of :data:`ROWS` rows; with a diagonal
+    Hessian the codes are round to nearest's (test)."""
+    k = weight.shape[0]
+    hinv, dead = _factor(hessian, k, k, damp)
+    s, z = np.asarray(scale, np.float64), np.asarray(zero, np.float64)
+    w = np.array(weight, np.float64)
+    w[dead] = 0.0
+    q = np.zeros(w.shape, np.int32)
+    for i1 in range(0, k, ROWS):
+        i2 = min(i1 + ROWS, k)
+        w1, err, hb = w[i1:i2].copy(), np.zeros((i2 - i1, w.shape[1])), hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            c = np.clip(np.round(w1[i] / s) + z, qmin, qmax)
+            q[i1 + i] = c
+            err[i] = (w1[i] - (c - z) * s) / hb[i, i]
+            w1[i:] -= np.outer(hb[i, i:], err[i])
+        w[i2:] -= hinv[i1:i2, i2:].T @ err
+    return q
+
+
 def dequantized(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, k: int) -> np.ndarray:
     """The K x N float weight that codes, scales and zero points of :func:`codes` stand for."""
     n, blocks, block = q.shape
@@ -275,10 +299,12 @@ def captured(float_model: str | Path, feeds: Iterable[Mapping[str, np.ndarray]],
 
 
 def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[str], scratch: str | Path,
-             threads: int = 0) -> Iterator[tuple[str, np.ndarray, int]]:
+             threads: int = 0, widths: Mapping[str, int] | None = None) -> Iterator[tuple[str, np.ndarray, int]]:
     """``(input, X^T X, rows)`` for each tensor of ``inputs`` (MatMul inputs of ``float_model``), over
     every position of the calibration samples (:class:`vlsens.data.samples.Samples` npz of the
-    model's inputs), one session pass (:func:`captured`); the rows are kept in ``scratch`` until read."""
+    model's inputs), one session pass (:func:`captured`); the rows are kept in ``scratch`` until read.
+    ``widths``: a row width per input other than its last axis (a patch embedding's Conv, whose
+    kernel covers its whole input: one row per patch)."""
     from vlsens.data.samples import Samples
 
     scratch = Path(scratch)
@@ -292,7 +318,7 @@ def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[
                 x.tofile(f)
     log.info("GPTQ: %d MatMul inputs captured over %d calibration samples", len(inputs), samples.count)
     for t in inputs:
-        x = np.fromfile(files[t], np.float32).reshape(-1, width[t]).astype(np.float64)
+        x = np.fromfile(files[t], np.float32).reshape(-1, (widths or {}).get(t, width[t])).astype(np.float64)
         files[t].unlink()
         yield t, x.T @ x, x.shape[0]
 

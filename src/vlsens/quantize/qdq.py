@@ -43,6 +43,9 @@ class QuantSettings:
     #: the wide activation type an op may take instead of ``activation_type`` (W8A16: ``uint16``
     #: or ``int16``); empty: every quantized activation is 8-bit (:data:`vlsens.quantize.target.WIDE`)
     activation_wide: str = ""
+    #: how weights are rounded onto ORT's grid: ``rtn`` (ORT's own codes) or ``gptq``
+    #: (:mod:`vlsens.quantize.rounding`: the engine's codes, written over ORT's in every model)
+    weight_rounding: str = "rtn"
 
     @classmethod
     def from_config(cls, cfg: dict) -> "QuantSettings":
@@ -60,6 +63,7 @@ class QuantSettings:
             guard=str(cfg.get("guard", "none")),
             guard_why=str(cfg.get("guard_why", "")),
             activation_wide=str(cfg.get("activation_wide", "") or ""),
+            weight_rounding=str(cfg.get("weight_rounding", "rtn")),
         )
 
     def as_dict(self) -> dict:
@@ -272,7 +276,8 @@ def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str
              all_wide: bool = False) -> Path:
     """QDQ-quantize exactly ``nodes``; the calibration cache is created on first use (better:
     by :func:`calibrate`, beforehand) and reused. ``wide_tensors`` / ``all_wide``: activations
-    at the settings' wide type (:meth:`QuantSettings.kwargs`)."""
+    at the settings' wide type (:meth:`QuantSettings.kwargs`). With ``weight_rounding: gptq`` the
+    weights take the GPTQ codes kept beside ``cache`` (:mod:`vlsens.quantize.rounding`)."""
     from onnxruntime.quantization import quantize_static
 
     from vlsens.core.onnxutil import check_compact, data_path
@@ -287,6 +292,14 @@ def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str
     quantize_static(str(float_model), str(out_model), reader, nodes_to_quantize=list(nodes),
                     calibration_cache_path=str(cache), **settings.kwargs(wide_tensors, all_wide))
     check_compact(out_model)
+    if settings.weight_rounding == "gptq":
+        from vlsens.quantize.rounding import apply, codes_path
+
+        codes = codes_path(cache)
+        if not codes.is_file():
+            raise FileNotFoundError(f"{codes}: the GPTQ weight codes of calibration {cache} (weight_rounding: gptq) "
+                                    "are missing; the sensitivity engine's prepare step writes them")
+        apply(out_model, codes)
     return out_model
 
 

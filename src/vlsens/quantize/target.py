@@ -160,12 +160,31 @@ def resolve(config: dict, cpu: dict | None = None) -> dict:
     if wide not in WIDE_MODES:
         raise ConfigError(f"quant.wide_activations: '{wide}' (valid: {', '.join(WIDE_MODES)})")
     s["activation_wide"] = WIDE_TYPE[s["activation_type"]] if wide == "auto" and name in WIDE_TARGETS else ""
+    rounding = _rounding(q.get("weight_rounding", "auto"), name)
+    if rounding != "rtn":  # rtn is QuantSettings' default: the settings of rtn runs stay as they were
+        s["weight_rounding"] = rounding
     if name == "tensorrt":
         if s["activation_type"] not in ("uint8", "int8") or s["weight_type"] != "int8":
             raise ConfigError("quant.target: tensorrt takes symmetric INT8 activations and INT8 weights; "
                               f"sensitivity.activation_type/weight_type are {s['activation_type']}/{s['weight_type']}")
         s.update(activation_type="int8", activation_symmetric=True)
     return s
+
+
+#: ``quant.weight_rounding`` values: auto = gptq where the QDQ model itself is deployed (:data:`GPTQ_TARGETS`).
+ROUNDING_MODES = ("auto", "rtn", "gptq")
+#: Targets whose deployed model is the QDQ model vlsens builds, its weight codes included (QNN's HTP
+#: backend runs them). ``npu`` toolchains (Pulsar2) round the float graph's weights themselves, so
+#: a profile chosen with GPTQ codes holds there only for the QDQ model (docs/npu.md).
+GPTQ_TARGETS = ("qnn",)
+
+
+def _rounding(value: str, target: str) -> str:
+    if value not in ROUNDING_MODES:
+        raise ConfigError(f"quant.weight_rounding: '{value}' (valid: {', '.join(ROUNDING_MODES)})")
+    if value == "auto":
+        return "gptq" if target in GPTQ_TARGETS else "rtn"
+    return value
 
 
 def check_profile_objective(objective: str, settings: dict, key: str) -> None:

@@ -16,6 +16,7 @@ cache), ``engine.json`` (ops, switch map, suffix cuts, settings, floor timing) a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -26,7 +27,9 @@ from vlsens.core.artifacts import file_entries, verify
 from vlsens.core.fsutil import file_sha256, savez_stream, staging_dir, write_json
 from vlsens.core.paths import ENGINE_FILES
 from vlsens.data.samples import FeedReader, Samples
+from vlsens.quantize import rounding
 from vlsens.quantize.qdq import QuantSettings, calibrate, prepare_float_model, quantize, raise_opset, select_ops
+from vlsens.quantize.rounding import codes_path
 from vlsens.quantize.target import arithmetic_note, cpu_features
 from vlsens.sensitivity.engine import Engine, SwitchEngine, engine_sensitivity, float_pass
 from vlsens.sensitivity.ranking import rank_rows, read_csv, shard, write_csv
@@ -57,12 +60,13 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         raise_opset(fl)
     if not ops:
         raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
-    if f["cache"].exists():
-        f["cache"].unlink()
+    codes = codes_path(f["cache"])
+    for stale in (f["cache"], codes):
+        stale.unlink(missing_ok=True)
     t_cal = time.perf_counter()
     with staging_dir(f["switch"]) as scratch:
         calibrate(fl, f["cache"], settings, FeedReader(calib), scratch)
-        wide = _all_op_models(fl, scratch, [o.name for o in ops], settings, f["cache"])
+        wide, rounding = _all_op_models(fl, scratch, [o.name for o in ops], settings, f["cache"], calib_npz, threads)
         t_q = time.perf_counter()
         switches = build_switch_model(fl, scratch / "model.onnx", f["switch"], [o.name for o in ops], wide)
     suffix = build_suffix(f["switch"], f["probe"], switches, suffix_cuts) if suffix_cuts > 0 else None
@@ -92,19 +96,32 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         "seconds": {"calibrate_and_quantize": t_q - t_cal, "switch_model": t_sw - t_q,
                     "total": time.perf_counter() - t0},
         "floor_seconds": floor,
+        **({"rounding": rounding} if rounding else {}),
         "files": file_entries([fl, f["switch"], f["probe"]]),
     }
+    if rounding:  # what every model built from this calibration takes: checked like the graphs
+        meta["files"][codes.name] = {"bytes": codes.stat().st_size, "sha256": file_sha256(codes)}
     write_json(f["meta"], meta)
     return meta
 
 
-def _all_op_models(fl: Path, scratch: Path, names: list[str], settings: QuantSettings, cache: Path) -> Path | None:
+def _all_op_models(fl: Path, scratch: Path, names: list[str], settings: QuantSettings, cache: Path,
+                   calib_npz: str | Path, threads: int) -> tuple[Path | None, dict | None]:
     """ORT's all-op QDQ model (``scratch/model.onnx``) and, with 16-bit activations, the same with
-    every activation wide (returned; None without): the same calibration, the same ranges."""
-    quantize(fl, scratch / "model.onnx", names, settings, cache)
-    if not settings.activation_wide:
-        return None
-    return quantize(fl, scratch / "wide" / "model.onnx", names, settings, cache, all_wide=True)
+    every activation wide (returned; None without): the same calibration, the same ranges. With
+    ``weight_rounding: gptq`` the GPTQ codes are fitted on the first one's grid, kept beside
+    ``cache`` and written into both (and the rounding record returned)."""
+    rtn = dataclasses.replace(settings, weight_rounding="rtn")
+    model = quantize(fl, scratch / "model.onnx", names, rtn, cache)
+    wide = quantize(fl, scratch / "wide" / "model.onnx", names, rtn, cache, all_wide=True) if settings.activation_wide else None
+    if settings.weight_rounding != "gptq":
+        return wide, None
+    with staging_dir(scratch / "gptq") as rows:
+        record = rounding.fit(fl, calib_npz, model, codes_path(cache), settings, rows, threads)
+    for m in (model, wide):
+        if m is not None:
+            rounding.apply(m, codes_path(cache))
+    return wide, record
 
 
 def _wide_settings(float_model: Path, ops, settings: QuantSettings) -> tuple[QuantSettings, str]:

@@ -339,8 +339,10 @@ def _set(inits: dict, arrays: dict[str, np.ndarray]) -> None:
 def smooth_model(src_model: str | Path, calib_npz: str | Path, staged_model: Path, settings, threads: int = 0) -> dict:
     """The migrated graph of ``src_model`` into ``staged_model``, each block at the strength that
     measures best at its output (:func:`choose`; ``settings``: the target's
-    :class:`~vlsens.quantize.qdq.QuantSettings`, 8-bit activations). Returns the record's facts:
-    every block with its measurements."""
+    :class:`~vlsens.quantize.qdq.QuantSettings`, 8-bit activations; weights rounded to nearest
+    whatever ``weight_rounding`` says: GPTQ codes are fitted by the engine, on the graph this
+    variant produces). Returns the record's facts: every block with its measurements."""
+    import dataclasses
     import tempfile
 
     from onnx import numpy_helper
@@ -349,6 +351,7 @@ def smooth_model(src_model: str | Path, calib_npz: str | Path, staged_model: Pat
     from vlsens.data.samples import Samples
 
     staged_model = Path(staged_model)
+    settings = dataclasses.replace(settings, weight_rounding="rtn")
     untied = staged_model.with_name(".smooth-untied.onnx")
     try:
         model = _load_untied(src_model, untied)

@@ -57,6 +57,9 @@ def check_settings(settings) -> list[str]:
     if settings.calibrate_method not in CALIBRATE_METHODS:
         problems.append(f"sensitivity.calibrate_method: '{settings.calibrate_method}' has no INC equivalent "
                         f"({', '.join(CALIBRATE_METHODS)})")
+    if getattr(settings, "weight_rounding", "rtn") != "rtn":
+        problems.append(f"quant.weight_rounding: '{settings.weight_rounding}' writes GPTQ codes into ONNX Runtime's QDQ "
+                        "models; engine inc quantizes through INC, which rounds to nearest (use engine ort, or rtn)")
     return problems
 
 
