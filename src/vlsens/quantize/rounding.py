@@ -190,7 +190,7 @@ def fit(float_model: str | Path, calibration: str | Path, qdq_model: str | Path,
         by_input.setdefault(t, []).append(op)
     widths = {t: plan[ops[0]][2] for t, ops in by_input.items()}
     arrays, ratios, names = {}, {}, []
-    for t, h, rows in hessians(float_model, calibration, list(by_input), scratch, threads, widths):
+    for t, h, _ in hessians(float_model, calibration, list(by_input), scratch, threads, widths):
         for op in by_input[t]:
             slot = qdq[op]
             shape = tuple(slot.codes.dims)

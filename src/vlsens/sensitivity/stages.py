@@ -44,10 +44,9 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
             logits: bool) -> dict:
     """Build the engine folder (staged, ``engine.json`` written last); ``logits``: the graph's output
     is logits (the tower says, :attr:`vlsens.export.towers.base.Tower.logits`): KL and top-1 are measured
-    too, over real tokens. ``suffix_cuts`` > 0 makes the
-    switch model segmented for the suffix engine (:mod:`vlsens.sensitivity.suffix`), 0 leaves it
-    whole (every op evaluated on the full graph). ``weights_only`` leaves activation x activation
-    MatMuls out of the op list (they stay float)."""
+    too, over real tokens. ``suffix_cuts`` > 0 makes the switch model segmented for the suffix engine
+    (:mod:`vlsens.sensitivity.suffix`), 0 leaves it whole (every op evaluated on the full graph).
+    ``weights_only`` leaves activation x activation MatMuls out of the op list (they stay float)."""
     engine_dir = Path(engine_dir)
     engine_dir.mkdir(parents=True, exist_ok=True)
     f = {k: engine_dir / v for k, v in ENGINE_FILES.items()}
@@ -60,8 +59,7 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         raise_opset(fl)
     if not ops:
         raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
-    codes = codes_path(f["cache"])
-    for stale in (f["cache"], codes):
+    for stale in (f["cache"], codes_path(f["cache"])):
         stale.unlink(missing_ok=True)
     t_cal = time.perf_counter()
     with staging_dir(f["switch"]) as scratch:
@@ -97,12 +95,20 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
                     "total": time.perf_counter() - t0},
         "floor_seconds": floor,
         **({"rounding": rounding} if rounding else {}),
-        "files": file_entries([fl, f["switch"], f["probe"]]),
+        "files": _files(f, rounding),
     }
-    if rounding:  # what every model built from this calibration takes: checked like the graphs
-        meta["files"][codes.name] = {"bytes": codes.stat().st_size, "sha256": file_sha256(codes)}
     write_json(f["meta"], meta)
     return meta
+
+
+def _files(f: dict[str, Path], rounding: dict | None) -> dict:
+    """engine.json's ``files``: the graphs, and the GPTQ codes where there are (what every model
+    built from this calibration takes: checked like the graphs)."""
+    files = file_entries([f["float_model"], f["switch"], f["probe"]])
+    if rounding:
+        codes = codes_path(f["cache"])
+        files[codes.name] = {"bytes": codes.stat().st_size, "sha256": file_sha256(codes)}
+    return files
 
 
 def _all_op_models(fl: Path, scratch: Path, names: list[str], settings: QuantSettings, cache: Path,
