@@ -57,27 +57,13 @@ def rtn(w: np.ndarray) -> np.ndarray:
     return np.clip(np.round(w / s), -128, 127) * s
 
 
-def gptq(w: np.ndarray, h: np.ndarray, damp: float = 0.01, rows: int = 128) -> np.ndarray:
-    """GPTQ of ``w`` (K x N, float64) on the per-channel grid of :func:`rtn` (scale fixed up front)."""
-    k = w.shape[0]
+def gptq(w: np.ndarray, h: np.ndarray, damp: float = 0.01) -> np.ndarray:
+    """GPTQ of ``w`` (K x N, float64) on the per-channel grid of :func:`rtn` (scale fixed up front):
+    the package's fixed-grid loop (:func:`vlsens.quantize.gptq.channel_codes`)."""
+    from vlsens.quantize.gptq import channel_codes
+
     s = scale_of(w)
-    h = h.copy()
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
-    w = w.copy()
-    w[dead] = 0.0
-    h[np.diag_indices(k)] += damp * np.mean(np.diag(h))
-    hinv = np.linalg.cholesky(np.linalg.inv(h)).T
-    q = np.zeros_like(w)
-    for i1 in range(0, k, rows):
-        i2 = min(i1 + rows, k)
-        w1, err, hb = w[i1:i2].copy(), np.zeros((i2 - i1, w.shape[1])), hinv[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            q[i1 + i] = np.clip(np.round(w1[i] / s), -128, 127) * s
-            err[i] = (w1[i] - q[i1 + i]) / hb[i, i]
-            w1[i:] -= np.outer(hb[i, i:], err[i])
-        w[i2:] -= hinv[i1:i2, i2:].T @ err
-    return q
+    return channel_codes(w, h, s, np.zeros_like(s), -128, 127, damp) * s
 
 
 def output_error(d: np.ndarray, h: np.ndarray) -> float:

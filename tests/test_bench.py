@@ -61,10 +61,10 @@ def test_the_npu_weight_rounding_bench_rounds_on_the_qdq_grid_and_gptq_only_help
     r = b.rtn(w)
     codes = r / s
     assert np.allclose(codes, np.round(codes)) and np.round(codes).min() >= -128 and np.round(codes).max() <= 127
-    assert np.allclose(b.gptq(w, np.diag(rng.uniform(0.5, 2.0, 64)), damp=0.0, rows=16), r)
+    assert np.allclose(b.gptq(w, np.diag(rng.uniform(0.5, 2.0, 64)), damp=0.0), r)
     x = rng.standard_normal((400, 8)) @ rng.standard_normal((8, 64)) + 0.05 * rng.standard_normal((400, 64))
     h = x.T @ x
-    g = b.gptq(w, h, rows=16)
+    g = b.gptq(w, h)
     assert np.allclose(g / s, np.round(g / s))  # on the grid too
     assert b.output_error(g - w, h) < 0.7 * b.output_error(r - w, h)
     assert np.isclose(b.output_error(r - w, h), np.sum((x @ (r - w)) ** 2))
