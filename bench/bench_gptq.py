@@ -86,7 +86,7 @@ def main() -> None:
 
     from vlsens.core.onnxutil import tensor_array
     from vlsens.data.samples import Samples
-    from vlsens.quantize import gptq
+    from vlsens.quantize import gptq, scale_estimation
     from vlsens.quantize.nbits import weight_matmuls
     from vlsens.quantize.qdq import parse_op_name
 
@@ -108,12 +108,15 @@ def main() -> None:
     print(f"{a.model}: {len(ops)} weight MatMuls; {a.fit} samples fitted ({next(iter(fit.values())).shape[0]} rows), "
           f"{samples.count - a.fit} held out ({next(iter(held.values())).shape[0]} rows); inputs captured in "
           f"{time.perf_counter() - t0:.1f} s\n")
-    cols = ["gptq / rtn", "k_quant / rtn"] + ([] if a.no_ort else ["ORT's gptq / rtn"])
+    cols = ["gptq / rtn", "scale_estimation / rtn", "gptq + scale estimation / rtn", "k_quant / rtn"]
+    cols += [] if a.no_ort else ["ORT's gptq / rtn"]
     print(f"| op | K x N | bits | rtn error (held out) | {' | '.join(cols)} | gptq / rtn on the fitted rows | "
           "s GPTQ (Hessian + loop) |")
     print("| --- | --- | ---: | ---: |" + " ---: |" * len(cols) + " ---: | ---: |")
     ratios: dict[int, list[float]] = {b: [] for b in a.bits}
     versus_k: dict[int, list[float]] = {b: [] for b in a.bits}
+    se_ratios: dict[int, list[float]] = {b: [] for b in a.bits}
+    gse_ratios: dict[int, list[float]] = {b: [] for b in a.bits}
     for o in ops:
         w = np.asarray(tensor_array(inits[o["weight"]], a.model.parent), np.float32)
         xf, xh = fit[reads[o["name"]]], held[reads[o["name"]]]
@@ -128,14 +131,21 @@ def main() -> None:
             g = gptq.codes(w, h, b, a.block, sym)
             sec = time.perf_counter() - t1 + t_h
             r = gptq.codes(w, None, b, a.block, sym)
+            s = scale_estimation.codes(w, h, b, a.block, sym)
+            gs = gptq.codes(w, h, b, a.block, sym, estimate_scales=True)
             k, wb = o["K"], w
             ways = {"gptq": lambda c0, c1, g=g, k=k: _deq(g, c0, c1, k), "rtn": lambda c0, c1, r=r, k=k: _deq(r, c0, c1, k),
-                    "k_quant": lambda c0, c1, b=b, wb=wb: _k_quant(wb[:, c0:c1], b, a.block)}
+                    "k_quant": lambda c0, c1, b=b, wb=wb: _k_quant(wb[:, c0:c1], b, a.block),
+                    "se": lambda c0, c1, s=s, k=k: _deq(s, c0, c1, k),
+                    "gse": lambda c0, c1, gs=gs, k=k: _deq(gs, c0, c1, k)}
             if not a.no_ort:
                 ways["ort"] = lambda c0, c1, b=b, wb=wb, h=h: _ort_gptq(wb[:, c0:c1], h, b, a.block, sym)
             e = {name: _errors((xh, xf), w, f) for name, f in ways.items()}
             e_r = e["rtn"][0]
-            cells = [f"{e['gptq'][0] / e_r:.3f}", f"{e['k_quant'][0] / e_r:.3f}"]
+            cells = [f"{e['gptq'][0] / e_r:.3f}", f"{e['se'][0] / e_r:.3f}", f"{e['gse'][0] / e_r:.3f}",
+                     f"{e['k_quant'][0] / e_r:.3f}"]
+            gse_ratios[b].append(e["gse"][0] / e["gptq"][0])
+            se_ratios[b].append(e["se"][0] / e_r)
             if not a.no_ort:
                 cells.append(f"{e['ort'][0] / e_r:.3f}")
             ratios[b].append(e["gptq"][0] / e_r)
@@ -151,6 +161,14 @@ def main() -> None:
         k = np.array(versus_k[b])
         print(f"INT{b}: GPTQ / k_quant: median {np.median(k):.3f}, geometric mean {np.exp(np.log(k).mean()):.3f}, "
               f"range {k.min():.3f} .. {k.max():.3f}; {int((k < 1).sum())} of {k.size} lower")
+        se = np.array(se_ratios[b])
+        print(f"INT{b}: scale estimation / RTN on held-out rows: median {np.median(se):.3f}, geometric mean "
+              f"{np.exp(np.log(se).mean()):.3f}, range {se.min():.3f} .. {se.max():.3f}; {int((se < 1).sum())} of "
+              f"{se.size} lower")
+        gs = np.array(gse_ratios[b])
+        print(f"INT{b}: GPTQ with estimated scales / GPTQ on held-out rows: median {np.median(gs):.3f}, geometric mean "
+              f"{np.exp(np.log(gs).mean()):.3f}, range {gs.min():.3f} .. {gs.max():.3f}; {int((gs < 1).sum())} of "
+              f"{gs.size} lower")
     import resource
 
     print(f"\nPeak resident memory of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB.")

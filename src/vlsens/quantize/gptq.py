@@ -44,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vlsens.quantize.scale_estimation import grid
+
 log = logging.getLogger(__name__)
 
 #: fraction of the mean Hessian diagonal added to it (GPTQ's ``percdamp``, ONNX Runtime's default)
@@ -74,14 +76,17 @@ class Store:
         elif not self.folder.is_dir():
             raise FileNotFoundError(f"GPTQ store {self.folder}: not a folder")
 
-    def path(self, op: Mapping, bits: int, settings) -> Path:
+    def path(self, op: Mapping, bits: int, settings, algorithm: str = "gptq") -> Path:
         key = {**self.base, "op": op["name"], "K": op["K"], "N": op["N"], "bits": int(bits),
                "block_size": settings.block_size, "symmetric": bool(settings.symmetric)}
+        if algorithm != "gptq":  # GPTQ's keys are those of the stores written before other algorithms
+            key["algorithm"] = algorithm
         return self.folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:40] + ".npz")
 
-    def load(self, op: Mapping, bits: int, settings) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def load(self, op: Mapping, bits: int, settings,
+             algorithm: str = "gptq") -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The codes, scales and zero points of ``op`` at ``bits`` (None when not kept)."""
-        p = self.path(op, bits, settings)
+        p = self.path(op, bits, settings, algorithm)
         if not p.is_file():
             return None
         with np.load(p, allow_pickle=False) as z:
@@ -90,12 +95,13 @@ class Store:
                 q = np.stack([q & 15, q >> 4], axis=-1).reshape(*q.shape[:-1], 2 * q.shape[-1])
             return q, z["scales"], z["zeros"]
 
-    def save(self, op: Mapping, bits: int, settings, q: np.ndarray, scales: np.ndarray, zeros: np.ndarray) -> None:
+    def save(self, op: Mapping, bits: int, settings, q: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
+             algorithm: str = "gptq") -> None:
         from vlsens.core.fsutil import savez
 
         if self.writable:
             packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8) if bits == 4 else q
-            savez(self.path(op, bits, settings), {"q": packed, "scales": scales, "zeros": zeros})
+            savez(self.path(op, bits, settings, algorithm), {"q": packed, "scales": scales, "zeros": zeros})
 
 
 def model_digest(model: str | Path) -> str:
@@ -132,33 +138,16 @@ class Calibration:
         return cls(Path(calibration))
 
 
-def grid(w: np.ndarray, bits: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Scale and zero point per column of the block ``w`` (rows x N), by round to nearest's rule
-    (``quant_tensor`` with unsigned codes): symmetric ``2 max|w| / (2^bits - 1)`` around
-    ``2^(bits-1)``, asymmetric ``(max - min) / (2^bits - 1)`` with the zero point rounded and clipped.
-    A block of zeros gets scale 1. The codes are rounded with the float64 scale and the float32 one
-    is stored, as there."""
-    maxq = (1 << bits) - 1
-    lo, hi = w.min(axis=0), w.max(axis=0)
-    scale = np.ones(w.shape[1])
-    if symmetric:
-        rng = np.maximum(np.abs(lo), np.abs(hi))
-        scale[rng > 0] = rng[rng > 0] * 2.0 / maxq
-        zero = np.full(w.shape[1], 1 << (bits - 1), dtype=np.float64)
-    else:
-        nz = lo != hi  # the range in float32, as quant_tensor takes it from a float32 weight
-        scale[nz] = (hi.astype(np.float32) - lo.astype(np.float32)).astype(np.float64)[nz] / maxq
-        zero = np.clip(np.round(-lo / scale), 0, maxq)
-    return scale, zero
-
-
 def codes(weight: np.ndarray, hessian: np.ndarray | None, bits: int, block_size: int, symmetric: bool,
-          damp: float = DAMP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          damp: float = DAMP, estimate_scales: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GPTQ of ``weight`` (K x N) against ``hessian`` (K x K; ``None``: round to nearest): the codes
     (N x k_blocks x block_size, uint8, padded rows included), the scales (N x k_blocks, float32) and
     the zero points (N x k_blocks, uint8), in ``MatMulNBits``' block order. Output columns do not
     interact, so they are quantized :data:`COLUMNS` at a time (the same codes, test): the float64
-    copy is K x COLUMNS, not K x N (2.5 GB for a 3B lm_head)."""
+    copy is K x COLUMNS, not K x N (2.5 GB for a 3B lm_head). ``estimate_scales``: each block's scale
+    chosen by scale estimation (:func:`vlsens.quantize.scale_estimation.block_scale`, on the block's
+    weights as GPTQ has updated them and the block's diagonal block of ``hessian``) instead of round
+    to nearest's rule."""
     k, n = weight.shape
     blocks = -(-k // block_size)
     kp = blocks * block_size
@@ -170,7 +159,8 @@ def codes(weight: np.ndarray, hessian: np.ndarray | None, bits: int, block_size:
         w = np.zeros((kp, c1 - c0), np.float64)
         w[:k] = weight[:, c0:c1]
         w[dead] = 0.0
-        cq, cs, cz = _rows(w, hinv, bits, block_size, symmetric)
+        pick = _estimated(hessian, k, bits, symmetric) if estimate_scales and hessian is not None else None
+        cq, cs, cz = _rows(w, hinv, bits, block_size, symmetric, pick)
         q[c0:c1] = cq.T.reshape(c1 - c0, blocks, block_size)
         scales[c0:c1], zeros[c0:c1] = cs.T, cz.T
     return q, scales, zeros
@@ -189,7 +179,20 @@ def _factor(hessian: np.ndarray | None, k: int, kp: int, damp: float) -> tuple[n
     return np.linalg.cholesky(np.linalg.inv(h)).T, dead
 
 
-def _rows(w: np.ndarray, hinv: np.ndarray | None, bits: int, block_size: int, symmetric: bool):
+def _estimated(hessian: np.ndarray, k: int, bits: int, symmetric: bool):
+    """A block's scale and zero point by scale estimation on ``hessian``'s diagonal block (rows r..)."""
+    from vlsens.quantize.scale_estimation import block_scale
+
+    def pick(w: np.ndarray, r: int):
+        h = np.zeros((w.shape[0], w.shape[0]))
+        m = max(0, min(k, r + w.shape[0]) - r)
+        h[:m, :m] = hessian[r:r + m, r:r + m]
+        return block_scale(w, h, bits, symmetric)
+
+    return pick
+
+
+def _rows(w: np.ndarray, hinv: np.ndarray | None, bits: int, block_size: int, symmetric: bool, pick=None):
     """GPTQ's row loop over ``w`` (kp x columns, float64, changed in place): codes (kp x columns),
     scales and zero points (k_blocks x columns)."""
     kp, n = w.shape
@@ -204,7 +207,8 @@ def _rows(w: np.ndarray, hinv: np.ndarray | None, bits: int, block_size: int, sy
         for i in range(i2 - i1):
             r = i1 + i
             if r % block_size == 0:
-                scale, zero = grid(w1[i:i + block_size], bits, symmetric)
+                scale, zero = (pick(w1[i:i + block_size], r) if pick is not None
+                               else grid(w1[i:i + block_size], bits, symmetric))
                 scales[r // block_size], zeros[r // block_size] = scale, zero
             c = np.clip(np.round(w1[i] / scale) + zero, 0, maxq)
             q[r] = c
@@ -323,22 +327,30 @@ def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[
         yield t, x.T @ x, x.shape[0]
 
 
-def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], nodes: Mapping[str, object], inits: Mapping,
-                   bits: Mapping[str, int], settings, calibration: Calibration, scratch: str | Path,
-                   threads: int = 0) -> dict[str, tuple]:
+def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], model, bits: Mapping[str, int], settings,
+                   calibration: Calibration, scratch: str | Path, threads: int = 0,
+                   algorithm: str = "gptq") -> dict[str, tuple]:
     """``{MatMul name: (MatMulNBits node, its weight tensors)}`` for ``ops`` (weight MatMuls of
-    :func:`vlsens.quantize.nbits.weight_matmuls`; ``nodes`` their NodeProtos, ``inits`` the graph's
-    initializers) by GPTQ at their ``bits`` and ``settings``' block size, symmetry and
+    :func:`vlsens.quantize.nbits.weight_matmuls`; ``model`` the float graph, loaded without its
+    data) by GPTQ at their ``bits`` and ``settings``' block size, symmetry and
     ``accuracy_level``: read from ``calibration.store`` where it holds them, the others computed
     (and kept there when it is writable). MatMuls that read the same input share its Hessian; only
-    the inputs of MatMuls computed here are captured."""
+    the inputs of MatMuls computed here are captured. ``algorithm``: ``gptq``, ``scale_estimation``
+    (:mod:`vlsens.quantize.scale_estimation`) or ``gptq_se`` (GPTQ with each block's scale by scale
+    estimation, :func:`codes`' ``estimate_scales``): the same Hessians, the same store and writer."""
     from vlsens.core.onnxutil import tensor_array
+    from vlsens.quantize import scale_estimation
+
+    compute = {"gptq": codes, "scale_estimation": scale_estimation.codes,
+               "gptq_se": lambda *a: codes(*a, estimate_scales=True)}[algorithm]
+    nodes = {n.name: n for n in model.graph.node}
+    inits = {i.name: i for i in model.graph.initializer}
 
     store, done = calibration.store, {}
     by_input: dict[str, list[Mapping]] = {}
     for o in ops:
         b = int(bits[o["name"]])
-        kept = store.load(o, b, settings) if store is not None else None
+        kept = store.load(o, b, settings, algorithm) if store is not None else None
         if kept is not None:
             done[o["name"]] = node(nodes[o["name"]], o["K"], b, settings, *kept)
         else:
@@ -357,9 +369,9 @@ def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], nodes: Mappi
         for o in by_input[t]:
             b = int(bits[o["name"]])
             w = np.asarray(tensor_array(inits[o["weight"]], weights_dir), np.float32)
-            q, s, z = codes(w, h, b, settings.block_size, settings.symmetric)
+            q, s, z = compute(w, h, b, settings.block_size, settings.symmetric)
             if store is not None:
-                store.save(o, b, settings, q, s, z)
+                store.save(o, b, settings, q, s, z, algorithm)
             done[o["name"]] = node(nodes[o["name"]], o["K"], b, settings, q, s, z)
         log.debug("GPTQ: %s (%d rows): %s", t, rows, [o["name"] for o in by_input[t]])
     return done

@@ -4,9 +4,10 @@ float activations), as onnxruntime-genai ships language-model decoders.
 Every quantized model here is written by ONNX Runtime's own ``MatMulNBitsQuantizer`` (the one the
 model builder calls for ``-p int4``), with per-node bits: a MatMul is INT4, INT8 or left float.
 Algorithms: ``rtn`` (round to nearest per block) and ``k_quant`` (llama.cpp's scale search per
-block), both data-free, and per MatMul ``gptq`` (:mod:`vlsens.quantize.gptq`: data-aware, on a
-calibration set of the float model's inputs; the same ``MatMulNBits`` blocks, written by the same
-ONNX Runtime writer). The bytes of an op at each width are read from the quantized models, not
+block), both data-free, and per MatMul ``gptq`` (:mod:`vlsens.quantize.gptq`), ``scale_estimation``
+(:mod:`vlsens.quantize.scale_estimation`) and ``gptq_se`` (GPTQ with each block's scale by scale
+estimation), data-aware, on a calibration set of the float model's inputs; the same ``MatMulNBits``
+blocks, written by the same ONNX Runtime writer. The bytes of an op at each width are read from the quantized models, not
 computed from a formula.
 
 ``accuracy_level`` is ``MatMulNBits``' compute type (0: float32 activations; 4: the activations
@@ -27,9 +28,9 @@ from vlsens.model.family import NODE_NAMES
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("rtn", "k_quant", "gptq")
+ALGORITHMS = ("rtn", "k_quant", "gptq", "scale_estimation", "gptq_se")
 #: algorithms that read calibration inputs (per MatMul only: a run's settings name a data-free one)
-DATA_AWARE = ("gptq",)
+DATA_AWARE = ("gptq", "scale_estimation", "gptq_se")
 #: the widths a per-op choice offers them at (they quantize INT8 too when a plan names them). At
 #: INT8 the tiny checkpoints' plans that took GPTQ where it cost least alone measured 1.1-1.3x the
 #: KL of k_quant throughout, at INT4 0.74-0.95x (docs/plan.md).
@@ -121,8 +122,8 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
     for algo in sorted({algorithms.get(o["name"], settings.algorithm) for o in chosen}):  # one run per algorithm
         group = [o for o in chosen if algorithms.get(o["name"], settings.algorithm) == algo]
         if algo in DATA_AWARE:
-            done.update(_data_aware(float_model, model, group, inits, bits, settings, calibration, Path(out_model).parent,
-                                    threads))
+            done.update(_data_aware(float_model, model, group, bits, settings, calibration, Path(out_model).parent,
+                                    threads, algo))
             continue
         for batch in _batches(group, batch_bytes):
             done.update(_quantize_batch(batch, inits, float_model.parent, bits, replace(settings, algorithm=algo), opset))
@@ -162,20 +163,20 @@ def _checked(float_model, bits: Mapping[str, int], algorithms: Mapping[str, str]
     return algorithms
 
 
-def _data_aware(float_model: Path, model, group: Sequence[dict], inits: dict, bits: Mapping[str, int],
-                settings: NBitsSettings, calibration, scratch_parent: Path, threads: int) -> dict[str, tuple]:
-    """``group``'s MatMuls by GPTQ (:func:`vlsens.quantize.gptq.quantize_nodes`; ``calibration``
-    a path or a :class:`~vlsens.quantize.gptq.Calibration`), its captured inputs in a scratch folder
-    beside the output, removed after."""
+def _data_aware(float_model: Path, model, group: Sequence[dict], bits: Mapping[str, int],
+                settings: NBitsSettings, calibration, scratch_parent: Path, threads: int,
+                algorithm: str = "gptq") -> dict[str, tuple]:
+    """``group``'s MatMuls by ``algorithm``, a data-aware one (:func:`vlsens.quantize.gptq.quantize_nodes`;
+    ``calibration`` a path or a :class:`~vlsens.quantize.gptq.Calibration`), its captured inputs in a
+    scratch folder beside the output, removed after."""
     import tempfile
 
     from vlsens.quantize import gptq
 
-    nodes = {n.name: n for n in model.graph.node if n.name in {o["name"] for o in group}}
     scratch_parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".vlsens-gptq-", dir=scratch_parent) as scratch:
-        return gptq.quantize_nodes(float_model, group, nodes, inits, bits, settings, gptq.Calibration.of(calibration),
-                                   scratch, threads)
+        return gptq.quantize_nodes(float_model, group, model, bits, settings, gptq.Calibration.of(calibration),
+                                   scratch, threads, algorithm)
 
 
 def _batches(ops: Sequence[dict], batch_bytes: int) -> list[list[dict]]:
