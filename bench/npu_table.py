@@ -46,6 +46,9 @@ def rows(model_dir: Path) -> list[dict]:
             "cost": (ort.get("wide") or {}).get("cost_vs_a8"),
             "all_a8": (ort.get("all_int8") or {}).get(metric),
             "all_a16": ((ort.get("wide") or {}).get("all_a16") or {}).get(metric),
+            "rounding": ev["settings"].get("weight_rounding", "rtn"),
+            # a toolchain folder made from an earlier profile of this graph says nothing about this one
+            "stale": bool(tool) and (tool.get("ops") or {}).get("int8-a16") != ev.get("a16_ops", 0),
             "smooth": tool.get("smooth"), "pulsar2": len(tool.get("pulsar2") or []),
             "a16_tensors": (tool.get("qnn") or {}).get("a16_tensors"),
         })
@@ -62,13 +65,14 @@ def main(model_dir: Path) -> None:
         sys.exit(f"{model_dir}: no profile for quant.target npu / qnn (run goal npu)")
     print(f"NPU profiles of {model_dir} (target "
           f"{rs[0]['metric']} >= {rs[0]['target']:g} on {rs[0]['eval']} evaluation image(s))\n")
-    print("| graph | variant | ops | W8A8 | W8A16 | float | weights 8-bit | measured | per case (min .. max) | "
-          "estimate | all W8A8 | all W8A16 | status |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |")
+    print("| graph | variant | weight rounding | ops | W8A8 | W8A16 | float | weights 8-bit | measured | "
+          "per case (min .. max) | estimate | all W8A8 | all W8A16 | status |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |")
     for r in rs:
         spread = f"{min(r['cases']):.6g} .. {max(r['cases']):.6g}" if r["cases"] else "-"
-        print(f"| {r['graph']} | {r['variant']} | {r['ops']} | {r['a8']} | {r['a16']} ({r['a16'] / r['ops']:.1%}) | "
-              f"{r['float']} | {r['w8']:.1%} | {_g(r['measured'])} | {spread} | {_g(r['estimate'])} | "
+        print(f"| {r['graph']} | {r['variant']} | {r['rounding']} | {r['ops']} | {r['a8']} | "
+              f"{r['a16']} ({r['a16'] / r['ops']:.1%}) | {r['float']} | {r['w8']:.1%} | {_g(r['measured'])} | {spread} | "
+              f"{_g(r['estimate'])} | "
               f"{_g(r['all_a8'])} | {_g(r['all_a16'])} | {r['status']} |")
     print("\nThe sensitivity engine's two passes (the same session; seconds per op over the evaluation set):\n")
     print("| graph | variant | W8A8 s/op | W8A16 s/op | W8A16 / W8A8 |")
@@ -76,7 +80,11 @@ def main(model_dir: Path) -> None:
     for r in rs:
         print(f"| {r['graph']} | {r['variant']} | {_g(r['per_op_a8'], 3)} | {_g(r['per_op_a16'], 3)} | "
               f"{_g(r['cost'], 3) + 'x' if r['cost'] is not None else '- (no 16-bit activations)'} |")
-    smooth = [r for r in rs if r["smooth"]]
+    for r in rs:
+        if r["stale"]:
+            print(f"\n{r['graph']} {r['variant']}: its toolchain folder was made from an earlier profile (another W8A16 "
+                  "count); run its toolchain job again.")
+    smooth = [r for r in rs if r["smooth"] and not r["stale"]]
     if smooth:
         print("\nWhat fp32-smooth bought against fp32 (toolchain.json: smooth):\n")
         print("| graph | W8A16 ops fp32 -> smooth | float ops fp32 -> smooth | W8A8 weight share gained |")

@@ -68,3 +68,29 @@ def test_the_npu_weight_rounding_bench_rounds_on_the_qdq_grid_and_gptq_only_help
     assert np.allclose(g / s, np.round(g / s))  # on the grid too
     assert b.output_error(g - w, h) < 0.7 * b.output_error(r - w, h)
     assert np.isclose(b.output_error(r - w, h), np.sum((x @ (r - w)) ** 2))
+
+
+def test_the_npu_table_names_the_weight_rounding_and_a_toolchain_folder_older_than_its_profile(tmp_path):
+    """``npu_table``: each profile's row says how its weights were rounded, and a toolchain folder
+    whose W8A16 count is not its profile's is marked stale (its ``smooth`` comparison not printed)."""
+    import json
+
+    b = _module("npu_table")
+    prof = tmp_path / "profile" / "vision" / "448x448" / "fp32-smooth"
+    tool = tmp_path / "toolchain" / "vision" / "448x448" / "fp32-smooth"
+    prof.mkdir(parents=True)
+    tool.mkdir(parents=True)
+    ev = {"settings": {"target": "npu", "weight_rounding": "gptq"}, "quantizable_ops": 10, "int8_ops": 10,
+          "a8_ops": 8, "a16_ops": 2, "float_ops": 0, "int8_weight_share": 1.0, "target": {"metric": "cosine",
+          "value": 0.999}, "measured": {"cosine": 0.9991}, "estimate": {"cosine": 0.9991}, "status": "met",
+          "eval_images": 2}
+    (prof / "eval.json").write_text(json.dumps(ev))
+    (tool / "toolchain.json").write_text(json.dumps({"ops": {"int8": 5, "int8-a16": 5, "float": 0}, "smooth": {}}))
+    (row,) = b.rows(tmp_path)
+    assert row["rounding"] == "gptq" and row["stale"]
+    (tool / "toolchain.json").write_text(json.dumps({"ops": {"int8": 8, "int8-a16": 2, "float": 0}}))
+    (row,) = b.rows(tmp_path)
+    assert not row["stale"]
+    del ev["settings"]["weight_rounding"]
+    (prof / "eval.json").write_text(json.dumps(ev))
+    assert b.rows(tmp_path)[0]["rounding"] == "rtn"
