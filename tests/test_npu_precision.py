@@ -368,3 +368,14 @@ def test_gptq_weight_codes_keep_estimate_equal_built_and_lower_the_w8a16_floor(n
         ops = z["ops"].tolist()
         for op, slot in built.items():
             assert np.array_equal(tensor_array(slot.codes, model.parent), z[f"codes{ops.index(op)}"]), op
+    # codes changed after the engine wrote them are refused (engine.json holds their SHA-256)
+    from vlsens.core.errors import ArtifactError
+
+    codes = eng / rounding.CODES
+    kept = codes.read_bytes()
+    try:
+        codes.write_bytes(kept[:-8] + bytes(8))
+        with pytest.raises(ArtifactError, match="SHA-256"):
+            _profile(root, "gptq")
+    finally:
+        codes.write_bytes(kept)

@@ -293,13 +293,13 @@ def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str
                     calibration_cache_path=str(cache), **settings.kwargs(wide_tensors, all_wide))
     check_compact(out_model)
     if settings.weight_rounding == "gptq":
-        from vlsens.quantize.rounding import apply, codes_path
+        from vlsens.quantize.rounding import apply, codes_path, verified
 
         codes = codes_path(cache)
         if not codes.is_file():
             raise FileNotFoundError(f"{codes}: the GPTQ weight codes of calibration {cache} (weight_rounding: gptq) "
                                     "are missing; the sensitivity engine's prepare step writes them")
-        apply(out_model, codes)
+        apply(out_model, verified(codes))
     return out_model
 
 

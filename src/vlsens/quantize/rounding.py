@@ -240,6 +240,24 @@ def _error(kn, q, r, slot: Slot, h) -> float:
     return num / den if den > 0 else 1.0
 
 
+def verified(codes: str | Path) -> Path:
+    """``codes``, once its SHA-256 is the one the engine that wrote it recorded (``engine.json``'s
+    ``files`` beside it, where there is one): an edited or damaged file raises ArtifactError."""
+    import json
+
+    from vlsens.core.errors import ArtifactError
+    from vlsens.core.fsutil import file_sha256
+    from vlsens.core.paths import ENGINE_FILES
+
+    codes = Path(codes)
+    meta = codes.with_name(ENGINE_FILES["meta"])
+    entry = json.loads(meta.read_text()).get("files", {}).get(codes.name) if meta.is_file() else None
+    if entry is not None and file_sha256(codes) != entry["sha256"]:
+        raise ArtifactError(f"{codes}: its SHA-256 is not the one {meta} recorded (the file was changed after the "
+                            "engine wrote it); build the engine again")
+    return codes
+
+
 def apply(qdq_model: str | Path, codes: str | Path) -> int:
     """Write the GPTQ codes of ``codes`` (:func:`fit`'s file) over ONNX Runtime's in ``qdq_model``,
     for each op it quantizes, in place (the data file's bytes where the codes live there, else the
