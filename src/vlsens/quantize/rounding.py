@@ -193,15 +193,15 @@ def fit(float_model: str | Path, calibration: str | Path, qdq_model: str | Path,
     for t, h, _ in hessians(float_model, calibration, list(by_input), scratch, threads, widths):
         for op in by_input[t]:
             slot = qdq[op]
-            shape = tuple(slot.codes.dims)
+            ort_codes = np.asarray(tensor_array(slot.codes, qdq_model.parent))
             kn = to_kn(np.asarray(tensor_array(plan[op][0], float_model.parent), np.float32), slot.axis)
-            qmin, qmax = code_range(tensor_array(slot.codes, qdq_model.parent).dtype, settings)
-            _check_grid(op, kn, slot, qmin, qmax, tensor_array(slot.codes, qdq_model.parent))
+            qmin, qmax = code_range(ort_codes.dtype, settings)
+            _check_grid(op, kn, slot, qmin, qmax, ort_codes)
             q = channel_codes(kn, h, slot.scale, slot.zero, qmin, qmax)
             ratios[op] = _error(kn, q, rtn(kn, slot, qmin, qmax), slot, h)
             j = len(names)
             names.append(op)
-            arrays[f"codes{j}"] = from_kn(q, shape, slot.axis).astype(tensor_array(slot.codes, qdq_model.parent).dtype)
+            arrays[f"codes{j}"] = from_kn(q, ort_codes.shape, slot.axis).astype(ort_codes.dtype)
             arrays[f"scale{j}"], arrays[f"zero{j}"] = slot.scale, slot.zero
     arrays["ops"] = np.array(names, dtype=str)
     savez(out, arrays)
@@ -241,8 +241,9 @@ def _error(kn, q, r, slot: Slot, h) -> float:
 
 
 def verified(codes: str | Path) -> Path:
-    """``codes``, once its SHA-256 is the one the engine that wrote it recorded (``engine.json``'s
-    ``files`` beside it, where there is one): an edited or damaged file raises ArtifactError."""
+    """``codes``, once it exists and its SHA-256 is the one the engine that wrote it recorded
+    (``engine.json``'s ``files`` beside it, where there is one): a missing file raises
+    FileNotFoundError, an edited or damaged one ArtifactError."""
     import json
 
     from vlsens.core.errors import ArtifactError
@@ -250,6 +251,9 @@ def verified(codes: str | Path) -> Path:
     from vlsens.core.paths import ENGINE_FILES
 
     codes = Path(codes)
+    if not codes.is_file():
+        raise FileNotFoundError(f"{codes}: the GPTQ weight codes (weight_rounding: gptq) are missing; the sensitivity "
+                                "engine's prepare step writes them beside its calibration cache")
     meta = codes.with_name(ENGINE_FILES["meta"])
     entry = json.loads(meta.read_text()).get("files", {}).get(codes.name) if meta.is_file() else None
     if entry is not None and file_sha256(codes) != entry["sha256"]:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlsens.core.errors import ConfigError
+from vlsens.quantize.rounding import ROUNDINGS
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def resolve(config: dict, cpu: dict | None = None) -> dict:
 
 
 #: ``quant.weight_rounding`` values: auto = gptq where the QDQ model itself is deployed (:data:`GPTQ_TARGETS`).
-ROUNDING_MODES = ("auto", "rtn", "gptq")
+ROUNDING_MODES = ("auto", *ROUNDINGS)
 #: Targets whose deployed model is the QDQ model vlsens builds, its weight codes included (QNN's HTP
 #: backend runs them). ``npu`` toolchains (Pulsar2) round the float graph's weights themselves, so
 #: a profile chosen with GPTQ codes holds there only for the QDQ model (docs/npu.md).

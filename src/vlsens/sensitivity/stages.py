@@ -29,7 +29,6 @@ from vlsens.core.paths import ENGINE_FILES
 from vlsens.data.samples import FeedReader, Samples
 from vlsens.quantize import rounding
 from vlsens.quantize.qdq import QuantSettings, calibrate, prepare_float_model, quantize, raise_opset, select_ops
-from vlsens.quantize.rounding import codes_path
 from vlsens.quantize.target import arithmetic_note, cpu_features
 from vlsens.sensitivity.engine import Engine, SwitchEngine, engine_sensitivity, float_pass
 from vlsens.sensitivity.ranking import rank_rows, read_csv, shard, write_csv
@@ -59,12 +58,12 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         raise_opset(fl)
     if not ops:
         raise ValueError(f"no ops of types {list(settings.op_types)} in {base_model}")
-    for stale in (f["cache"], codes_path(f["cache"])):
+    for stale in (f["cache"], rounding.codes_path(f["cache"])):
         stale.unlink(missing_ok=True)
     t_cal = time.perf_counter()
     with staging_dir(f["switch"]) as scratch:
         calibrate(fl, f["cache"], settings, FeedReader(calib), scratch)
-        wide, rounding = _all_op_models(fl, scratch, [o.name for o in ops], settings, f["cache"], calib_npz, threads)
+        wide, rounded = _all_op_models(fl, scratch, [o.name for o in ops], settings, f["cache"], calib_npz, threads)
         t_q = time.perf_counter()
         switches = build_switch_model(fl, scratch / "model.onnx", f["switch"], [o.name for o in ops], wide)
     suffix = build_suffix(f["switch"], f["probe"], switches, suffix_cuts) if suffix_cuts > 0 else None
@@ -94,19 +93,19 @@ def prepare(base_model: str | Path, calib_npz: str | Path, eval_npz: str | Path,
         "seconds": {"calibrate_and_quantize": t_q - t_cal, "switch_model": t_sw - t_q,
                     "total": time.perf_counter() - t0},
         "floor_seconds": floor,
-        **({"rounding": rounding} if rounding else {}),
-        "files": _files(f, rounding),
+        **({"rounding": rounded} if rounded else {}),
+        "files": _files(f, rounded),
     }
     write_json(f["meta"], meta)
     return meta
 
 
-def _files(f: dict[str, Path], rounding: dict | None) -> dict:
+def _files(f: dict[str, Path], rounded: dict | None) -> dict:
     """engine.json's ``files``: the graphs, and the GPTQ codes where there are (what every model
     built from this calibration takes: checked like the graphs)."""
     files = file_entries([f["float_model"], f["switch"], f["probe"]])
-    if rounding:
-        codes = codes_path(f["cache"])
+    if rounded:
+        codes = rounding.codes_path(f["cache"])
         files[codes.name] = {"bytes": codes.stat().st_size, "sha256": file_sha256(codes)}
     return files
 
@@ -123,10 +122,10 @@ def _all_op_models(fl: Path, scratch: Path, names: list[str], settings: QuantSet
     if settings.weight_rounding != "gptq":
         return wide, None
     with staging_dir(scratch / "gptq") as rows:
-        record = rounding.fit(fl, calib_npz, model, codes_path(cache), settings, rows, threads)
+        record = rounding.fit(fl, calib_npz, model, rounding.codes_path(cache), settings, rows, threads)
     for m in (model, wide):
         if m is not None:
-            rounding.apply(m, codes_path(cache))
+            rounding.apply(m, rounding.codes_path(cache))
     return wide, record
 
 
