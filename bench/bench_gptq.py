@@ -55,6 +55,11 @@ def _deq(coded, c0: int, c1: int, k: int) -> np.ndarray:
     return gptq.dequantized(q[c0:c1], s[c0:c1], z[c0:c1], k)
 
 
+def _scaled(coded, c0: int, c1: int, k: int) -> np.ndarray:
+    """Columns c0:c1 of the weight an AWQ MatMul multiplies by: ``diag(1 / s)`` times its codes'."""
+    return (coded[3].astype(np.float64)[:, None] * _deq(coded[:3], c0, c1, k)).astype(np.float32)
+
+
 def _errors(xs, w: np.ndarray, quantized) -> list[float]:
     """``||x (W_q - W)||^2`` for each ``x`` of ``xs``, ``quantized(c0, c1)`` giving W_q's columns
     c0:c1: summed over column chunks (a 3B lm_head is 2048 x 151936)."""
@@ -86,7 +91,8 @@ def main() -> None:
 
     from vlsens.core.onnxutil import tensor_array
     from vlsens.data.samples import Samples
-    from vlsens.quantize import gptq, scale_estimation
+    from vlsens.model.family import NODE_NAMES
+    from vlsens.quantize import awq, gptq, scale_estimation
     from vlsens.quantize.nbits import weight_matmuls
     from vlsens.quantize.qdq import parse_op_name
 
@@ -94,6 +100,7 @@ def main() -> None:
     ops = weight_matmuls(a.model)
     graph = onnx.load(str(a.model), load_external_data=False)
     reads = {n.name: n.input[0] for n in graph.graph.node if n.name in {o["name"] for o in ops}}
+    head = {n.name for n in graph.graph.node if NODE_NAMES.logits in n.output}  # AWQ keeps it unscaled
     inits = {i.name: i for i in graph.graph.initializer}
     samples = Samples.load(a.samples, a.model)
     if a.held is not None:
@@ -108,7 +115,8 @@ def main() -> None:
     print(f"{a.model}: {len(ops)} weight MatMuls; {a.fit} samples fitted ({next(iter(fit.values())).shape[0]} rows), "
           f"{samples.count - a.fit} held out ({next(iter(held.values())).shape[0]} rows); inputs captured in "
           f"{time.perf_counter() - t0:.1f} s\n")
-    cols = ["gptq / rtn", "scale_estimation / rtn", "gptq + scale estimation / rtn", "k_quant / rtn"]
+    cols = ["gptq / rtn", "scale_estimation / rtn", "gptq + scale estimation / rtn", "awq / rtn",
+            "awq + scale estimation / rtn", "k_quant / rtn"]
     cols += [] if a.no_ort else ["ORT's gptq / rtn"]
     print(f"| op | K x N | bits | rtn error (held out) | {' | '.join(cols)} | gptq / rtn on the fitted rows | "
           "s GPTQ (Hessian + loop) |")
@@ -117,6 +125,7 @@ def main() -> None:
     versus_k: dict[int, list[float]] = {b: [] for b in a.bits}
     se_ratios: dict[int, list[float]] = {b: [] for b in a.bits}
     gse_ratios: dict[int, list[float]] = {b: [] for b in a.bits}
+    awq_ratios: dict[str, dict[int, list[float]]] = {w: {b: [] for b in a.bits} for w in ("awq", "awq_se")}
     for o in ops:
         w = np.asarray(tensor_array(inits[o["weight"]], a.model.parent), np.float32)
         xf, xh = fit[reads[o["name"]]], held[reads[o["name"]]]
@@ -133,17 +142,23 @@ def main() -> None:
             r = gptq.codes(w, None, b, a.block, sym)
             s = scale_estimation.codes(w, h, b, a.block, sym)
             gs = gptq.codes(w, h, b, a.block, sym, estimate_scales=True)
+            mag = np.abs(xf).mean(axis=0)
+            aw = {then: (awq.unscaled(w, h, b, a.block, sym, then) if o["name"] in head else
+                         awq.codes(w, h, mag, b, a.block, sym, then)) for then in ("rtn", "se")}
             k, wb = o["K"], w
             ways = {"gptq": lambda c0, c1, g=g, k=k: _deq(g, c0, c1, k), "rtn": lambda c0, c1, r=r, k=k: _deq(r, c0, c1, k),
                     "k_quant": lambda c0, c1, b=b, wb=wb: _k_quant(wb[:, c0:c1], b, a.block),
                     "se": lambda c0, c1, s=s, k=k: _deq(s, c0, c1, k),
-                    "gse": lambda c0, c1, gs=gs, k=k: _deq(gs, c0, c1, k)}
+                    "gse": lambda c0, c1, gs=gs, k=k: _deq(gs, c0, c1, k),
+                    "awq": lambda c0, c1, c=aw["rtn"], k=k: _scaled(c, c0, c1, k),
+                    "awq_se": lambda c0, c1, c=aw["se"], k=k: _scaled(c, c0, c1, k)}
             if not a.no_ort:
                 ways["ort"] = lambda c0, c1, b=b, wb=wb, h=h: _ort_gptq(wb[:, c0:c1], h, b, a.block, sym)
             e = {name: _errors((xh, xf), w, f) for name, f in ways.items()}
             e_r = e["rtn"][0]
-            cells = [f"{e['gptq'][0] / e_r:.3f}", f"{e['se'][0] / e_r:.3f}", f"{e['gse'][0] / e_r:.3f}",
-                     f"{e['k_quant'][0] / e_r:.3f}"]
+            cells = [f"{e[x][0] / e_r:.3f}" for x in ("gptq", "se", "gse", "awq", "awq_se", "k_quant")]
+            awq_ratios["awq"][b].append(e["awq"][0] / e_r)
+            awq_ratios["awq_se"][b].append(e["awq_se"][0] / e["se"][0])
             gse_ratios[b].append(e["gse"][0] / e["gptq"][0])
             se_ratios[b].append(e["se"][0] / e_r)
             if not a.no_ort:
@@ -169,6 +184,11 @@ def main() -> None:
         print(f"INT{b}: GPTQ with estimated scales / GPTQ on held-out rows: median {np.median(gs):.3f}, geometric mean "
               f"{np.exp(np.log(gs).mean()):.3f}, range {gs.min():.3f} .. {gs.max():.3f}; {int((gs < 1).sum())} of "
               f"{gs.size} lower")
+        for way, label in (("awq", "AWQ / RTN"), ("awq_se", "AWQ + scale estimation / scale estimation")):
+            r = np.array(awq_ratios[way][b])
+            print(f"INT{b}: {label} on held-out rows: median {np.median(r):.3f}, geometric mean "
+                  f"{np.exp(np.log(r).mean()):.3f}, range {r.min():.3f} .. {r.max():.3f}; {int((r < 1).sum())} of "
+                  f"{r.size} lower")
     import resource
 
     print(f"\nPeak resident memory of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB.")
@@ -176,7 +196,9 @@ def main() -> None:
           "output change on the held-out samples' rows. ORT's gptq: onnxruntime.quantization's vendored GPTQ "
           "(neural_compressor.weight_only.gptq) on the same weight and Hessian, stored as its quantizer stores it "
           "(round to nearest of its fake-quantized weight). k_quant: llama.cpp's scale search as ONNX Runtime's "
-          "quantizer writes it (asymmetric: zero points, 0.5 byte more a block of 32 than symmetric GPTQ and RTN).")
+          "quantizer writes it (asymmetric: zero points, 0.5 byte more a block of 32 than symmetric GPTQ and RTN). awq: "
+          "input channels scaled by mean |x|^alpha (alpha searched on the fitted rows), round to nearest or scale "
+          "estimation after (vlsens.quantize.awq; K more values per MatMul for its Mul; the head keeps s = 1).")
 
 
 if __name__ == "__main__":

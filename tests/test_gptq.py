@@ -231,12 +231,17 @@ def test_a_store_keeps_codes_exactly_and_per_format(tmp_path, bits):
     s, z = rng.random((24, 3), np.float32), rng.integers(0, 1 << bits, (24, 3), dtype=np.uint8)
     op, settings = {"name": "mm", "K": 90, "N": 24}, NBitsSettings(block_size=32)
     store = gptq.Store(tmp_path / "st", tmp_path / "m.onnx", tmp_path / "s.npz", writable=True)
-    store.save(op, bits, settings, q, s, z)
+    store.save(op, bits, settings, (q, s, z))
     for got, want in zip(store.load(op, bits, settings), (q, s, z), strict=True):
         np.testing.assert_array_equal(got, want)
     assert store.load(op, 12 - bits, settings) is None
     assert store.load(op, bits, replace(settings, block_size=64)) is None
     assert store.load(op, bits, replace(settings, symmetric=False)) is None
     read = gptq.Store(tmp_path / "st", tmp_path / "m.onnx", tmp_path / "s.npz")
-    read.save({**op, "name": "other"}, bits, settings, q, s, z)
+    read.save({**op, "name": "other"}, bits, settings, (q, s, z))
     assert len(list((tmp_path / "st").glob("*.npz"))) == 1
+    inverse = rng.random(90).astype(np.float16)  # AWQ's 1 / s, under its own key
+    store.save(op, bits, settings, (q, s, z, inverse), "awq")
+    got = store.load(op, bits, settings, "awq")
+    assert len(got) == 4 and got[3].dtype == np.float16 and np.array_equal(got[3], inverse)
+    assert len(store.load(op, bits, settings)) == 3

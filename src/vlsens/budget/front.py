@@ -284,14 +284,19 @@ def op_entries(model) -> dict[str, int]:
     the data file): names differ in length, so each op's are its own."""
     import onnx
 
+    from vlsens.core.onnxgraph import input_scale, producers
+
     m = onnx.load(str(model), load_external_data=False)
     inits = {i.name: i for i in m.graph.initializer}
+    writers = producers(m.graph.node)
     out = {}
     for n in m.graph.node:
         if n.op_type not in ("MatMul", "MatMulNBits") or not any(x in inits for x in n.input[1:]):
             continue
+        awq = input_scale(n, writers, inits) if n.op_type == "MatMulNBits" else None
         out[n.name.rsplit("_Q", 1)[0] if n.op_type == "MatMulNBits" else n.name] = \
-            _entry_bytes(n) + sum(_entry_bytes(inits[x]) for x in n.input[1:] if x in inits)
+            _entry_bytes(n) + sum(_entry_bytes(inits[x]) for x in n.input[1:] if x in inits) + \
+            (_entry_bytes(awq[0]) + _entry_bytes(awq[1]) if awq else 0)
     return out
 
 

@@ -223,6 +223,22 @@ def copy_node(node, rename: dict[str, str], name: str):
     return n
 
 
+#: a ``MatMulNBits`` ``<name>_Q<bits>`` whose input is written by a ``Mul`` named ``<name>_awq`` by a
+#: constant vector ``v`` (K) multiplies by ``diag(v) W``: AWQ's own scale (:mod:`vlsens.quantize.awq`)
+AWQ_SUFFIX = "_awq"
+
+
+def input_scale(node, writers: dict, inits: dict):
+    """``(Mul node, its vector)`` in front of the ``MatMulNBits`` ``node`` by :data:`AWQ_SUFFIX`'s
+    convention (``writers``: :func:`producers` of the graph; ``inits``: its initializers by name),
+    else None."""
+    mul = writers.get(node.input[0])
+    if mul is None or mul.op_type != "Mul" or mul.name != node.name.rsplit("_Q", 1)[0] + AWQ_SUFFIX:
+        return None
+    vec = next((inits[x] for x in mul.input if x in inits), None)
+    return (mul, vec) if vec is not None else None
+
+
 def dequantize_matmulnbits(model: str | Path, names=None):
     """``(float MatMul name, W)`` for every ``MatMulNBits`` node of ``model`` (``names``: only the
     nodes named so, quantized or float names) (a path; its data file
@@ -232,7 +248,8 @@ def dequantize_matmulnbits(model: str | Path, names=None):
     ``zero_points`` input (packed like ``B``) or ``2 ** (bits - 1)``;
     ``W[k, n] = (q[n, k] - zero_point[n, k // block_size]) * scale[n, k // block_size]``. One
     weight in memory at a time. ``g_idx`` and a float ``zero_points`` (not written by
-    vlsens' quantizer) raise ``ValueError``."""
+    vlsens' quantizer) raise ``ValueError``. A node with AWQ's ``Mul`` in front
+    (:func:`input_scale`) multiplies by ``diag(v) W``, and that is what is returned."""
     import numpy as np
     import onnx
 
@@ -241,6 +258,7 @@ def dequantize_matmulnbits(model: str | Path, names=None):
     path = Path(model)
     m = onnx.load(str(path), load_external_data=False)
     inits = {i.name: i for i in m.graph.initializer}
+    writers = producers(m.graph.node)
     for n in m.graph.node:
         if n.op_type != "MatMulNBits" or names is not None and not {n.name, n.name.rsplit("_Q", 1)[0]} & set(names):
             continue
@@ -259,7 +277,11 @@ def dequantize_matmulnbits(model: str | Path, names=None):
         else:
             zp = np.full((nn, blocks), 2 ** (bits - 1), np.uint8)
         w = (q.reshape(nn, blocks, bs).astype(np.float32) - zp[..., None]) * scale[..., None]
-        yield n.name.rsplit("_Q", 1)[0], np.ascontiguousarray(w.reshape(nn, blocks * bs)[:, :k].T)
+        w = np.ascontiguousarray(w.reshape(nn, blocks * bs)[:, :k].T)
+        awq = input_scale(n, writers, inits)
+        if awq is not None:
+            w = (tensor_array(awq[1], path.parent).astype(np.float64).reshape(-1, 1) * w).astype(np.float32)
+        yield n.name.rsplit("_Q", 1)[0], w
 
 
 def _unpack(packed, bits: int):

@@ -83,9 +83,9 @@ class Store:
             key["algorithm"] = algorithm
         return self.folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:40] + ".npz")
 
-    def load(self, op: Mapping, bits: int, settings,
-             algorithm: str = "gptq") -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """The codes, scales and zero points of ``op`` at ``bits`` (None when not kept)."""
+    def load(self, op: Mapping, bits: int, settings, algorithm: str = "gptq") -> tuple[np.ndarray, ...] | None:
+        """The codes, scales and zero points of ``op`` at ``bits``, and AWQ's ``1 / s`` where the
+        algorithm has one (None when not kept)."""
         p = self.path(op, bits, settings, algorithm)
         if not p.is_file():
             return None
@@ -93,15 +93,17 @@ class Store:
             q = z["q"]
             if bits == 4:  # two codes a byte, the even one low
                 q = np.stack([q & 15, q >> 4], axis=-1).reshape(*q.shape[:-1], 2 * q.shape[-1])
-            return q, z["scales"], z["zeros"]
+            return (q, z["scales"], z["zeros"], *((z["inverse"],) if "inverse" in z.files else ()))
 
-    def save(self, op: Mapping, bits: int, settings, q: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
-             algorithm: str = "gptq") -> None:
+    def save(self, op: Mapping, bits: int, settings, got: Sequence[np.ndarray], algorithm: str = "gptq") -> None:
+        """Keep ``got`` (codes, scales, zero points and, for AWQ, ``1 / s``) for ``op`` at ``bits``."""
         from vlsens.core.fsutil import savez
 
         if self.writable:
+            q = got[0]
             packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8) if bits == 4 else q
-            savez(self.path(op, bits, settings, algorithm), {"q": packed, "scales": scales, "zeros": zeros})
+            arrays = {"q": packed, "scales": got[1], "zeros": got[2], **({"inverse": got[3]} if len(got) > 3 else {})}
+            savez(self.path(op, bits, settings, algorithm), arrays)
 
 
 def model_digest(model: str | Path) -> str:
@@ -253,19 +255,31 @@ def dequantized(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, k: int) ->
     return w.reshape(n, blocks * block)[:, :k].T.astype(np.float32)
 
 
-def node(matmul, k: int, bits: int, settings, q: np.ndarray, scales: np.ndarray, zeros: np.ndarray):
+def node(matmul, k: int, bits: int, settings, q: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
+         inverse: np.ndarray | None = None) -> tuple:
     """The ``MatMulNBits`` node ``<name>_Q<bits>`` and its weight tensors for ``matmul`` (a MatMul
     NodeProto with a K x N weight; ``settings``: block size, symmetry, ``accuracy_level``), written
     by ONNX Runtime's own writer (the one its round to nearest uses: the same packing, names and
-    attributes); zero points only where asymmetric."""
+    attributes); zero points only where asymmetric. ``inverse``: AWQ's ``1 / s`` (K, the
+    activations' type): unless all ones, a third item, the nodes before it (:mod:`vlsens.quantize.awq`'s
+    ``Mul``, whose vector is among the weight tensors; the node reads the Mul's output)."""
+    from onnx import helper, numpy_helper
     from onnxruntime.quantization.neural_compressor.weight_only import make_matmul_weight_only_node
 
+    from vlsens.core.onnxgraph import AWQ_SUFFIX as SUFFIX
+
     n, blocks, block = q.shape
-    return make_matmul_weight_only_node(node=matmul, weight_shape=(k, n), num_bits=bits, group_size=block,
-                                        k_blocks=blocks, q_weight=q.reshape(n * blocks, block),
-                                        scale=scales.reshape(-1, 1),
-                                        zero_point=None if settings.symmetric else zeros.reshape(-1, 1),
-                                        accuracy_level=settings.accuracy_level)
+    qnode, weights = make_matmul_weight_only_node(node=matmul, weight_shape=(k, n), num_bits=bits, group_size=block,
+                                                  k_blocks=blocks, q_weight=q.reshape(n * blocks, block),
+                                                  scale=scales.reshape(-1, 1),
+                                                  zero_point=None if settings.symmetric else zeros.reshape(-1, 1),
+                                                  accuracy_level=settings.accuracy_level)
+    if inverse is None or np.all(inverse == 1):
+        return qnode, weights
+    name = f"{matmul.name}{SUFFIX}"
+    mul = helper.make_node("Mul", [matmul.input[0], f"{name}_scale"], [f"{name}_out"], name=name)
+    qnode.input[0] = mul.output[0]
+    return qnode, [*weights, numpy_helper.from_array(np.asarray(inverse), f"{name}_scale")], [mul]
 
 
 def captured(float_model: str | Path, feeds: Iterable[Mapping[str, np.ndarray]], tensors: Sequence[str],
@@ -303,12 +317,14 @@ def captured(float_model: str | Path, feeds: Iterable[Mapping[str, np.ndarray]],
 
 
 def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[str], scratch: str | Path,
-             threads: int = 0, widths: Mapping[str, int] | None = None) -> Iterator[tuple[str, np.ndarray, int]]:
+             threads: int = 0, widths: Mapping[str, int] | None = None,
+             magnitudes: dict | None = None) -> Iterator[tuple[str, np.ndarray, int]]:
     """``(input, X^T X, rows)`` for each tensor of ``inputs`` (MatMul inputs of ``float_model``), over
     every position of the calibration samples (:class:`vlsens.data.samples.Samples` npz of the
     model's inputs), one session pass (:func:`captured`); the rows are kept in ``scratch`` until read.
     ``widths``: a row width per input other than its last axis (a patch embedding's Conv, whose
-    kernel covers its whole input: one row per patch)."""
+    kernel covers its whole input: one row per patch). ``magnitudes``: filled with each input's
+    mean ``|x|`` per channel (AWQ's activation sizes) before its Hessian is yielded."""
     from vlsens.data.samples import Samples
 
     scratch = Path(scratch)
@@ -324,54 +340,6 @@ def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[
     for t in inputs:
         x = np.fromfile(files[t], np.float32).reshape(-1, (widths or {}).get(t, width[t])).astype(np.float64)
         files[t].unlink()
+        if magnitudes is not None:
+            magnitudes[t] = np.abs(x).mean(axis=0)
         yield t, x.T @ x, x.shape[0]
-
-
-def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], model, bits: Mapping[str, int], settings,
-                   calibration: Calibration, scratch: str | Path, threads: int = 0,
-                   algorithm: str = "gptq") -> dict[str, tuple]:
-    """``{MatMul name: (MatMulNBits node, its weight tensors)}`` for ``ops`` (weight MatMuls of
-    :func:`vlsens.quantize.nbits.weight_matmuls`; ``model`` the float graph, loaded without its
-    data) by GPTQ at their ``bits`` and ``settings``' block size, symmetry and
-    ``accuracy_level``: read from ``calibration.store`` where it holds them, the others computed
-    (and kept there when it is writable). MatMuls that read the same input share its Hessian; only
-    the inputs of MatMuls computed here are captured. ``algorithm``: ``gptq``, ``scale_estimation``
-    (:mod:`vlsens.quantize.scale_estimation`) or ``gptq_se`` (GPTQ with each block's scale by scale
-    estimation, :func:`codes`' ``estimate_scales``): the same Hessians, the same store and writer."""
-    from vlsens.core.onnxutil import tensor_array
-    from vlsens.quantize import scale_estimation
-
-    compute = {"gptq": codes, "scale_estimation": scale_estimation.codes,
-               "gptq_se": lambda *a: codes(*a, estimate_scales=True)}[algorithm]
-    nodes = {n.name: n for n in model.graph.node}
-    inits = {i.name: i for i in model.graph.initializer}
-
-    store, done = calibration.store, {}
-    by_input: dict[str, list[Mapping]] = {}
-    for o in ops:
-        b = int(bits[o["name"]])
-        kept = store.load(o, b, settings, algorithm) if store is not None else None
-        if kept is not None:
-            done[o["name"]] = node(nodes[o["name"]], o["K"], b, settings, *kept)
-        else:
-            by_input.setdefault(nodes[o["name"]].input[0], []).append(o)
-    if store is not None:
-        log.info("GPTQ: %d of %d MatMuls read from %s, %d to compute", len(done), len(ops), store.folder,
-                 len(ops) - len(done))
-    if not by_input:
-        return done
-    weights_dir = Path(float_model).parent
-    for t, h, rows in hessians(float_model, calibration.samples, list(by_input), scratch, threads):
-        if rows < h.shape[0]:
-            log.warning("GPTQ: %d calibration rows for the %d inputs of %s: the Hessian is singular (dampening "
-                        "keeps it invertible, but the fit follows these rows; more calibration samples, "
-                        "calibration.num_calib, give it more)", rows, h.shape[0], t)
-        for o in by_input[t]:
-            b = int(bits[o["name"]])
-            w = np.asarray(tensor_array(inits[o["weight"]], weights_dir), np.float32)
-            q, s, z = compute(w, h, b, settings.block_size, settings.symmetric)
-            if store is not None:
-                store.save(o, b, settings, q, s, z, algorithm)
-            done[o["name"]] = node(nodes[o["name"]], o["K"], b, settings, q, s, z)
-        log.debug("GPTQ: %s (%d rows): %s", t, rows, [o["name"] for o in by_input[t]])
-    return done

@@ -5,9 +5,11 @@ Every quantized model here is written by ONNX Runtime's own ``MatMulNBitsQuantiz
 model builder calls for ``-p int4``), with per-node bits: a MatMul is INT4, INT8 or left float.
 Algorithms: ``rtn`` (round to nearest per block) and ``k_quant`` (llama.cpp's scale search per
 block), both data-free, and per MatMul ``gptq`` (:mod:`vlsens.quantize.gptq`), ``scale_estimation``
-(:mod:`vlsens.quantize.scale_estimation`) and ``gptq_se`` (GPTQ with each block's scale by scale
-estimation), data-aware, on a calibration set of the float model's inputs; the same ``MatMulNBits``
-blocks, written by the same ONNX Runtime writer. The bytes of an op at each width are read from the quantized models, not
+(:mod:`vlsens.quantize.scale_estimation`), ``gptq_se`` (GPTQ with each block's scale by scale
+estimation), ``awq`` and ``awq_se`` (:mod:`vlsens.quantize.awq`: input channels scaled by their
+activations' size, with the MatMul's own ``Mul`` by ``1 / s`` in front), data-aware, on a calibration
+set of the float model's inputs; the same ``MatMulNBits`` blocks, written by the same ONNX Runtime
+writer. The bytes of an op at each width are read from the quantized models, not
 computed from a formula.
 
 ``accuracy_level`` is ``MatMulNBits``' compute type (0: float32 activations; 4: the activations
@@ -28,9 +30,9 @@ from vlsens.model.family import NODE_NAMES
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("rtn", "k_quant", "gptq", "scale_estimation", "gptq_se")
+ALGORITHMS = ("rtn", "k_quant", "gptq", "scale_estimation", "gptq_se", "awq", "awq_se")
 #: algorithms that read calibration inputs (per MatMul only: a run's settings name a data-free one)
-DATA_AWARE = ("gptq", "scale_estimation", "gptq_se")
+DATA_AWARE = ("gptq", "scale_estimation", "gptq_se", "awq", "awq_se")
 #: the widths a per-op choice offers them at (they quantize INT8 too when a plan names them). At
 #: INT8 the tiny checkpoints' plans that took GPTQ where it cost least alone measured 1.1-1.3x the
 #: KL of k_quant throughout, at INT4 0.74-0.95x (docs/plan.md).
@@ -132,9 +134,10 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
         if node.name not in done:
             nodes.append(node)
             continue
-        q, weights = done.pop(node.name)
-        q.input[0], q.output[0] = node.input[0], node.output[0]
-        nodes.append(q)
+        q, weights, *before = done.pop(node.name)
+        first = before[0][0] if before else q  # AWQ's Mul reads the input, the node its output
+        first.input[0], q.output[0] = node.input[0], node.output[0]
+        nodes.extend([*(before[0] if before else []), q])
         model.graph.initializer.extend(weights)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
@@ -166,17 +169,17 @@ def _checked(float_model, bits: Mapping[str, int], algorithms: Mapping[str, str]
 def _data_aware(float_model: Path, model, group: Sequence[dict], bits: Mapping[str, int],
                 settings: NBitsSettings, calibration, scratch_parent: Path, threads: int,
                 algorithm: str = "gptq") -> dict[str, tuple]:
-    """``group``'s MatMuls by ``algorithm``, a data-aware one (:func:`vlsens.quantize.gptq.quantize_nodes`;
+    """``group``'s MatMuls by ``algorithm``, a data-aware one (:func:`vlsens.quantize.calibrated.quantize_nodes`;
     ``calibration`` a path or a :class:`~vlsens.quantize.gptq.Calibration`), its captured inputs in a
     scratch folder beside the output, removed after."""
     import tempfile
 
-    from vlsens.quantize import gptq
+    from vlsens.quantize import calibrated, gptq
 
     scratch_parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".vlsens-gptq-", dir=scratch_parent) as scratch:
-        return gptq.quantize_nodes(float_model, group, model, bits, settings, gptq.Calibration.of(calibration),
-                                   scratch, threads, algorithm)
+        return calibrated.quantize_nodes(float_model, group, model, bits, settings, gptq.Calibration.of(calibration),
+                                         scratch, threads, algorithm)
 
 
 def _batches(ops: Sequence[dict], batch_bytes: int) -> list[list[dict]]:
@@ -250,20 +253,23 @@ def _quantize_batch(batch: Sequence[dict], inits: dict, weights_dir: Path, bits:
 
 def quantized_nodes(model) -> dict[str, dict]:
     """``{float MatMul name: {"bits", "node", "bytes"}}`` of the ``MatMulNBits`` nodes of a model
-    :func:`quantize` wrote (graph only); bytes: its weight, scale and zero-point tensors."""
+    :func:`quantize` wrote (graph only); bytes: its weight, scale and zero-point tensors, and AWQ's
+    vector where the node has its ``Mul`` (:func:`vlsens.core.onnxgraph.input_scale`)."""
     import onnx
 
-    from vlsens.core.onnxgraph import tensor_bytes
+    from vlsens.core.onnxgraph import input_scale, producers, tensor_bytes
 
     m = onnx.load(str(model), load_external_data=False) if not hasattr(model, "graph") else model
     inits = {i.name: i for i in m.graph.initializer}
+    writers = producers(m.graph.node)
     out = {}
     for n in m.graph.node:
         if n.op_type != "MatMulNBits":
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         name = n.name.rsplit("_Q", 1)[0]
-        nbytes = sum(tensor_bytes(inits[x]) for x in n.input[1:] if x in inits)
+        awq = input_scale(n, writers, inits)
+        nbytes = sum(tensor_bytes(inits[x]) for x in n.input[1:] if x in inits) + (tensor_bytes(awq[1]) if awq else 0)
         out[name] = {"bits": int(attrs["bits"]), "node": n.name, "bytes": nbytes}
     return out
 

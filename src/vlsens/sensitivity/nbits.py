@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from vlsens.core.metrics import Metrics
-from vlsens.core.onnxgraph import copy_node, element_types
+from vlsens.core.onnxgraph import copy_node, element_types, input_scale, producers
 from vlsens.quantize.nbits import (
     BITS,
     DATA_AWARE,
@@ -108,6 +108,7 @@ class BitsSwitches:
         self.models = {b: onnx.load(str(p), load_external_data=False) for b, p in quantized.items()}
         self.q_nodes = {b: {n.name: n for n in m.graph.node} for b, m in self.models.items()}
         self.q_inits = {b: {i.name: i for i in m.graph.initializer} for b, m in self.models.items()}
+        self.q_writers = {b: producers(m.graph.node) for b, m in self.models.items()}
         self.needed: dict[str, object] = {}
 
     def _out_info(self, name: str):
@@ -147,16 +148,17 @@ class BitsSwitches:
         # kernel's constant weights only from its own graph (an outer-scope weight takes
         # MatMulNBits' unpacked path, whose INT8 arithmetic differs at accuracy_level 4).
         # Copied as references: a large one still points into q<b>.onnx.data.
-        weights = []
-        for x in qn.input[1:]:
-            if x in inits:
+        awq = input_scale(qn, self.q_writers[b], inits)  # AWQ's Mul in front: in the branch too
+        pairs = ([(awq[0], "awq")] if awq else []) + [(qn, "q")]
+        weights, rename = [], {qn.output[0]: f"{tag}_q{b}"} | ({awq[0].output[0]: f"{tag}_awq{b}"} if awq else {})
+        for x in (x for n, _ in pairs for x in n.input[1:]):
+            if x in inits and x not in rename:
                 t = onnx.TensorProto()
                 t.CopyFrom(inits[x])
-                t.name = f"{x}__nb{b}"
+                t.name = rename[x] = f"{x}__nb{b}"
                 weights.append(t)
-        q = copy_node(qn, {x: f"{x}__nb{b}" for x in qn.input[1:] if x in inits} | {qn.output[0]: f"{tag}_q{b}"},
-                      f"{node.name}__{tag}_q{b}")
-        q_graph = helper.make_graph([q], f"{tag}_q{b}", [], [self._out_info(f"{tag}_q{b}")], initializer=weights)
+        copies = [copy_node(n, rename, f"{node.name}__{tag}_{kind}{b}") for n, kind in pairs]
+        q_graph = helper.make_graph(copies, f"{tag}_q{b}", [], [self._out_info(f"{tag}_q{b}")], initializer=weights)
         lit = f"{tag}_is{b}"
         self.needed[lit] = helper.make_tensor(lit, TensorProto.INT64, [], [b])
         cond, res = f"{tag}_cond{b}", f"{tag}_sel{b}"
