@@ -209,3 +209,29 @@ def inc_python() -> Path:
             pytest.fail(why)
         pytest.skip(why)
     return INC_PYTHON
+
+
+def assert_runs_its_weights(built: Path, float_model: Path, eval_npz: Path, scratch: Path) -> dict:
+    """The weights the ``MatMulNBits`` graph ``built`` multiplies by (``{MatMul: W}``, read by
+    :func:`vlsens.core.onnxgraph.dequantize_matmulnbits`), once ONNX Runtime's logits of ``built``
+    equal those of ``float_model`` with them in place of its own, on two samples of ``eval_npz``."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from vlsens.core.onnxgraph import dequantize_matmulnbits
+    from vlsens.core.onnxutil import make_session, save_with_external_data
+    from vlsens.data.samples import Samples
+    from vlsens.quantize.nbits import weight_matmuls
+
+    weights = dict(dequantize_matmulnbits(built))
+    names = {o["weight"]: o["name"] for o in weight_matmuls(float_model)}
+    full = onnx.load(str(float_model))
+    for init in full.graph.initializer:
+        if init.name in names:
+            init.CopyFrom(numpy_helper.from_array(weights[names[init.name]], init.name))
+    save_with_external_data(full, scratch / "deq.onnx")
+    a, b = make_session(built, threads=2), make_session(scratch / "deq.onnx", threads=2)
+    for feed in Samples.load(eval_npz, float_model).feeds[:2]:
+        np.testing.assert_allclose(a.run(["logits"], feed)[0], b.run(["logits"], feed)[0], rtol=1e-4, atol=1e-4)
+    return weights

@@ -5,6 +5,7 @@ holds (each op alone equals its one-op model)."""
 
 import numpy as np
 import pytest
+from conftest import assert_runs_its_weights
 
 from vlsens.core.onnxutil import make_session
 from vlsens.quantize import awq, gptq
@@ -68,11 +69,8 @@ def test_a_decoder_by_awq_runs_its_scales_and_its_codes(decoder, tmp_path, monke
     Runtime's output is the float graph's with the weights the readers return (the scale folded
     in); each op's bytes are round to nearest's plus its vector; the store gives the same graph."""
     import onnx
-    from onnx import numpy_helper
 
     from vlsens.core.onnxgraph import dequantize_matmulnbits
-    from vlsens.core.onnxutil import save_with_external_data
-    from vlsens.data.samples import Samples
 
     fl = decoder.model("fp32")
     ops = weight_matmuls(fl)
@@ -92,16 +90,7 @@ def test_a_decoder_by_awq_runs_its_scales_and_its_codes(decoder, tmp_path, monke
     for o in ops:
         extra = 4 * o["K"] if o["name"] + awq.SUFFIX in muls else 0
         assert q_awq[o["name"]]["bytes"] == q_rtn[o["name"]]["bytes"] + extra, o["name"]
-    weights = dict(dequantize_matmulnbits(built))
-    full = onnx.load(str(fl))
-    for init in full.graph.initializer:
-        for o in ops:
-            if init.name == o["weight"]:
-                init.CopyFrom(numpy_helper.from_array(weights[o["name"]], init.name))
-    save_with_external_data(full, tmp_path / "deq.onnx")
-    a, b = make_session(built, threads=2), make_session(tmp_path / "deq.onnx", threads=2)
-    for feed in Samples.load(decoder.calib / "eval.npz", fl).feeds[:2]:
-        np.testing.assert_allclose(a.run(["logits"], feed)[0], b.run(["logits"], feed)[0], rtol=1e-4, atol=1e-4)
+    weights = assert_runs_its_weights(built, fl, decoder.calib / "eval.npz", tmp_path)
     monkeypatch.setattr(gptq, "hessians", lambda *a, **k: pytest.fail("AWQ computed again beside the store"))
     again = quantize(fl, tmp_path / "again.onnx", bits, settings, algorithms=dict.fromkeys(bits, "awq"),
                      calibration=gptq.Calibration(calib, gptq.Store(tmp_path / "store", fl, calib)))

@@ -4,6 +4,7 @@ a block's inputs differ in size, and a decoder built with it runs the codes its 
 
 import numpy as np
 import pytest
+from conftest import assert_runs_its_weights
 
 from vlsens.quantize import gptq, scale_estimation
 from vlsens.quantize.nbits import NBitsSettings, quantize, weight_matmuls
@@ -50,12 +51,9 @@ def test_a_decoder_by_scale_estimation_runs_its_codes_and_keeps_them_in_the_stor
     """Every MatMul INT4 by scale estimation on the calibration split: ONNX Runtime's MatMulNBits
     computes the weights the codes stand for (the float graph with them, the same logits), the
     bytes are round to nearest's, and a run's store returns the same codes apart from GPTQ's."""
-    import onnx
-    from onnx import numpy_helper
 
     from vlsens.core.onnxgraph import dequantize_matmulnbits
-    from vlsens.core.onnxutil import data_path, make_session, save_with_external_data
-    from vlsens.data.samples import Samples
+    from vlsens.core.onnxutil import data_path
 
     fl = decoder.model("fp32")
     ops = weight_matmuls(fl)
@@ -67,16 +65,7 @@ def test_a_decoder_by_scale_estimation_runs_its_codes_and_keeps_them_in_the_stor
                      calibration=cal)
     rtn = quantize(fl, tmp_path / "rtn.onnx", bits, settings)
     assert data_path(built).stat().st_size == data_path(rtn).stat().st_size  # the same blocks
-    weights = dict(dequantize_matmulnbits(built))
-    full = onnx.load(str(fl))
-    for init in full.graph.initializer:
-        for o in ops:
-            if init.name == o["weight"]:
-                init.CopyFrom(numpy_helper.from_array(weights[o["name"]], init.name))
-    save_with_external_data(full, tmp_path / "deq.onnx")
-    a, b = make_session(built, threads=2), make_session(tmp_path / "deq.onnx", threads=2)
-    for feed in Samples.load(decoder.calib / "eval.npz", fl).feeds[:2]:
-        np.testing.assert_allclose(a.run(["logits"], feed)[0], b.run(["logits"], feed)[0], rtol=1e-4, atol=1e-4)
+    weights = assert_runs_its_weights(built, fl, decoder.calib / "eval.npz", tmp_path)
     o = ops[0]
     kept = store.load(o, 4, settings, "scale_estimation")
     assert kept is not None and store.load(o, 4, settings) is None  # GPTQ's key is another
