@@ -212,6 +212,31 @@ def test_curve_keeps_a_smaller_budgets_better_point():
         fr.decoder_curve(fr.Measured(lambda a: 1.0), rows, [300], 20)
 
 
+def test_an_op_whose_int8_costs_more_than_its_int4_widens_straight_to_float():
+    """AWQ at INT4 against a data-free INT8 on an outlier channel: the op's INT8 measures worse than
+    its INT4, so INT4 -> INT8 never saves error and the op would stay INT4 at any budget; its INT4
+    widens to float instead. An INT8 above INT4 by less than the table's noise (its largest negative
+    error) keeps the usual step."""
+    from vlsens.precision.nbits import _int8_dominated, search_budget
+
+    rows = [{"op": "out", "bytes_float": 400, "bytes_int8": 200, "bytes_int4": 100, "error_int4": 1.0,
+             "error_int8": 5.0},
+            {"op": "b", "bytes_float": 400, "bytes_int8": 200, "bytes_int4": 100, "error_int4": 0.5,
+             "error_int8": 0.05},
+            {"op": "noise", "bytes_float": 400, "bytes_int8": 200, "bytes_int4": 100, "error_int4": 0.01,
+             "error_int8": 0.015},
+            {"op": "neg", "bytes_float": 400, "bytes_int8": 200, "bytes_int4": 100, "error_int4": -0.01,
+             "error_int8": 0.0}]
+    assert _int8_dominated(rows) == {"out"}
+    errors = {0: 0.0, 4: 1.0, 8: 5.0}
+
+    def kl(a):
+        return errors[a.get("out", 0)] + {0: 0.0, 4: 0.5, 8: 0.05}[a.get("b", 0)]
+
+    bits, got = search_budget(kl, rows, 100 + 400 + 200 + 200, max_evals=20)
+    assert bits["out"] == 0 and got == pytest.approx(0.05)
+
+
 def test_search_returns_plans_spread_over_the_front(searched, engine, tmp_path):
     plans, record = searched
     b, folder = engine

@@ -121,7 +121,8 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
     two fills that widen ops (INT4 -> INT8, then INT8 -> float) while they fit, in the order of
     estimated error saved per byte and of estimated error (the sensitivity CSV); and two measured
     greedies that, each step, measure the ``candidates`` best-estimated widenings that fit and keep
-    the one saving the most measured error per byte, or the most measured error."""
+    the one saving the most measured error per byte, or the most measured error. An op whose INT8
+    costs more than its INT4 (:func:`_int8_dominated`) widens from INT4 straight to float."""
     by = {r["op"]: r for r in rows}
     names = [r["op"] for r in rows]
     evals = [0]
@@ -135,7 +136,11 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
     def cost(a):
         return sum(by[n]["bytes_float"] if b == FLOAT else by[n][f"bytes_int{b}"] for n, b in a.items())
 
+    skip = _int8_dominated(rows)
+
     def widen(n, b):
+        if b == 4 and n in skip:  # its INT8 costs more than its INT4: INT4 widens to float
+            return FLOAT, by[n]["error_int4"], by[n]["bytes_float"] - by[n]["bytes_int4"]
         if b == 4:
             return 8, by[n]["error_int4"] - by[n]["error_int8"], by[n]["bytes_int8"] - by[n]["bytes_int4"]
         if b == 8:
@@ -173,6 +178,16 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
     found = [(a, run(a)) for a in (fill(lambda o: _ratio(o[2], o[3])), fill(lambda o: o[2]))]
     found += [greedy(True), greedy(False)]
     return min(found, key=lambda x: x[1])
+
+
+def _int8_dominated(rows: Sequence[Mapping]) -> set[str]:
+    """The ops whose INT8 error exceeds their (positive) INT4 error by more than the table's noise,
+    the largest negative error in it (an op's error below zero is the measure's own noise): a
+    data-aware INT4 (AWQ on an outlier channel) against a data-free INT8. The search widens their
+    INT4 straight to float."""
+    noise = max([0.0] + [-float(r[f"error_int{b}"]) for r in rows for b in (4, 8)])
+    return {r["op"] for r in rows if float(r["error_int4"]) > 0 and
+            float(r["error_int8"]) - float(r["error_int4"]) > noise}
 
 
 def _fingerprints(rows: np.ndarray, coeff: np.ndarray) -> np.ndarray:
