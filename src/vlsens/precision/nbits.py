@@ -139,13 +139,7 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
     skip = _int8_dominated(rows)
 
     def widen(n, b):
-        if b == 4 and n in skip:  # its INT8 costs more than its INT4: INT4 widens to float
-            return FLOAT, by[n]["error_int4"], by[n]["bytes_float"] - by[n]["bytes_int4"]
-        if b == 4:
-            return 8, by[n]["error_int4"] - by[n]["error_int8"], by[n]["bytes_int8"] - by[n]["bytes_int4"]
-        if b == 8:
-            return FLOAT, by[n]["error_int8"], by[n]["bytes_float"] - by[n]["bytes_int8"]
-        return None
+        return _widen(by[n], b, n in skip)
 
     def fill(key):
         a = dict.fromkeys(names, 4)
@@ -178,6 +172,18 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
     found = [(a, run(a)) for a in (fill(lambda o: _ratio(o[2], o[3])), fill(lambda o: o[2]))]
     found += [greedy(True), greedy(False)]
     return min(found, key=lambda x: x[1])
+
+
+def _widen(r: Mapping, b: int, skip_int8: bool) -> tuple | None:
+    """``(width, error saved, bytes added)`` of the next wider format of the op of row ``r`` at ``b``
+    bits (None at float): INT4 -> INT8 -> float, or INT4 -> float where ``skip_int8``."""
+    if b == 4 and skip_int8:  # its INT8 costs more than its INT4: INT4 widens to float
+        return FLOAT, r["error_int4"], r["bytes_float"] - r["bytes_int4"]
+    if b == 4:
+        return 8, r["error_int4"] - r["error_int8"], r["bytes_int8"] - r["bytes_int4"]
+    if b == 8:
+        return FLOAT, r["error_int8"], r["bytes_float"] - r["bytes_int8"]
+    return None
 
 
 def _int8_dominated(rows: Sequence[Mapping]) -> set[str]:

@@ -33,6 +33,9 @@ import numpy as np
 
 from vlsens.core.onnxgraph import AWQ_SUFFIX
 
+#: the version of the codes: raised whenever :func:`codes` gives other codes (the store of a run's
+#: codes keys AWQ's by it)
+FORMAT = 1
 #: values of alpha tried: k / GRID for k < GRID (llm-awq's ``n_grid``)
 GRID = 20
 #: output columns the alpha search reads at most

@@ -37,10 +37,11 @@ def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], model, bits:
     nodes = {n.name: n for n in model.graph.node}
     inits = {i.name: i for i in model.graph.initializer}
     store, done = calibration.store, {}
+    ctx = _Context.of(float_model, model, algorithm)
     by_input: dict[str, list[Mapping]] = {}
     for o in ops:
         b = int(bits[o["name"]])
-        kept = store.load(o, b, settings, algorithm) if store is not None else None
+        kept = store.load(o, b, settings, ctx.key) if store is not None else None
         if kept is not None:
             done[o["name"]] = gptq.node(nodes[o["name"]], o["K"], b, settings, *kept)
         else:
@@ -51,9 +52,8 @@ def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], model, bits:
     if not by_input:
         return done
     weights_dir = Path(float_model).parent
-    ctx = _Context.of(float_model, model, algorithm)
     for t, h, rows in gptq.hessians(float_model, calibration.samples, list(by_input), scratch, threads,
-                               magnitudes=ctx.magnitudes):
+                                    magnitudes=ctx.magnitudes):
         if rows < h.shape[0]:
             log.warning("GPTQ: %d calibration rows for the %d inputs of %s: the Hessian is singular (dampening "
                         "keeps it invertible, but the fit follows these rows; more calibration samples, "
@@ -63,7 +63,7 @@ def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], model, bits:
             w = np.asarray(tensor_array(inits[o["weight"]], weights_dir), np.float32)
             got = ctx.compute(o["name"], t, w, h, b, settings)
             if store is not None:
-                store.save(o, b, settings, got, algorithm)
+                store.save(o, b, settings, got, ctx.key)
             done[o["name"]] = gptq.node(nodes[o["name"]], o["K"], b, settings, *got)
         log.debug("GPTQ: %s (%d rows): %s", t, rows, [o["name"] for o in by_input[t]])
     return done
@@ -72,12 +72,19 @@ def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], model, bits:
 @dataclass
 class _Context:
     """What an algorithm reads beside a weight and its Hessian: AWQ's activation sizes per input
-    (``magnitudes``, filled by :func:`hessians`), the activations' types and the decoder's head."""
+    (``magnitudes``, filled by :func:`vlsens.quantize.gptq.hessians`), the activations' types and the
+    decoder's head; ``key``: the algorithm as the store keys its codes."""
 
     algorithm: str
     magnitudes: dict | None
     dtypes: dict
     head: frozenset
+
+    @property
+    def key(self) -> str:
+        from vlsens.quantize import awq
+
+        return f"{self.algorithm}:{awq.FORMAT}" if self.algorithm.startswith("awq") else self.algorithm
 
     @classmethod
     def of(cls, float_model, model, algorithm: str) -> _Context:
