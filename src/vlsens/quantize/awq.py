@@ -96,17 +96,26 @@ def codes(weight: np.ndarray, hessian: np.ndarray, magnitude: np.ndarray, bits: 
     per channel ``magnitude`` (K): the codes, scales and zero points of ``s W`` in
     :func:`vlsens.quantize.gptq.codes`' layout, then ``1 / s`` (K, ``dtype``: what the Mul in
     front multiplies the activations by). ``then``: ``rtn`` or ``se`` (module docstring)."""
-    if then not in ("rtn", "se"):
-        raise ValueError(f"awq then: {then!r}; valid: rtn, se")
+    _check(then)
     _, inv, _ = search(weight, hessian, magnitude, bits, block_size, symmetric, dtype)
-    got = _quantized(weight, inv, hessian if then == "se" else None, bits, block_size, symmetric)
-    return (*got, inv.astype(dtype))
+    return _coded(weight, hessian, inv, bits, block_size, symmetric, then, dtype)
 
 
 def unscaled(weight: np.ndarray, hessian: np.ndarray, bits: int, block_size: int, symmetric: bool,
              then: str = "rtn", dtype=np.float32) -> tuple[np.ndarray, ...]:
     """:func:`codes` at ``s = 1`` (the decoder's head): round to nearest or scale estimation, and a
     vector of ones (no Mul is written for it)."""
-    inv = np.ones(weight.shape[0])
+    _check(then)
+    return _coded(weight, hessian, np.ones(weight.shape[0]), bits, block_size, symmetric, then, dtype)
+
+
+def _check(then: str) -> None:
+    if then not in ("rtn", "se"):
+        raise ValueError(f"awq then: {then!r}; valid: rtn, se")
+
+
+def _coded(weight, hessian, inv: np.ndarray, bits: int, block_size: int, symmetric: bool, then: str,
+           dtype) -> tuple[np.ndarray, ...]:
+    """The codes of ``diag(1 / inv) weight`` by ``then``, and ``inv`` in ``dtype``."""
     got = _quantized(weight, inv, hessian if then == "se" else None, bits, block_size, symmetric)
     return (*got, inv.astype(dtype))

@@ -134,10 +134,10 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
         if node.name not in done:
             nodes.append(node)
             continue
-        q, weights, *before = done.pop(node.name)
-        first = before[0][0] if before else q  # AWQ's Mul reads the input, the node its output
-        first.input[0], q.output[0] = node.input[0], node.output[0]
-        nodes.extend([*(before[0] if before else []), q])
+        q, weights, *rest = done.pop(node.name)
+        chain = [*(rest[0] if rest else []), q]  # AWQ's Mul reads the input, the node its output
+        chain[0].input[0], q.output[0] = node.input[0], node.output[0]
+        nodes.extend(chain)
         model.graph.initializer.extend(weights)
     del model.graph.node[:]
     model.graph.node.extend(nodes)

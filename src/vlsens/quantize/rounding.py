@@ -244,20 +244,17 @@ def verified(codes: str | Path) -> Path:
     """``codes``, once it exists and its SHA-256 is the one the engine that wrote it recorded
     (``engine.json``'s ``files`` beside it, where there is one): a missing file raises
     FileNotFoundError, an edited or damaged one ArtifactError."""
-    import json
-
+    from vlsens.core.artifacts import find_record
     from vlsens.core.errors import ArtifactError
     from vlsens.core.fsutil import file_sha256
-    from vlsens.core.paths import ENGINE_FILES
 
     codes = Path(codes)
     if not codes.is_file():
         raise FileNotFoundError(f"{codes}: the GPTQ weight codes (weight_rounding: gptq) are missing; the sensitivity "
                                 "engine's prepare step writes them beside its calibration cache")
-    meta = codes.with_name(ENGINE_FILES["meta"])
-    entry = json.loads(meta.read_text()).get("files", {}).get(codes.name) if meta.is_file() else None
-    if entry is not None and file_sha256(codes) != entry["sha256"]:
-        raise ArtifactError(f"{codes}: its SHA-256 is not the one {meta} recorded (the file was changed after the "
+    found = find_record(codes)  # engine.json, where it lists them
+    if found is not None and file_sha256(codes) != found[1]["files"][codes.name]["sha256"]:
+        raise ArtifactError(f"{codes}: its SHA-256 is not the one {found[0]} recorded (the file was changed after the "
                             "engine wrote it); build the engine again")
     return codes
 
