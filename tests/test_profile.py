@@ -61,7 +61,7 @@ def test_estimate_is_the_built_model_on_a_held_out_checkpoint(held_out, tmp_path
     assert set(rec["latency_ms"]) == {"int8_mixed", "fp32"}
     speedup = rec["speedup"]["vs_fp32"]
     assert speedup == pytest.approx(rec["latency_ms"]["fp32"] / rec["latency_ms"]["int8_mixed"])
-    # Two real timings of one small tower, within 0.5x-2.5x of each other (measured 0.91x here;
+    # Two real timings of one small tower, in interleaved rounds, within 0.5x-2.5x of each other (measured 0.91x here;
     # 0.75x-1.27x over the guards and machines of docs/benchmarks/profile-held-out.md: on 6 blocks of
     # width 96 the Q/DQ overhead and the integer kernels about cancel). Outside: a timing is broken.
     assert 0.5 < speedup < 2.5, rec["latency_ms"]
@@ -89,7 +89,8 @@ def test_latency_objective_ships_the_fastest_candidate_that_meets(held_out, tmp_
     ok = [b for b in timed if b["meets"]]
     fastest = min(ok, key=lambda b: b["latency_ms"])
     assert rec["int8_ops"] == fastest["int8_ops"] and rec["measured"]["cosine"] == fastest["cosine"]
-    assert rec["latency_ms"]["int8_mixed"] == fastest["latency_ms"] and rec["meets_target"]
+    # the fastest by its own timing; the record's comparison times it again, interleaved with the float models
+    assert rec["meets_target"] and rec["latency_ms"]["int8_mixed"] > 0
     prof = yaml.safe_load((tmp_path / "p" / "profile.yaml").read_text())
     if rec["int8_ops"] < rec["search_choice"]["int8_ops"]:  # some INT8 ops were left float for speed: said so
         assert any("faster" in o["why"] for o in prof["ops"].values())

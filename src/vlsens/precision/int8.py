@@ -163,6 +163,21 @@ def time_session(sess, feed: dict, runs: int = 10) -> float:
     return statistics.median(times)
 
 
+def time_sessions(sessions: dict, feed: dict, runs: int = 10) -> dict[str, float]:
+    """Median milliseconds of each session over ``runs`` rounds, each round calling every session
+    once in turn (after one warm-up call each): a slow phase of the machine falls on all of them
+    alike, so their ratio holds where back-to-back medians would not."""
+    for sess in sessions.values():
+        sess.run(None, feed)
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for _ in range(runs):
+        for k, sess in sessions.items():
+            t0 = time.perf_counter()
+            sess.run(None, feed)
+            times[k].append((time.perf_counter() - t0) * 1000)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def measure(sess, float_session, samples, logits: bool, cases: list | None = None) -> dict:
     """Metrics of ``sess``'s outputs against the float model's, feed by feed (sums only kept);
     ``cases``: each feed's own metrics appended (the spread over the evaluation set)."""
@@ -259,9 +274,12 @@ class Builder:
             b.latency_ms = time_session(sess, self.evals.feeds[0], self.latency_runs)
         return b.latency_ms
 
-    def time_float(self, model: str | Path) -> float:
-        sess, _ = target_session(model, self.settings, self.threads, quantized=False)
-        return time_session(sess, self.evals.feeds[0], self.latency_runs)
+    def compare(self, b: Build, floats: dict[str, str | Path]) -> dict[str, float]:
+        """``b`` (as ``int8_mixed``) and each float model of ``floats``, timed in the same
+        interleaved rounds (:func:`time_sessions`)."""
+        sessions = {"int8_mixed": target_session(b.model, self.settings, self.threads)[0],
+                    **{k: target_session(p, self.settings, self.threads, quantized=False)[0] for k, p in floats.items()}}
+        return time_sessions(sessions, self.evals.feeds[0], self.latency_runs)
 
     def discard_except(self, keep: Build) -> None:
         """Remove every other build's folder (a real-size INT8 model is GBs)."""
@@ -438,15 +456,15 @@ def _eval_record(run: _Run, builder: Builder, chosen: list[str], status: str, sh
     s, settings = run.settings, run.eng.meta["settings"]
     metric, value = s.metric, s.value
     estimate = estimate_of(run.traces["search"])
-    speedup = {f"vs_{k}": lat[k] / shipped.latency_ms for k in run.base_models if shipped.latency_ms}
+    speedup = {f"vs_{k}": lat[k] / lat["int8_mixed"] for k in run.base_models if lat["int8_mixed"]}
     measured = shipped.measured
     providers, on_target = measurement_providers(target_of(settings))
     model = shipped.model
     size = model.stat().st_size + data_path(model).stat().st_size
     float_bytes = run.eng.float_model.stat().st_size + data_path(run.eng.float_model).stat().st_size
-    if status == "met" and "fp32" in lat and shipped.latency_ms > lat["fp32"]:
+    if status == "met" and "fp32" in lat and lat["int8_mixed"] > lat["fp32"]:
         log.warning("profile %s (%s): the INT8-mixed model is slower than FP32 on %s (%.3g ms vs %.3g ms); "
-                    "%s", run.variant, run.out_dir, providers[0], shipped.latency_ms, lat["fp32"],
+                    "%s", run.variant, run.out_dir, providers[0], lat["int8_mixed"], lat["fp32"],
                     "objective: latency found no faster candidate" if s.objective == "latency" else
                     "objective: latency would look for a faster subset")
     return {
@@ -475,7 +493,7 @@ def _eval_record(run: _Run, builder: Builder, chosen: list[str], status: str, sh
         "float_model_bytes": float_bytes,
         "latency_ms": lat,
         "speedup": speedup,
-        "latency_note": (f"median of {s.latency_runs} runs after a warm-up, batch of the graph, one process, "
+        "latency_note": (f"median of {s.latency_runs} interleaved rounds after a warm-up, batch of the graph, one process, "
                          f"{providers[0]}" + ("" if on_target else " (not the target's own provider)")),
         "search": {"evaluations": sum(len(t) for t in run.traces.values()), "seconds": run.search_s,
                    "trace": run.traces["search"],
@@ -573,9 +591,7 @@ def build_profile(engine_dir: str | Path, ranking_csv: str | Path, eval_npz: str
                           settings.threads, settings.latency_runs)
         gap = _build_choice(run, builder, chosen)
         status, shipped, accuracy_choice = _ship(run, builder, chosen)
-        builder.time(shipped)
-        lat = {"int8_mixed": shipped.latency_ms,
-               **{k: builder.time_float(p) for k, p in run.base_models.items()}}
+        lat = builder.compare(shipped, run.base_models)
         builder.discard_except(shipped)
         eval_record = _eval_record(run, builder, chosen, status, shipped, gap, lat)
         if status == "unreachable":
