@@ -266,6 +266,22 @@ def test_toolchain_files_name_the_profile_and_hold_the_documented_schema(npu_run
     over = json.loads((out / "qnn_overrides.json").read_text())
     assert set(over) == wide_quantized(results / "profile-fp32" / "model.onnx") and len(over) == rec["qnn"]["a16_tensors"]
     assert rec["qnn"]["opset"] >= 21
+    # Pulsar2's QuantONNX input: the profile's QDQ model as one protobuf, which ONNX Runtime runs to the
+    # profile's own outputs, with the same layer configs and calibration archive
+    q = json.loads((out / "pulsar2_qdq.json").read_text())
+    assert errors(out / "pulsar2_qdq.json") == [] and q["model_type"] == "QuantONNX" and cfg["model_type"] == "ONNX"
+    assert q["quant"]["layer_configs"] == cfg["quant"]["layer_configs"] and q["output_dir"] != cfg["output_dir"]
+    assert q["target_hardware"] in rec["pulsar2_qdq"]["hardware"] and rec["pulsar2_qdq"]["input"] == q["input"]
+    single = results / q["input"]
+    assert single == out / "qdq.onnx" and not list(out.glob("*.data")) and wide_quantized(single) == set(over)
+    import onnxruntime as ort
+
+    from vlsens.data.samples import Samples
+
+    feed = Samples.load(results / "calib" / "eval.npz", single).feeds[0]
+    a, b = (ort.InferenceSession(str(m), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+            for m in (single, results / "profile-fp32" / "model.onnx"))
+    assert np.array_equal(a, b)
     # the schema is the documented one: a misspelt key or data type is refused
     bad = dict(cfg, quant={**cfg["quant"], "layer_configs": [{"layer_names": wide, "data_type": "U12"}]})
     assert errors(out / "pulsar2.json", bad)
@@ -379,3 +395,28 @@ def test_gptq_weight_codes_keep_estimate_equal_built_and_lower_the_w8a16_floor(n
             _profile(root, "gptq")
     finally:
         codes.write_bytes(kept)
+
+
+def test_a_qdq_model_beyond_one_protobuf_gets_no_quantonnx_config_and_says_why(tmp_path, monkeypatch):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vlsens.core.records import errors
+    from vlsens.npu import cut, toolchain
+
+    w = numpy_helper.from_array(np.ones((4, 2), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], [w])
+    onnx.save_model(helper.make_model(graph), str(tmp_path / "model.onnx"))
+    layers = [{"layer_names": ["mm"], "data_type": "U16"}]
+    args = (tmp_path / "model.onnx", tmp_path / "out", "toolchain/v/fp32", "axmodel/v/fp32", "calib/calib.tar", layers,
+            "minmax")
+    (tmp_path / "out").mkdir()
+    entry = toolchain._quantized_config(*args)
+    assert entry["input"] == "toolchain/v/fp32/qdq.onnx" and errors(tmp_path / "out" / "pulsar2_qdq.json") == []
+    assert onnx.load(str(tmp_path / "out" / "qdq.onnx")).graph.node[0].name == "mm"
+    monkeypatch.setattr(cut, "PROTOBUF_LIMIT", 16)
+    (tmp_path / "out2").mkdir()
+    entry = toolchain._quantized_config(args[0], tmp_path / "out2", *args[2:])
+    assert "one protobuf" in entry["skipped"] and not list((tmp_path / "out2").iterdir())

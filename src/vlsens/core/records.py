@@ -67,7 +67,7 @@ def schema_name(path: str | Path) -> str | None:
         return "recommend"
     if path.name == "toolchain.json":
         return "toolchain"
-    if path.name.endswith("pulsar2.json"):
+    if path.name.endswith("pulsar2.json") or path.name == "pulsar2_qdq.json":
         return "pulsar2"
     if path.name == "eval.json" and path.parent.name == "inc-tune":
         return "inc_tune"

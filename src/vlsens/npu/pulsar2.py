@@ -15,6 +15,12 @@ details": the ``BuildConfig`` structure). vlsens writes strict JSON, which relax
 * ``quant.calibration_method`` from ``sensitivity.calibrate_method``; ``precision_analysis`` on,
   ``EndToEnd`` (Pulsar2's per-layer report of the compiled model, to compare with eval.json).
 
+A second config, ``pulsar2_qdq.json``, gives Pulsar2 the profile's QDQ model itself
+(``model_type: QuantONNX``: "Quantized ONNX model import", which its docs state for AX650 and M76H
+and in ONNX's QDQ format): the weight codes, activation scales and 16-bit tensors vlsens measured
+are then the ones compiled, instead of Pulsar2 rounding the float graph itself. The same
+calibration archive and layer configs go with it (the documented QuantONNX examples keep both).
+
 The schema the test checks these files against (``workflow/schemas/records/pulsar2.schema.yaml``)
 is written from that documented structure; vlsens has not run Pulsar2 (its toolchain is a Docker
 image outside the package registries), so the check is against the documentation only.
@@ -30,6 +36,8 @@ DATA_TYPES = {"uint8": "U8", "int8": "S8", "uint16": "U16", "int16": "S16"}
 CALIBRATION_METHODS = {"minmax": "MinMax", "entropy": "KL", "percentile": "Percentile"}
 #: Pulsar2's default hardware and NPU mode (``target_hardware``, ``npu_mode``).
 TARGET_HARDWARE, NPU_MODE = "AX650", "NPU1"
+#: The hardware Pulsar2's docs state takes a Quantized ONNX (QDQ) model (``model_type: QuantONNX``).
+QUANT_ONNX_HARDWARE = ("AX650", "M76H")
 
 
 def layer_configs(ops: dict[str, dict], wide_type: str, present: Iterable[str] | None = None) -> list[dict]:
@@ -54,13 +62,14 @@ def layer_configs(ops: dict[str, dict], wide_type: str, present: Iterable[str] |
 
 
 def build_config(model: str, calib_tar: str, input_name: str, output_dir: str, layers: list[dict],
-                 calibrate_method: str = "minmax") -> dict:
-    """One ``pulsar2 build`` config (paths as given: relative to the folder Pulsar2 runs in)."""
+                 calibrate_method: str = "minmax", quantized: bool = False) -> dict:
+    """One ``pulsar2 build`` config (paths as given: relative to the folder Pulsar2 runs in);
+    ``quantized``: ``model`` is a QDQ model (``model_type: QuantONNX``), else a float graph."""
     return {
         "input": model,
         "output_dir": output_dir,
         "output_name": "compiled.axmodel",
-        "model_type": "ONNX",
+        "model_type": "QuantONNX" if quantized else "ONNX",
         "target_hardware": TARGET_HARDWARE,
         "npu_mode": NPU_MODE,
         "onnx_opt": {"disable_onnx_optimization": False, "enable_onnxsim": False},

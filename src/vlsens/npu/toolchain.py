@@ -4,6 +4,10 @@
 
 * ``pulsar2.json``: ``pulsar2 build`` on the whole graph (:mod:`vlsens.npu.pulsar2`) with the
   graph's ``calib.tar``;
+* ``qdq.onnx`` and ``pulsar2_qdq.json``: the profile's QDQ model as one protobuf, and ``pulsar2
+  build`` on it (``model_type: QuantONNX``): Pulsar2 then compiles the weight codes and activation
+  scales the profile measured rather than rounding the float graph itself; skipped, with why, where
+  the model does not fit one protobuf;
 * ``parts/part<j>.pulsar2.json``: the same per single-file part (``vision.parts``), each with the
   part's own ``calib.tar`` and the layer configs of the nodes the part holds;
 * ``qnn_overrides.json``: ORT's ``TensorQuantOverrides`` of the profile's QDQ model (the 16-bit
@@ -27,10 +31,15 @@ from vlsens.core.fsutil import atomic_dir, write_json
 from vlsens.npu import pulsar2, qnn
 
 RECORD = "toolchain.json"
+#: The profile's QDQ model as one protobuf, Pulsar2's ``QuantONNX`` input; and its config.
+QDQ, QDQ_CONFIG = "qdq.onnx", "pulsar2_qdq.json"
 #: What each file was checked against (the record's ``checked``).
 CHECKED = {
     "pulsar2": "the documented BuildConfig schema (workflow/schemas/records/pulsar2.schema.yaml); "
                "Pulsar2 itself was not run",
+    "pulsar2_qdq": "qdq.onnx read back equals the profile's QDQ model (graph and every initializer); its config "
+                   "against the same schema, model_type QuantONNX as the docs' Quantized ONNX import states it; "
+                   "Pulsar2 itself was not run",
     "qnn": "the QDQ model ran on ONNX Runtime's CPU provider (fake quantization) and equals the engine's "
            "estimate (eval.json); the QNN execution provider itself was not run",
 }
@@ -74,6 +83,36 @@ def _part_configs(parts_dir: Path, parts_calib: Path, ops: dict, wide_type: str,
     return entries
 
 
+def _single_qdq(qdq: Path, out: Path) -> str | None:
+    """``out/qdq.onnx``: the QDQ model ``qdq`` (with its external data) as one protobuf, checked by
+    reading it back; None where it does not fit one (the reason is the caller's to record)."""
+    import onnx
+
+    from vlsens.npu.cut import PROTOBUF_LIMIT
+
+    model = onnx.load(str(qdq))
+    if model.ByteSize() >= PROTOBUF_LIMIT:
+        return None
+    onnx.save_model(model, str(out / QDQ))
+    if onnx.load(str(out / QDQ)).SerializeToString() != model.SerializeToString():
+        raise VlsensError(f"{out / QDQ}: read back, it is not the profile's QDQ model {qdq}; nothing was written")
+    return QDQ
+
+
+def _quantized_config(qdq: Path, tmp: Path, where: str, label: str, calib: str, layers: list[dict],
+                      method: str) -> dict:
+    """``pulsar2_qdq.json`` (``model_type: QuantONNX``) on ``qdq.onnx``, written into ``tmp`` (the
+    staged folder that becomes ``where``, relative to the run's root); the record's entry (or why not)."""
+    if _single_qdq(qdq, tmp) is None:
+        return {"skipped": f"{qdq.name} does not fit one protobuf (2 GiB), which Pulsar2's QuantONNX import reads; "
+                           "pulsar2.json (the float graph) and its parts remain"}
+    cfg = pulsar2.build_config(f"{where}/{QDQ}", calib, _input_name(qdq), f"{label}-qdq", layers, method,
+                               quantized=True)
+    write_json(tmp / QDQ_CONFIG, cfg)
+    return {"config": QDQ_CONFIG, "input": cfg["input"], "hardware": list(pulsar2.QUANT_ONNX_HARDWARE),
+            "weights": "the profile's QDQ model: its weight codes (weight_rounding) and activation scales"}
+
+
 def _counts(layers: list[dict]) -> dict:
     n = {c["data_type"]: len(c["layer_names"]) for c in layers}
     return {"wide_layers": sum(v for k, v in n.items() if k in ("U16", "S16")), "fp32_layers": n.get("FP32", 0)}
@@ -84,11 +123,13 @@ def _rounding_note(settings: dict) -> dict:
     method = settings.get("weight_rounding", "rtn")
     if method == "rtn":
         return {"method": method, "note": "round to nearest on ONNX Runtime's per-channel grid: what the QDQ model "
-                                          "holds, and the closest model of a toolchain that rounds the float graph"}
+                                          "holds (pulsar2_qdq.json compiles it), and the closest model of a "
+                                          "toolchain that rounds the float graph (pulsar2.json)"}
     return {"method": method,
             "note": "GPTQ codes on ONNX Runtime's per-channel grid (vlsens.quantize.rounding): the QDQ model holds them, "
-                    "so its measured error is the profile's; pulsar2 build rounds the float graph's weights itself, "
-                    "so pulsar2.json's U16 layers were chosen for weights that build does not make (it may need more)"}
+                    "so its measured error is the profile's, and pulsar2_qdq.json (QuantONNX) compiles them; on the "
+                    "float graph (pulsar2.json) pulsar2 build rounds the weights itself, so its U16 layers were "
+                    "chosen for weights that build does not make (it may need more)"}
 
 
 def smooth_bought(smoothed: dict, unsmoothed: dict) -> dict:
@@ -125,6 +166,9 @@ def write_toolchain(profile_dir: str | Path, graph_model: str | Path, calib_tar:
         cfg = pulsar2.build_config(_rel(graph_model, root), _rel(calib_tar, root), _input_name(graph_model),
                                    label, layers, method)
         write_json(tmp / "pulsar2.json", cfg)
+        where = Path(out_dir).resolve().relative_to(root.resolve()).as_posix()
+        quantized = _quantized_config(qdq, tmp, where, label, cfg["quant"]["input_configs"][0]["calibration_dataset"],
+                                      layers, method)
         parts = (_part_configs(Path(parts_dir), Path(parts_calib), ops, wide_type, method, root, tmp, label)
                  if parts_dir is not None else [])
         over = qnn.overrides(qdq, wide_type) if wide_type else {}
@@ -140,6 +184,7 @@ def write_toolchain(profile_dir: str | Path, graph_model: str | Path, calib_tar:
             "pulsar2": [{"config": "pulsar2.json", "input": cfg["input"],
                          "calibration": cfg["quant"]["input_configs"][0]["calibration_dataset"], **_counts(layers)},
                         *parts],
+            "pulsar2_qdq": quantized,
             "qnn": {"model": _rel(qdq, root), "overrides": "qnn_overrides.json", "a16_tensors": len(over),
                     "opset": qnn.opset(qdq), "measured": evaluation["measured"], "estimate": evaluation["estimate"],
                     "session": evaluation["session"]},
