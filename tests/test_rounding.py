@@ -132,7 +132,7 @@ def test_weight_rounding_resolves_per_target():
 
     assert "weight_rounding" not in resolve(default_config())  # rtn: the settings of older runs unchanged
     assert resolve(default_config(**{"quant.target": "qnn"}))["weight_rounding"] == "gptq"
-    assert "weight_rounding" not in resolve(default_config(**{"quant.target": "npu"}))
-    assert resolve(default_config(**{"quant.target": "npu", "quant.weight_rounding": "gptq"}))["weight_rounding"] == "gptq"
+    assert resolve(default_config(**{"quant.target": "npu"}))["weight_rounding"] == "gptq"  # pulsar2_qdq.json
+    assert "weight_rounding" not in resolve(default_config(**{"quant.target": "npu", "quant.weight_rounding": "rtn"}))
     with pytest.raises(ConfigError, match="quant.weight_rounding"):
         resolve(default_config(**{"quant.weight_rounding": "awq"}))

@@ -174,10 +174,11 @@ def resolve(config: dict, cpu: dict | None = None) -> dict:
 
 #: ``quant.weight_rounding`` values: auto = gptq where the QDQ model itself is deployed (:data:`GPTQ_TARGETS`).
 ROUNDING_MODES = ("auto", *ROUNDINGS)
-#: Targets whose deployed model is the QDQ model vlsens builds, its weight codes included (QNN's HTP
-#: backend runs them). ``npu`` toolchains (Pulsar2) round the float graph's weights themselves, so
-#: a profile chosen with GPTQ codes holds there only for the QDQ model (docs/npu.md).
-GPTQ_TARGETS = ("qnn",)
+#: Targets whose deployed model can be the QDQ model vlsens builds, its weight codes included: QNN's
+#: HTP backend runs it; Pulsar2 compiles it through its Quantized ONNX import (the toolchain folder's
+#: ``pulsar2_qdq.json``). On the float graph (``pulsar2.json``) Pulsar2 rounds the weights itself,
+#: so a profile chosen with GPTQ codes holds there only for the QDQ model (docs/npu.md).
+GPTQ_TARGETS = ("qnn", "npu")
 
 
 def _rounding(value: str, target: str) -> str:

@@ -59,7 +59,8 @@ def check_settings(settings) -> list[str]:
                         f"({', '.join(CALIBRATE_METHODS)})")
     if getattr(settings, "weight_rounding", "rtn") != "rtn":
         problems.append(f"quant.weight_rounding: '{settings.weight_rounding}' writes GPTQ codes into ONNX Runtime's QDQ "
-                        "models; engine inc quantizes through INC, which rounds to nearest (use engine ort, or rtn)")
+                        "models (auto resolves to gptq on quant.target npu and qnn); engine inc quantizes through INC, "
+                        "which rounds to nearest (use engine ort, or quant.weight_rounding: rtn)")
     return problems
 
 
