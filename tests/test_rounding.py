@@ -136,3 +136,33 @@ def test_weight_rounding_resolves_per_target():
     assert "weight_rounding" not in resolve(default_config(**{"quant.target": "npu", "quant.weight_rounding": "rtn"}))
     with pytest.raises(ConfigError, match="quant.weight_rounding"):
         resolve(default_config(**{"quant.weight_rounding": "awq"}))
+
+
+def test_entropy_calibration_clips_where_minmax_does_not(tmp_path):
+    """ORT's Entropy calibrator with its default bins returns MinMax's ranges; vlsens's entropy
+    searches TensorRT's 2048 bins: every range within MinMax's, some narrower (a heavy tail)."""
+    import dataclasses
+    import json
+
+    from vlsens.data.samples import FeedReader, Samples
+    from vlsens.quantize.qdq import calibrate
+
+    rng = np.random.default_rng(1)
+    fl, _, feeds, _, settings = _one_op_models(tmp_path, rng)
+    feeds = [{"x": f["x"] * np.where(rng.random(f["x"].shape) < 0.002, 40.0, 1.0).astype(np.float32)} for f in feeds]
+
+    def ranges(method):
+        cache = tmp_path / f"{method}.json"
+        calibrate(fl, cache, dataclasses.replace(settings, calibrate_method=method), FeedReader(Samples(feeds)), tmp_path)
+        data = json.loads(cache.read_text())["data"]
+
+        def value(x):
+            x = x["data"] if isinstance(x, dict) else x
+            return float(x[0] if isinstance(x, list) else x)
+
+        return {k: (value(v["lowest"]), value(v["highest"])) for k, v in data.items()}
+
+    mm, ent = ranges("minmax"), ranges("entropy")
+    assert set(mm) == set(ent)
+    assert all(mm[k][0] - 1e-6 <= ent[k][0] and ent[k][1] <= mm[k][1] + 1e-6 for k in mm), (mm, ent)
+    assert any(ent[k][1] - ent[k][0] < 0.8 * (mm[k][1] - mm[k][0]) for k in mm), (mm, ent)

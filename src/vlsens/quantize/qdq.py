@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 DEFAULT_OP_TYPES = ("MatMul", "Gemm", "Conv")
 _QTYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
 _METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+#: The calibrators' options. ORT's Entropy calibrator defaults to 128 histogram bins and 128
+#: quantized bins, so its only candidate threshold is the whole range: MinMax's. TensorRT's entropy
+#: recipe (which the calibrator cites) searches 2048 bins for the 128 quantized bins of 8 bits.
+CALIBRATOR_OPTIONS = {"entropy": {"num_bins": 2048, "num_quantized_bins": 128}}
 
 
 @dataclass(frozen=True)
@@ -254,7 +258,7 @@ def calibrate(float_model: str | Path, cache: str | Path, settings: QuantSetting
         calibrator = create_calibrator(Path(float_model), list(kw["op_types_to_quantize"]),
                                        augmented_model_path=str(Path(d) / "augmented_model.onnx"),
                                        calibrate_method=kw["calibrate_method"], use_external_data_format=True,
-                                       extra_options={})
+                                       extra_options=dict(CALIBRATOR_OPTIONS.get(settings.calibrate_method, {})))
         # ORT's default execution order runs the appended reductions late and keeps every
         # intermediate they read alive (13.9 GB for the 3B vision tower at 448x448): the same
         # session (optimizations off, as ORT makes it) in priority order.
@@ -274,10 +278,11 @@ def calibrate(float_model: str | Path, cache: str | Path, settings: QuantSetting
 def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str],
              settings: QuantSettings, cache: str | Path, reader=None, wide_tensors: Iterable[str] = (),
              all_wide: bool = False) -> Path:
-    """QDQ-quantize exactly ``nodes``; the calibration cache is created on first use (better:
-    by :func:`calibrate`, beforehand) and reused. ``wide_tensors`` / ``all_wide``: activations
-    at the settings' wide type (:meth:`QuantSettings.kwargs`). With ``weight_rounding: gptq`` the
-    weights take the GPTQ codes kept beside ``cache`` (:mod:`vlsens.quantize.rounding`)."""
+    """QDQ-quantize exactly ``nodes``; the calibration cache is created on first use from
+    ``reader`` (by :func:`calibrate`, with its calibrator options; better beforehand) and reused.
+    ``wide_tensors`` / ``all_wide``: activations at the settings' wide type
+    (:meth:`QuantSettings.kwargs`). With ``weight_rounding: gptq`` the weights take the GPTQ codes
+    kept beside ``cache`` (:mod:`vlsens.quantize.rounding`)."""
     from onnxruntime.quantization import quantize_static
 
     from vlsens.core.onnxutil import check_compact, data_path
@@ -289,6 +294,8 @@ def quantize(float_model: str | Path, out_model: str | Path, nodes: Sequence[str
     out_model.unlink(missing_ok=True)
     data_path(out_model).unlink(missing_ok=True)
     logging.getLogger().setLevel(max(logging.getLogger().level, logging.INFO))
+    if reader is not None and not Path(cache).exists():
+        calibrate(float_model, cache, settings, reader, out_model.parent)
     quantize_static(str(float_model), str(out_model), reader, nodes_to_quantize=list(nodes),
                     calibration_cache_path=str(cache), **settings.kwargs(wide_tensors, all_wide))
     check_compact(out_model)
