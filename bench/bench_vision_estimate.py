@@ -17,7 +17,15 @@ and per role with the depth term, :class:`vlsens.budget.vision.Fit`) and prints 
 the measured Linears held out, and which one :func:`vlsens.budget.vision.choose_depth` takes.
 
     python bench/bench_vision_estimate.py --results results/tiny [--measured 4 8] [--publish]
+With ``--reorder``, on such a run whose stored curve was measured in another fit's order, it runs
+the ``budget_vision`` job again with the run's own number of measured Linears (the fit
+:func:`vlsens.budget.vision.choose_depth` takes now) and prints the stored curve beside the new
+one, point by point, with how many of the first ``k`` Linears the two orders share, and the
+measured Linears' KLs of both runs side by side (the measure repeated).
+
+    python bench/bench_vision_estimate.py --results results/tiny [--measured 4 8] [--publish]
     python bench/bench_vision_estimate.py --results results/3b --refit [--publish]
+    python bench/bench_vision_estimate.py --results results/3b --reorder [--publish]
 """
 
 from __future__ import annotations
@@ -158,11 +166,42 @@ def refit(results: Path) -> None:
     print(f"The run's choice (vlsens.budget.vision.choose_depth): {depth_cell(choose_depth(points))}.")
 
 
+def reorder(results: Path, stored_rows: list[dict], stored: dict, new: dict) -> None:
+    """The stored curve beside the one the job measures now (:func:`run_estimate`), in their orders."""
+    from vlsens.budget.vision import order_of
+
+    rows = new["rows"]
+    before, after = ([r["op"] for r in (x[i] for i in order_of(x))] for x in (stored_rows, rows))
+    depth = new["record"]["estimate"].get("depth")
+    print(f"{results}: {len(rows)} vision Linears, {new['record']['estimate']['measured']} measured end to end; the "
+          f"stored curve was ordered by the fit of its time (depth term: "
+          f"{depth_cell(stored['estimate'].get('depth'))}), the new one by today's ({depth_cell(depth)}); "
+          f"job {new['seconds']:.0f} s")
+    print()
+    print("| k (Linears INT4) | stored: KL | new: KL | new / stored | MB (stored, new) | first k shared |")
+    print("| ---: | ---: | ---: | ---: | --- | ---: |")
+    old = {p["int4"]: p for p in stored["points"]}
+    for p in new["record"]["points"]:
+        k, o = p["int4"], old.get(p["int4"])
+        if o is None:
+            continue
+        print(f"| {k} | {o['kl']:.4g} | {p['kl']:.4g} | {p['kl'] / o['kl']:.2f} | {o['bytes'] / 1e6:.1f}, "
+              f"{p['bytes'] / 1e6:.1f} | {len(set(before[:k]) & set(after[:k]))} of {k} |")
+    print()
+    was = {r["op"]: r for r in stored_rows if r["measured"]}
+    again = [(r["op"], float(was[r["op"]]["kl_int4"]), float(r["kl_int4"])) for r in rows if r["measured"] and r["op"] in was]
+    if again:
+        ratio = [b / a for _, a, b in again if a > 0]
+        print(f"The measure repeated: {len(again)} Linears measured in both runs, new / stored KL "
+              f"{min(ratio):.4f} .. {max(ratio):.4f}.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=Path("results/tiny"))
     ap.add_argument("--measured", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--refit", action="store_true", help="fit a partly measured run's own measures again")
+    ap.add_argument("--reorder", action="store_true", help="measure a partly measured run's curve again in today's order")
     ap.add_argument("--publish", action="store_true")
     args = ap.parse_args()
     import pandas as pd
@@ -175,6 +214,14 @@ def main() -> None:
         return
 
     inputs, settings = job_inputs(args.results)
+    if args.reorder:
+        stored = json.loads((args.results / "budget" / "vision.json").read_text())
+        stored_rows = pd.read_csv(args.results / "budget" / "vision.csv").to_dict("records")
+        new = run_estimate(inputs, settings, stored["estimate"]["measured"])
+        with published(f"vision-curve-reordered-{args.results.name}", f"The vision curve of {args.results} in "
+                       "today's order", results=args.results):
+            reorder(args.results, stored_rows, stored, new)
+        return
     exact_rows = pd.read_csv(args.results / "budget" / "vision.csv").to_dict("records")
     exact_record = json.loads((args.results / "budget" / "vision.json").read_text())
     bench = args.results / "benchmarks" / "budget_vision.tsv"
