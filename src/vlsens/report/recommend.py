@@ -163,8 +163,10 @@ def recommend(folders: dict[str, str], measures: dict[str, str], kl_budget: floa
                        "why": "each fixed-size graph's single-file parts (gated against transformers) with the INT8 "
                               "profile of that graph" + (": per graph, the toolchain folder of the variant whose "
                                                          "profile keeps the most weights 8-bit with the fewest float "
-                                                         "and W8A16 ops (its pulsar2 build configs, graph and parts, "
-                                                         "and the QNN QDQ model's tensor overrides)"
+                                                         "and W8A16 ops (its pulsar2 build configs: the float graph "
+                                                         "and parts, and pulsar2_qdq.json on the profile's QDQ model "
+                                                         "(QuantONNX, the measured codes); the QNN QDQ model's "
+                                                         "tensor overrides)"
                                                          if tools else "")} if shippable else
                       {"folder": None, "why": "no NPU parts in this run (goal npu or all builds them)"})
     return {"kl_budget": kl_budget, "reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its "
