@@ -202,9 +202,13 @@ def main() -> None:
     ap.add_argument("--measured", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--refit", action="store_true", help="fit a partly measured run's own measures again")
     ap.add_argument("--reorder", action="store_true", help="measure a partly measured run's curve again in today's order")
+    ap.add_argument("--nbits", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="deploy.nbits settings the run's job used, where the run has no run.yaml (make scale: "
+                         "algorithm=rtn block_size=128)")
     ap.add_argument("--publish", action="store_true")
     args = ap.parse_args()
     import pandas as pd
+    import yaml
     from _publish import published
 
     if args.refit:
@@ -214,6 +218,7 @@ def main() -> None:
         return
 
     inputs, settings = job_inputs(args.results)
+    settings = {**settings, **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.nbits)}}
     if args.reorder:
         stored = json.loads((args.results / "budget" / "vision.json").read_text())
         stored_rows = pd.read_csv(args.results / "budget" / "vision.csv").to_dict("records")
