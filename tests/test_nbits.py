@@ -294,3 +294,58 @@ def test_quantizing_in_batches_changes_nothing(decoder_engine, tmp_path):
                     e.value = "data"
         graphs.append(m.SerializeToString())
     assert graphs[0] == graphs[1]
+
+
+@pytest.mark.parametrize("algorithm,symmetric", [("k_quant", True), ("rtn", False)])
+def test_an_odd_block_count_with_zero_points_is_quantized_as_onnx_runtime_quantizes_its_blocks(tmp_path, algorithm,
+                                                                                             symmetric):
+    """ONNX Runtime's writer fails on 4-bit zero points of an odd number of blocks per column
+    (Qwen2.5-VL's vision down_proj: K 3420, 107 blocks of 32). vlsens quantizes one block more of
+    zero rows and drops it: every real block is what ONNX Runtime makes of the same rows in an
+    even-block weight, and ONNX Runtime runs the node to the dequantized weight's product."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vlsens.core.onnxgraph import dequantize_matmulnbits
+    from vlsens.core.onnxutil import save_with_external_data
+    from vlsens.quantize.nbits import NBitsSettings, quantize
+
+    rng = np.random.default_rng(0)
+    k, n, even = 3420, 64, 3392  # 107 blocks of 32; the first 106 alone
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    settings = NBitsSettings(algorithm=algorithm, symmetric=symmetric)
+
+    def one(weight, name):
+        kk = weight.shape[0]
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, kk])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+                              [numpy_helper.from_array(weight, "w")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 9
+        fl = save_with_external_data(m, tmp_path / name / "float.onnx")
+        (tmp_path / name / "q").mkdir()
+        return quantize(fl, tmp_path / name / "q" / "model.onnx", {"mm": 4}, settings)
+
+    odd, ref = one(w, "odd"), one(w[:even].copy(), "even")
+
+    def tensors(model):
+        m = onnx.load(str(model))
+        node = next(x for x in m.graph.node if x.op_type == "MatMulNBits")
+        inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+        return node, [inits[x] for x in node.input[1:] if x in inits]
+
+    (node, got), (_, want) = tensors(odd), tensors(ref)
+    assert next(a.i for a in node.attribute if a.name == "K") == k
+    blocks = -(-k // 32)
+    assert got[0].shape[:2] == (n, blocks) and np.array_equal(got[0][:, :106], want[0])
+    assert np.array_equal(got[1].reshape(n, -1)[:, :106], want[1].reshape(n, -1))
+    if len(want) > 2:  # the packed zero points: 53 whole bytes the same, the 54th holds block 107's
+        assert np.array_equal(got[2].reshape(n, -1)[:, :53], want[2].reshape(n, -1)[:, :53])
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    y = ort.InferenceSession(str(odd), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    (_, deq), = dequantize_matmulnbits(odd)
+    exact = x @ deq
+    assert deq.shape == (k, n) and np.abs(y - exact).max() < 0.02 * np.abs(exact).max()  # INT8 activations (level 4)
+    assert np.abs(deq - w).max() < 0.25 * np.abs(w).max()  # INT4 of each block

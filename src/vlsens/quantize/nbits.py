@@ -195,30 +195,75 @@ def _batches(ops: Sequence[dict], batch_bytes: int) -> list[list[dict]]:
     return out + ([batch] if batch else [])
 
 
+def _padded_k(k: int, bits: int, settings: NBitsSettings) -> int:
+    """The K a weight is quantized at: its own, or, where ONNX Runtime's writer would pack 4-bit zero
+    points of an odd number of blocks per column (k_quant, or asymmetric; it reshapes the packed
+    zero points of the whole tensor, which fails: Qwen2.5-VL's vision ``down_proj``, K 3420 in 107
+    blocks of 32), one block more of zero rows. Blocks are quantized each on its own, so the real
+    ones come out as they would unpadded (:func:`_unpad` drops the extra one; test)."""
+    blocks = -(-k // settings.block_size)
+    zero_points = settings.algorithm == "k_quant" or not settings.symmetric
+    return (blocks + 1) * settings.block_size if bits == 4 and zero_points and blocks % 2 else k
+
+
+def _unpad(node, tensors: list, k: int) -> None:
+    """A ``MatMulNBits`` quantized at a padded K (:func:`_padded_k`) made the node of ``k`` inputs:
+    its K attribute, its weight's and scales' blocks beyond ``k``'s dropped. The packed zero points
+    keep their size (an odd block count packs into the same bytes; the last half byte is padding)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    attrs = {a.name: a for a in node.attribute}
+    n, block = attrs["N"].i, attrs["block_size"].i
+    blocks = -(-k // block)
+    attrs["K"].i = k
+    by_name = {t.name: t for t in tensors}
+    for name, keep in ((node.input[1], lambda a: a[:, :blocks]), (node.input[2], lambda a: a.reshape(n, -1)[:, :blocks])):
+        t = by_name[name]
+        a = numpy_helper.to_array(t)
+        cut = keep(a if a.ndim > 1 else a.reshape(n, -1))
+        cut = cut.reshape((-1,) if a.ndim == 1 else cut.shape)
+        t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(cut), t.name))
+
+
+def _batch_model(batch: Sequence[dict], inits: dict, weights_dir: Path, bits: Mapping[str, int],
+                 settings: NBitsSettings, opset: int):
+    """A model of ``batch``'s MatMuls alone, each weight read from ``weights_dir`` (padded where
+    :func:`_padded_k` says); and ``{name: its own K}`` of the padded ones."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vlsens.core.onnxutil import tensor_array
+
+    nodes, inputs, outputs, weights = [], [], [], []
+    padded = {}
+    for j, o in enumerate(batch):
+        w = np.array(tensor_array(inits[o["weight"]], weights_dir))
+        k = _padded_k(o["K"], int(bits[o["name"]]), settings)
+        if k != o["K"]:
+            padded[o["name"]] = o["K"]
+            w = np.concatenate([w, np.zeros((k - o["K"], w.shape[1]), w.dtype)])
+        weights.append(numpy_helper.from_array(w, o["weight"]))
+        nodes.append(helper.make_node("MatMul", [f"x{j}", o["weight"]], [f"y{j}"], name=o["name"]))
+        inputs.append(helper.make_tensor_value_info(f"x{j}", TensorProto.FLOAT, ["n", k]))
+        outputs.append(helper.make_tensor_value_info(f"y{j}", TensorProto.FLOAT, ["n", o["N"]]))
+    model = helper.make_model(helper.make_graph(nodes, "batch", inputs, outputs, weights),
+                              opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+    return model, padded
+
+
 def _quantize_batch(batch: Sequence[dict], inits: dict, weights_dir: Path, bits: Mapping[str, int],
                     settings: NBitsSettings, opset: int) -> dict[str, tuple]:
     """``{MatMul name: (MatMulNBits node, its weight tensors)}`` for ``batch`` (weight MatMuls of
     :func:`weight_matmuls`), quantized by ``MatMulNBitsQuantizer`` in a model of their own."""
-    import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         KQuantWeightOnlyQuantConfig,
         MatMulNBitsQuantizer,
         RTNWeightOnlyQuantConfig,
     )
 
-    from vlsens.core.onnxutil import tensor_array
-
-    nodes, inputs, outputs, weights = [], [], [], []
-    for j, o in enumerate(batch):
-        weights.append(numpy_helper.from_array(np.array(tensor_array(inits[o["weight"]], weights_dir)), o["weight"]))
-        nodes.append(helper.make_node("MatMul", [f"x{j}", o["weight"]], [f"y{j}"], name=o["name"]))
-        inputs.append(helper.make_tensor_value_info(f"x{j}", TensorProto.FLOAT, ["n", o["K"]]))
-        outputs.append(helper.make_tensor_value_info(f"y{j}", TensorProto.FLOAT, ["n", o["N"]]))
-    model = helper.make_model(helper.make_graph(nodes, "batch", inputs, outputs, weights),
-                              opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
-    del weights
+    model, padded = _batch_model(batch, inits, weights_dir, bits, settings, opset)
     config = {o["name"]: {"bits": int(bits[o["name"]]), "group_size": settings.block_size,
                           "scheme": "sym" if settings.symmetric else "asym"} for o in batch}
     algo = (RTNWeightOnlyQuantConfig if settings.algorithm == "rtn" else KQuantWeightOnlyQuantConfig)(
@@ -243,7 +288,10 @@ def _quantize_batch(batch: Sequence[dict], inits: dict, weights_dir: Path, bits:
         # RTN and k_quant leave it unset
         if settings.accuracy_level and not any(a.name == "accuracy_level" for a in node.attribute):
             node.attribute.append(onnx.helper.make_attribute("accuracy_level", settings.accuracy_level))
-        found[node.name.rsplit("_Q", 1)[0]] = (node, [copy(tensors[x]) for x in node.input[1:] if x in tensors])
+        name = node.name.rsplit("_Q", 1)[0]
+        found[name] = (node, [copy(tensors[x]) for x in node.input[1:] if x in tensors])
+        if name in padded:
+            _unpad(*found[name], padded[name])
     del q, out, tensors, model
     missing = [o["name"] for o in batch if o["name"] not in found]
     if missing:
