@@ -16,7 +16,6 @@ scale run), it fits the run's own stored measures again with either fit of the e
 and per role with the depth term, :class:`vlsens.budget.vision.Fit`) and prints how each predicts
 the measured Linears held out, and which one :func:`vlsens.budget.vision.choose_depth` takes.
 
-    python bench/bench_vision_estimate.py --results results/tiny [--measured 4 8] [--publish]
 With ``--reorder``, on such a run whose stored curve was measured in another fit's order, it runs
 the ``budget_vision`` job again with the run's own number of measured Linears (the fit
 :func:`vlsens.budget.vision.choose_depth` takes now) and prints the stored curve beside the new

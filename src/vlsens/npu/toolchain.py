@@ -93,8 +93,10 @@ def _single_qdq(qdq: Path, out: Path) -> str | None:
     model = onnx.load(str(qdq))
     if model.ByteSize() >= PROTOBUF_LIMIT:
         return None
-    onnx.save_model(model, str(out / QDQ))
-    if onnx.load(str(out / QDQ)).SerializeToString() != model.SerializeToString():
+    data = model.SerializeToString()
+    del model
+    (out / QDQ).write_bytes(data)
+    if (out / QDQ).read_bytes() != data:
         raise VlsensError(f"{out / QDQ}: read back, it is not the profile's QDQ model {qdq}; nothing was written")
     return QDQ
 
@@ -166,9 +168,7 @@ def write_toolchain(profile_dir: str | Path, graph_model: str | Path, calib_tar:
         cfg = pulsar2.build_config(_rel(graph_model, root), _rel(calib_tar, root), _input_name(graph_model),
                                    label, layers, method)
         write_json(tmp / "pulsar2.json", cfg)
-        where = Path(out_dir).resolve().relative_to(root.resolve()).as_posix()
-        quantized = _quantized_config(qdq, tmp, where, label, cfg["quant"]["input_configs"][0]["calibration_dataset"],
-                                      layers, method)
+        quantized = _quantized_config(qdq, tmp, _rel(out_dir, root), label, _rel(calib_tar, root), layers, method)
         parts = (_part_configs(Path(parts_dir), Path(parts_calib), ops, wide_type, method, root, tmp, label)
                  if parts_dir is not None else [])
         over = qnn.overrides(qdq, wide_type) if wide_type else {}

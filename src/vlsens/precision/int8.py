@@ -154,13 +154,7 @@ def target_session(model: str | Path, settings: dict, threads: int = 0, quantize
 
 def time_session(sess, feed: dict, runs: int = 10) -> float:
     """Median milliseconds of ``runs`` calls after one warm-up call."""
-    sess.run(None, feed)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(None, feed)
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+    return time_sessions({"": sess}, feed, runs)[""]
 
 
 def time_sessions(sessions: dict, feed: dict, runs: int = 10) -> dict[str, float]:

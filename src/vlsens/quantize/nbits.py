@@ -218,12 +218,12 @@ def _unpad(node, tensors: list, k: int) -> None:
     blocks = -(-k // block)
     attrs["K"].i = k
     by_name = {t.name: t for t in tensors}
-    for name, keep in ((node.input[1], lambda a: a[:, :blocks]), (node.input[2], lambda a: a.reshape(n, -1)[:, :blocks])):
-        t = by_name[name]
-        a = numpy_helper.to_array(t)
-        cut = keep(a if a.ndim > 1 else a.reshape(n, -1))
-        cut = cut.reshape((-1,) if a.ndim == 1 else cut.shape)
-        t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(cut), t.name))
+    weight, scales = by_name[node.input[1]], by_name[node.input[2]]
+    s = numpy_helper.to_array(scales)
+    kept = [(weight, numpy_helper.to_array(weight)[:, :blocks]),  # (N, blocks, bytes per block)
+            (scales, s.reshape(n, -1)[:, :blocks].reshape((-1,) if s.ndim == 1 else (n, blocks)))]
+    for t, a in kept:
+        t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(a), t.name))
 
 
 def _batch_model(batch: Sequence[dict], inits: dict, weights_dir: Path, bits: Mapping[str, int],
