@@ -23,6 +23,7 @@ rule budget_nbits:
         feeds=paths.BUDGET_FEEDS,
         engine=directory(paths.BUDGET_ENGINE),
     params:
+        **decoder_measured(),
         settings=nbits_settings(),
         algorithms=config["plan"]["algorithms"],
         suffix_cuts=config["sensitivity"]["suffix_cuts"],

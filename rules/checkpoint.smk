@@ -8,6 +8,7 @@ rule tiny_checkpoint:
     wildcard_constraints:
         model=PRESET_NAMES["tiny"],
     params:
+        **tiny_text_layers(),
         preset=config["model"]["checkpoint"],
         seed=config["model"]["tiny"]["seed"],
         outlier=canonical(config["model"]["tiny"]["outlier"]),

@@ -199,6 +199,20 @@ def plan_calibration(wildcards):
 BUDGET_GPTQ = f"{paths.BUDGET}/gptq"
 
 
+def tiny_text_layers():
+    """tiny_checkpoint's ``text_layers`` param (model.tiny.text_layers), only where not the
+    preset's 2: the published preset keeps its params."""
+    n = config["model"].get("tiny", {}).get("text_layers", 2)
+    return {} if n == 2 else {"text_layers": int(n)}
+
+
+def decoder_measured():
+    """budget_nbits' ``measured`` param (plan.decoder_measured), only where not ``all``: a run that
+    measures every MatMul keeps its params, so it does not run again."""
+    m = config["plan"].get("decoder_measured", "all")
+    return {} if m == "all" else {"measured": int(m)}
+
+
 def gptq_store():
     """budget_nbits's store of GPTQ codes (an output) where a data-aware algorithm is configured."""
     return {"gptq": directory(BUDGET_GPTQ)} if data_aware(config["plan"]["algorithms"]) else {}

@@ -210,7 +210,9 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
     each MatMul first gets, per width, the one under which it alone costs least
     (:func:`vlsens.sensitivity.nbits.choose_algorithms`; a data-aware one reads
     ``inputs["calibration"]``, the decoder's calibration split); the engine is built with those, and
-    ``nbits.json`` records the choice."""
+    ``nbits.json`` records the choice. ``params["measured"]`` (``plan.decoder_measured``): that
+    many MatMuls measured, the rest estimated from their output errors
+    (:func:`vlsens.sensitivity.nbits.sensitivity`)."""
     from vlsens.core.fsutil import write_json
     from vlsens.data.inputs import checkpoint_dir
     from vlsens.deploy.cases import load_cases
@@ -228,13 +230,14 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
         engine.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".vlsens-algorithms-", dir=engine.parent) as work:
             choice = nbits.choose_algorithms(inputs["model"], outputs["feeds"], settings, params["algorithms"], work,
-                                             threads, logits=True, suffix_cuts=params["suffix_cuts"],
-                                             calibration=calibration)
+                                             threads, logits=True, calibration=calibration,
+                                             scoring=nbits.Scoring(params["suffix_cuts"], params.get("measured")))
     nbits.prepare(inputs["model"], outputs["feeds"], outputs["engine"], settings, threads, logits=True,
                   suffix_cuts=params["suffix_cuts"],
                   algorithms={int(w): a for w, a in choice["chosen"].items()} if choice else None,
                   calibration=calibration)
-    summary = nbits.sensitivity(outputs["engine"], outputs["feeds"], outputs["csv"], outputs["summary"], threads)
+    summary = nbits.sensitivity(outputs["engine"], outputs["feeds"], outputs["csv"], outputs["summary"], threads,
+                                measured=params.get("measured"))
     if choice:
         summary["algorithms"] = choice
         write_json(outputs["summary"], summary)

@@ -46,10 +46,19 @@ import json
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from vlsens.sensitivity.estimate import (  # noqa: F401  (Fit, held_out: part of this module's estimate)
+    Fit,
+    block_count,
+    choose_depth,
+    choose_measured,
+    held_out,
+    relative_depth,
+    role_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -230,29 +239,6 @@ class ErrorHooks:
         del self.model
 
 
-def role_of(op: str) -> str:
-    """A Linear's role: its node name without the block index (``blocks.3/mlp/down_proj`` and
-    ``blocks.7/mlp/down_proj`` share one; a Linear outside the blocks is its own)."""
-    from vlsens.quantize.qdq import parse_op_name
-
-    return parse_op_name(op, "MatMul")[1]
-
-
-def choose_measured(errors: Mapping[str, Mapping[str, float]], count: int) -> list[str]:
-    """The ``count`` Linears measured end to end: per role (:func:`role_of`) the one of largest
-    output error (roles in decreasing order of it: the likeliest costly Linears, measured, not
-    estimated); then per role the one of median output error (so that the role's scale is not
-    fitted on its extreme alone); then the others in decreasing output error."""
-    by_error = sorted(errors, key=lambda op: -errors[op]["all"])
-    roles: dict[str, list[str]] = {}
-    for op in by_error:
-        roles.setdefault(role_of(op), []).append(op)
-    largest = [ops[0] for ops in roles.values()]
-    median = [ops[len(ops) // 2] for ops in roles.values() if len(ops) > 1]
-    first = largest + median
-    return (first + [op for op in by_error if op not in first])[:count]
-
-
 def fit_scales(rows: Sequence[Mapping], errors: Mapping[str, Mapping[str, float]],
                roles: Sequence[str] | None = None) -> dict[str, float]:
     """KL per unit of output error per role (:func:`role_of`; ``roles``, default the ``rows'``):
@@ -280,85 +266,6 @@ def _points(rows: Sequence[Mapping], errors: Mapping[str, Mapping[str, float]],
     blocks = block_count(r["op"] for r in rows) if blocks is None else blocks
     return {i: (role_of(r["op"]), relative_depth(r["op"], blocks), math.log(float(r["kl_int4"]) / errors[r["op"]]["all"]))
             for i, r in enumerate(rows) if r.get("measured") and float(r["kl_int4"]) > 0 and errors[r["op"]]["all"] > 0}
-
-
-def block_count(ops) -> int:
-    """The number of blocks the ops' names span (the largest block index + 1; 0 where none is in a block)."""
-    from vlsens.quantize.qdq import parse_op_name
-
-    return max((b + 1 for b in (parse_op_name(op)[0] for op in ops) if b is not None), default=0)
-
-
-def relative_depth(op: str, blocks: int) -> float | None:
-    """A block's Linear: its block index over the last one's (0 the first block, 1 the last); None outside the blocks."""
-    from vlsens.quantize.qdq import parse_op_name
-
-    b = parse_op_name(op)[0]
-    return None if b is None else b / max(blocks - 1, 1)
-
-
-@dataclass(frozen=True)
-class Fit:
-    """``log(KL / output error) = intercept[role] + slope x relative depth``: the role's own path to the
-    answer, and (``slope`` not 0) how much more an error costs the earlier its block (a random tower
-    compounds an early error through every later block). ``slope`` is the pooled within-role
-    least-squares slope, so only roles measured at two or more depths decide it; a role with none
-    measured takes ``default``, the mean of every measured point's log ratio less its depth term.
-    ``slope`` is 0 without the depth term, or where no role is measured at two depths."""
-
-    intercepts: dict[str, float]
-    default: float
-    slope: float = 0.0
-
-    @classmethod
-    def of(cls, points: Sequence[tuple[str, float | None, float]], depth: bool) -> Fit:
-        by: dict[str, list[tuple[float, float]]] = {}
-        for role, d, y in points:
-            by.setdefault(role, []).append((0.0 if d is None else d, y))
-        slope = 0.0
-        if depth:
-            sxy = sxx = 0.0
-            for pts in by.values():
-                dm, ym = (sum(p[i] for p in pts) / len(pts) for i in (0, 1))
-                sxy += sum((d - dm) * (y - ym) for d, y in pts)
-                sxx += sum((d - dm) ** 2 for d, _ in pts)
-            slope = sxy / sxx if sxx > 1e-12 else 0.0
-        flat = {role: [y - slope * d for d, y in pts] for role, pts in by.items()}
-        every = [y for v in flat.values() for y in v]
-        return cls({role: sum(v) / len(v) for role, v in flat.items()}, sum(every) / len(every) if every else 0.0, slope)
-
-    def log_scale(self, role: str, depth: float | None) -> float:
-        return self.intercepts.get(role, self.default) + self.slope * (depth or 0.0)
-
-    def scale(self, role: str, depth: float | None) -> float:
-        import math
-
-        return math.exp(self.log_scale(role, depth))
-
-
-def held_out(points: Sequence[tuple[str, float | None, float]], depth: bool) -> list[float]:
-    """Each point's log ratio less its prediction by the fit on the other points (leave one out)."""
-    return [y - Fit.of([p for j, p in enumerate(points) if j != i], depth).log_scale(role, d)
-            for i, (role, d, y) in enumerate(points)]
-
-
-def choose_depth(points: Sequence[tuple[str, float | None, float]]) -> dict:
-    """Whether the estimate takes the depth term: the fit whose held-out predictions (:func:`held_out`)
-    miss the measured points by less (root mean square of the log ratio), the role-only fit where they
-    tie or where no role is measured at two depths. On the 3B tower (32 blocks, 14 Linears measured)
-    the role-only fit ranked the measured Linears held out at Spearman's rho -0.12, early blocks
-    measuring 4-8x their estimate and late ones 0.13-0.5x; on the 4-block tiny checkpoints a depth
-    factor made the curve worse. So it is chosen per run on the run's own measures."""
-    import math
-
-    rms = {}
-    for key, depth in (("role", False), ("role+depth", True)):
-        res = held_out(points, depth) if len(points) > 1 else []
-        rms[key] = math.sqrt(sum(r * r for r in res) / len(res)) if res else None
-    fit = Fit.of(points, True)
-    use = rms["role"] is not None and fit.slope != 0.0 and rms["role+depth"] < rms["role"]
-    return {"used": bool(use), "slope": fit.slope if use else 0.0, "first_over_last": math.exp(-fit.slope) if use else 1.0,
-            "held_out_rms_log": rms}
 
 
 def estimate_rows(rows: list[dict], errors: Mapping[str, Mapping[str, float]]) -> dict:

@@ -83,7 +83,9 @@ def lm_config(config: dict) -> dict:
         return {**REAL_3B_TEXT, "num_hidden_layers": int(config["model"]["3b"]["text_layers"]),
                 "tie_word_embeddings": True}
     if ckpt in PRESET_FAMILY:  # the tiny presets' vocabulary: their tokenizer's (512 and the specials)
-        return {"vocab_size": 1024, **TINY_ARCH[PRESET_FAMILY[ckpt]][1], "tie_word_embeddings": False}
+        return {"vocab_size": 1024, **TINY_ARCH[PRESET_FAMILY[ckpt]][1], "tie_word_embeddings": False,
+                **({"num_hidden_layers": int(config["model"]["tiny"]["text_layers"])}
+                   if config["model"].get("tiny", {}).get("text_layers") else {})}
     raw = json.loads((Path(ckpt) / "config.json").read_text())
     lm = raw.get("text_config") or raw
     return {**lm, "tie_word_embeddings": raw.get("tie_word_embeddings", lm.get("tie_word_embeddings", False))}

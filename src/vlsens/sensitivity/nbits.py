@@ -36,6 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,8 @@ BITS_INPUT = "vlsens_nbits"
 CSV_COLUMNS = ["rank", "op", "block", "role", "K", "N", "bytes_float", "bytes_int8", "bytes_int4",
                "error_int4", "error_int8", "cosine_int4", "cosine_int8"]
 LOGIT_COLUMNS = ["kl_int4", "top1_int4", "kl_int8", "top1_int8"]
+#: Columns added where only some MatMuls are measured (``measured`` 0: the row's errors are estimates).
+ESTIMATE_COLUMNS = ["measured", "output_error_int4", "output_error_int8", "estimate_int4", "estimate_int8"]
 FILES = {"float": "float.onnx", "q4": "q4.onnx", "q8": "q8.onnx", "switch": "switch.onnx", "probe": "probe.onnx",
          "reference": "reference.npz", "meta": "engine.json"}
 
@@ -324,20 +327,26 @@ def calibration_record(calibration) -> dict:
 
 
 def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Path, out_json: str | Path,
-                threads: int = 0) -> dict:
+                threads: int = 0, measured: int | None = None) -> dict:
     """One row per weight MatMul: its error with only it at INT4, and at INT8 (the rest float),
     ranked by the INT4 error (KL per real token for logits, else 1 - cosine); plus the all-INT4
-    and all-INT8 models' metrics in the sidecar JSON."""
+    and all-INT8 models' metrics in the sidecar JSON. ``measured`` below the MatMuls' number:
+    only that many are measured so, the others estimated from their output errors on the same
+    evaluation set (:mod:`vlsens.sensitivity.estimate`; the CSV's ``measured`` column, the JSON's
+    ``estimate``)."""
     from vlsens.core.fsutil import staging_dir, write_csv, write_json
 
     eng_dir = Prepared(engine_dir)
+    estimating = measured is not None and measured < len(eng_dir.ops)
     with staging_dir(out_csv) as scratch:  # the suffix cache: private to this job, removed after
         t0 = time.perf_counter()
         eng = eng_dir.session(eval_npz, threads, cache_dir=scratch)
         setup = time.perf_counter() - t0
-        rows, per_op, totals = _score(eng_dir, eng, eng_dir.reference())
+        errors = _output_errors(eng_dir, eng.samples.feeds, scratch, threads) if estimating else None
+        rows, per_op, totals = _score(eng_dir, eng, eng_dir.reference(), measured if estimating else None, errors)
         del eng
-    write_csv(out_csv, rows, CSV_COLUMNS + (LOGIT_COLUMNS if eng_dir.meta["logits"] else []))
+    write_csv(out_csv, rows, CSV_COLUMNS + (LOGIT_COLUMNS if eng_dir.meta["logits"] else []) +
+              (ESTIMATE_COLUMNS if estimating else []))
     summary = {
         "engine": "nbits",
         "ops": len(rows),
@@ -354,51 +363,97 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
     return summary
 
 
-def _score(eng_dir: Prepared, eng: NBitsEngine, ref) -> tuple[list[dict], float, dict]:
-    """The ranked rows, seconds per op, and the all-INT4 / all-INT8 metrics."""
+def _output_errors(eng_dir: Prepared, feeds, scratch: str | Path, threads: int) -> dict:
+    """Every MatMul's output error at each width on the evaluation feeds (:func:`vlsens.sensitivity.estimate.output_errors`)."""
+    from vlsens.sensitivity.estimate import capture, output_errors
+
+    t0 = time.perf_counter()
+    fl = eng_dir.folder / FILES["float"]
+    work = Path(scratch) / "inputs"
+    work.mkdir()
+    inputs = capture(fl, feeds, eng_dir.meta["ops"], work, threads)
+    errors = output_errors(inputs, fl, {b: eng_dir.folder / FILES[f"q{b}"] for b in BITS}, eng_dir.meta["ops"])
+    for f in inputs.files.values():
+        f.unlink(missing_ok=True)
+    log.info("output errors of %d MatMuls at %s bits (%.0f s)", len(errors), "/".join(map(str, BITS)),
+             time.perf_counter() - t0)
+    return errors
+
+
+def _score(eng_dir: Prepared, eng: NBitsEngine, ref, measured: int | None = None,
+           errors: Mapping | None = None) -> tuple[list[dict], float, dict]:
+    """The ranked rows, seconds per op, and the all-INT4 / all-INT8 metrics (with ``measured``:
+    only the ops :func:`vlsens.sensitivity.estimate.choose_measured` picks on ``errors`` measured,
+    the others estimated, and the estimate's record under ``estimate``)."""
     from vlsens.quantize.qdq import parse_op_name
+    from vlsens.sensitivity.estimate import choose_measured, estimate_widths
 
     t0 = time.perf_counter()
     rows = []
-    n = len(eng_dir.meta["ops"])
+    ops = eng_dir.meta["ops"]
+    chosen = set(choose_measured({o: {"all": e["4"]} for o, e in errors.items()}, measured)) \
+        if measured is not None else {o["name"] for o in ops}
+    n = len(chosen)
     every = max(10, n // 10)  # about ten progress lines on a real-size decoder
-    for k, o in enumerate(eng_dir.meta["ops"]):
-        if k and k % every == 0:
-            done = time.perf_counter() - t0
-            log.info("%d of %d ops scored (%.0f s, about %.0f s left)", k, n, done, done / k * (n - k))
+    k = 0
+    for o in ops:
+        if o["name"] in chosen:
+            if k and k % every == 0:
+                done = time.perf_counter() - t0
+                log.info("%d of %d ops scored (%.0f s, about %.0f s left)", k, n, done, done / k * (n - k))
+            k += 1
         block, role = parse_op_name(o["name"], "MatMul")
         row = {"op": o["name"], "block": "" if block is None else block, "role": role, "K": o["K"], "N": o["N"],
-               "bytes_float": o["bytes"]["float"]}
+               "bytes_float": o["bytes"]["float"], "measured": int(o["name"] in chosen)}
         for b in BITS:
-            m = eng.evaluate({o["name"]: b}, ref)
             row[f"bytes_int{b}"] = o["bytes"][str(b)]
+            if not row["measured"]:
+                continue
+            m = eng.evaluate({o["name"]: b}, ref)
             row[f"error_int{b}"] = error(m, eng.logits)
             row[f"cosine_int{b}"] = m["cosine"]
             if eng.logits:
                 row[f"kl_int{b}"], row[f"top1_int{b}"] = m["kl"], m["top1"]
         rows.append(row)
-    per_op = (time.perf_counter() - t0) / max(len(rows), 1)
+    per_op = (time.perf_counter() - t0) / max(n, 1)
+    record = estimate_widths(rows, errors, BITS, eng.logits) if measured is not None else None
     rows.sort(key=lambda r: -r["error_int4"])
     for i, r in enumerate(rows, 1):
         r["rank"] = i
     names = [r["op"] for r in rows]
-    return rows, per_op, {"all_int4": eng.evaluate(dict.fromkeys(names, 4), ref),
-                          "all_int8": eng.evaluate(dict.fromkeys(names, 8), ref)}
+    totals = {"all_int4": eng.evaluate(dict.fromkeys(names, 4), ref),
+              "all_int8": eng.evaluate(dict.fromkeys(names, 8), ref)}
+    return rows, per_op, ({**totals, "estimate": record} if record is not None else totals)
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How every op is scored alone: through the suffix engine with ``suffix_cuts`` cuts (0: whole
+    forwards), and by the engine for every op (``measured`` None) or for that many, the others by
+    their output error (``plan.decoder_measured``, :func:`sensitivity`)."""
+
+    suffix_cuts: int = 32
+    measured: int | None = None
 
 
 def choose_algorithms(base_model: str | Path, eval_npz: str | Path, settings: NBitsSettings, candidates: Sequence[str],
-                      work: str | Path, threads: int = 0, *, logits: bool, suffix_cuts: int = 32,
+                      work: str | Path, threads: int = 0, *, logits: bool, scoring: Scoring = Scoring(),
                       calibration: str | Path | None = None) -> dict:
     """Per MatMul and width the algorithm (of ``candidates`` and ``settings.algorithm``) under which
     it alone costs the least: an engine per algorithm (:func:`prepare` in ``work``, removed after),
     every op at 4 and at 8 bits alone scored as :func:`sensitivity` scores it; a tie keeps
-    ``settings.algorithm``. The algorithms write the same ``MatMulNBits`` blocks, k_quant with
-    zero points symmetric RTN omits (0.5 byte a block): the engine built with the choice reads each
-    op's bytes from its graphs, so the search counts them. A data-aware candidate (``gptq``) reads
-    ``calibration`` (the float model's calibration samples, not the evaluation set it is scored
-    on), at :data:`~vlsens.quantize.nbits.DATA_AWARE_BITS` only. A candidate takes ops at a width
-    only where every op at that width by it costs no more than every op by the default
-    (``uniform``): errors alone do not add up. ``{"candidates", "chosen": {width: {op: algorithm}} (only where not
+    ``settings.algorithm``. With ``scoring.measured`` below the MatMuls' number (``plan.decoder_measured``)
+    each op is scored by its output error on the evaluation set instead
+    (:func:`vlsens.sensitivity.estimate.output_errors`: for one op and width, the estimate of
+    :func:`sensitivity` is one scale times it, so the algorithm of least output error is the one the
+    estimate prices lowest); the uniform models are measured either way. The algorithms write the
+    same ``MatMulNBits`` blocks, k_quant with zero points symmetric RTN omits (0.5 byte a block):
+    the engine built with the choice reads each op's bytes from its graphs, so the search counts
+    them. A data-aware candidate (``gptq``) reads ``calibration`` (the float model's calibration
+    samples, not the evaluation set it is scored on), at
+    :data:`~vlsens.quantize.nbits.DATA_AWARE_BITS` only. A candidate takes ops at a width only where
+    every op at that width by it costs no more than every op by the default (``uniform``): errors
+    alone do not add up. ``{"candidates", "chosen": {width: {op: algorithm}} (only where not
     settings.algorithm), "errors": {algorithm: {op: {"4", "8"}}}, "uniform": {algorithm: {"4",
     "8"}}, "allowed": {width: [algorithm]}}``."""
     import shutil
@@ -410,35 +465,63 @@ def choose_algorithms(base_model: str | Path, eval_npz: str | Path, settings: NB
         raise ValueError(f"candidates {data_aware(order)} read calibration inputs: pass calibration=")
     errors: dict[str, dict] = {}
     uniform: dict[str, dict] = {}
+    inputs = None  # estimating: every MatMul's input on the evaluation set, captured once
     for algo in order:
         d = Path(work) / algo
         widths = DATA_AWARE_BITS if algo in DATA_AWARE else BITS
         if algo in DATA_AWARE:  # per MatMul only: every one the default's engine holds, at its widths
-            prepare(base_model, eval_npz, d, settings, threads, logits=logits, suffix_cuts=suffix_cuts,
+            prepare(base_model, eval_npz, d, settings, threads, logits=logits, suffix_cuts=scoring.suffix_cuts,
                     algorithms={b: dict.fromkeys(errors[default], algo) for b in widths}, calibration=calibration)
         else:
             prepare(base_model, eval_npz, d, replace(settings, algorithm=algo), threads, logits=logits,
-                    suffix_cuts=suffix_cuts)
+                    suffix_cuts=scoring.suffix_cuts)
         eng_dir = Prepared(d)
         eng, ref = eng_dir.session(eval_npz, threads, cache_dir=d / "cache"), eng_dir.reference()
-        errors[algo] = {o["name"]: {str(b): error(eng.evaluate({o["name"]: b}, ref), eng.logits) for b in widths}
-                        for o in eng_dir.meta["ops"]}
+        if scoring.measured is not None and scoring.measured < len(eng_dir.ops):
+            inputs = inputs or _capture_once(eng_dir, eng, Path(work) / "inputs", threads)
+            errors[algo] = _errors_by_output(eng_dir, inputs, widths)
+        else:
+            errors[algo] = {o["name"]: {str(b): error(eng.evaluate({o["name"]: b}, ref), eng.logits) for b in widths}
+                            for o in eng_dir.meta["ops"]}
         uniform[algo] = {str(b): error(eng.evaluate(dict.fromkeys(errors[algo], b), ref), eng.logits) for b in widths}
         del eng, ref
         shutil.rmtree(d, ignore_errors=True)
         log.info("algorithm %s: every op alone scored at %s bits", algo, "/".join(map(str, widths)))
     allowed = {str(b): [a for a in order if str(b) in uniform[a] and uniform[a][str(b)] <= uniform[default][str(b)]]
                for b in BITS}
+    chosen = _least(errors, allowed, default)
+    log.info("per-op algorithms: %s (allowed per width: %s)", {b: len(c) for b, c in chosen.items()} or
+             "every op keeps " + default, allowed)
+    return {"candidates": order, "chosen": {str(b): c for b, c in chosen.items()}, "errors": errors,
+            "uniform": uniform, "allowed": allowed, "scored_by": "measured error" if inputs is None else "output error"}
+
+
+def _least(errors: Mapping[str, Mapping], allowed: Mapping[str, Sequence[str]], default: str) -> dict[int, dict[str, str]]:
+    """Per width, each op whose least-error allowed algorithm is not ``default`` (a tie keeps it)."""
     chosen: dict[int, dict[str, str]] = {}
     for b in BITS:
         for op in errors[default]:
             best = min(allowed[str(b)], key=lambda a: (errors[a][op][str(b)], a != default))
             if best != default:
                 chosen.setdefault(b, {})[op] = best
-    log.info("per-op algorithms: %s (allowed per width: %s)", {b: len(c) for b, c in chosen.items()} or
-             "every op keeps " + default, allowed)
-    return {"candidates": order, "chosen": {str(b): c for b, c in chosen.items()}, "errors": errors,
-            "uniform": uniform, "allowed": allowed}
+    return chosen
+
+
+def _capture_once(eng_dir: Prepared, eng: NBitsEngine, folder: Path, threads: int):
+    """Every MatMul's input on the engine's evaluation set, in ``folder`` (the same float model in
+    every algorithm's engine: captured for the first, read for all)."""
+    from vlsens.sensitivity.estimate import capture
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return capture(eng_dir.folder / FILES["float"], eng.samples.feeds, eng_dir.meta["ops"], folder, threads)
+
+
+def _errors_by_output(eng_dir: Prepared, inputs, widths: Sequence[int]) -> dict[str, dict[str, float]]:
+    """Each op's output error at ``widths`` in the engine folder ``eng_dir`` (``inputs``: captured)."""
+    from vlsens.sensitivity.estimate import output_errors
+
+    return output_errors(inputs, eng_dir.folder / FILES["float"], {b: eng_dir.folder / FILES[f"q{b}"] for b in widths},
+                         eng_dir.meta["ops"])
 
 
 def error(metrics: Mapping[str, float], logits: bool) -> float:

@@ -37,12 +37,15 @@ def vl_config(tokenizer, vision: dict, text: dict, family: str = MODEL_TYPE, **t
 
 
 
-def tiny_config(tokenizer, vision: dict | None = None, family: str = MODEL_TYPE, tied: bool = False) -> Any:
+def tiny_config(tokenizer, vision: dict | None = None, family: str = MODEL_TYPE, tied: bool = False,
+                text_layers: int | None = None) -> Any:
     """The config of the tiny preset of ``family``, with token ids taken from ``tokenizer``
-    (``tied``: lm_head is the embedding table, as in Qwen2.5-VL-3B; the preset unties them)."""
+    (``tied``: lm_head is the embedding table, as in Qwen2.5-VL-3B; the preset unties them;
+    ``text_layers``: decoder layers other than the preset's 2)."""
     tv, tt = TINY_ARCH[family]
-    return vl_config(tokenizer, {**tv, **(vision or {})}, dict(tt, vocab_size=len(tokenizer), tie_word_embeddings=tied),
-                     family, tie_word_embeddings=tied)
+    text = dict(tt, vocab_size=len(tokenizer), tie_word_embeddings=tied,
+                **({"num_hidden_layers": int(text_layers)} if text_layers else {}))
+    return vl_config(tokenizer, {**tv, **(vision or {})}, text, family, tie_word_embeddings=tied)
 
 
 
@@ -72,14 +75,15 @@ def _parameters_with_std(model):
 
 
 def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | None = None,
-                    text_outlier: dict | None = None, family: str = MODEL_TYPE, tied: bool = False):
+                    text_outlier: dict | None = None, family: str = MODEL_TYPE, tied: bool = False,
+                    text_layers: int | None = None):
     """The tiny preset of ``family`` in memory: (model, tokenizer), random weights from ``seed``;
     ``outlier`` ({block, channels, scale, gain}) plants a sensitivity with
     :func:`plant_vision_outlier`; ``vision`` overrides vision-config keys (benchmarks use real widths)."""
     import torch
 
     tokenizer = build_tiny_tokenizer(model_max_length=TINY_TEXT["max_position_embeddings"])
-    config = tiny_config(tokenizer, vision, family, tied)
+    config = tiny_config(tokenizer, vision, family, tied, text_layers)
     torch.manual_seed(seed)
     model = get(family).transformers_class()(config).eval()
     init_weights_numpy(model, seed)
@@ -96,17 +100,20 @@ def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | N
 
 def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, outlier: dict | None = None,
                           vision: dict | None = None, text_outlier: dict | None = None,
-                          preset: str = "tiny", tied: bool = False) -> Path:
+                          preset: str = "tiny", tied: bool = False, text_layers: int | None = None) -> Path:
     """Write a tiny preset (``tiny``, ``tiny-qwen2vl``, ``tiny-qwen3vl``) as a complete HF
-    checkpoint into ``out_dir`` (atomically); ``tied``: with ``tie_word_embeddings``."""
+    checkpoint into ``out_dir`` (atomically); ``tied``: with ``tie_word_embeddings``;
+    ``text_layers``: decoder layers other than the preset's 2."""
     out_dir = Path(out_dir)
     family = PRESET_FAMILY[preset]
-    model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier, family, tied)
+    model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier, family, tied, text_layers)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         save_processor(tmp, tokenizer, family)
         (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": preset, "seed": seed, "outlier": outlier,
-                                                                "text_outlier": text_outlier}) + "\n")
+                                                                "text_outlier": text_outlier,
+                                                                **({"text_layers": text_layers} if text_layers else {})})
+                                                    + "\n")
     log.info("tiny checkpoint written to %s (%d parameters)", out_dir, model.num_parameters())
     return out_dir
 

@@ -80,6 +80,7 @@ def check_tiny_outliers(tiny: dict, preset: str = "tiny") -> None:
         raise ConfigError(f"model.tiny.outlier.site: 'mlp' needs Qwen2.5-VL's gated vision MLP; the preset "
                           f"'{preset}' ({PRESET_FAMILY[preset]}) has an activation between its MLP layers "
                           "(the outlier would change the function): use 'attn'.")
-    if text and not 0 <= int(text["layer"]) < text_arch["num_hidden_layers"]:
+    layers = int(tiny.get("text_layers") or text_arch["num_hidden_layers"])
+    if text and not 0 <= int(text["layer"]) < layers:
         raise ConfigError(f"model.tiny.text_outlier.layer: {text['layer']} is not a text layer "
-                          f"(0..{text_arch['num_hidden_layers'] - 1}).")
+                          f"(0..{layers - 1}).")
