@@ -14,7 +14,7 @@ table's, and the decoder's curve: at each of the search's byte budgets the assig
 finds from either table (the same engine, the same number of measured assignments), its KL
 measured on the engine, and the ratio.
 
-    python bench/bench_decoder_estimate.py --results results/deep [--measured 16 24 32] [--max-evals 20] [--publish]
+    python bench/bench_decoder_estimate.py --results results/deep [--measured 24 36 72] [--max-evals 20] [--publish]
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def report(results: Path, exact_rows: list[dict], exact_summary: dict, exact_sec
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=Path("results/deep"))
-    ap.add_argument("--measured", type=int, nargs="+", default=[16, 24, 32])
+    ap.add_argument("--measured", type=int, nargs="+", default=[24, 36, 72])
     ap.add_argument("--max-evals", type=int, default=20, help="measured assignments per budget in each search")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--publish", action="store_true")
