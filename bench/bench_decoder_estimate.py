@@ -66,14 +66,14 @@ def curves(results: Path, tables: dict[str, list[dict]], max_evals: int, threads
 
 
 def rho_cells(exact: dict, rows: list[dict], b: int) -> tuple[str, str]:
-    from vlsens.sensitivity.estimate import spearman
+    from vlsens.sensitivity.compare import spearman
 
     ops = [r["op"] for r in rows]
     est = [float(r[f"error_int{b}"]) for r in rows]
     ex = [float(exact[o][f"error_int{b}"]) for o in ops]
     rest = [(e, x) for r, e, x in zip(rows, est, ex, strict=True) if not r["measured"]]
     a = spearman(ex, est)
-    r = spearman([x for _, x in rest], [e for e, _ in rest])
+    r = spearman([x for _, x in rest], [e for e, _ in rest]) if len(rest) >= 3 else None
     return f"{a:.2f}", "" if r is None else f"{r:.2f}"
 
 

@@ -316,6 +316,20 @@ def captured(float_model: str | Path, feeds: Iterable[Mapping[str, np.ndarray]],
         probe.unlink(missing_ok=True)
 
 
+def spill(float_model: str | Path, feeds: Iterable[Mapping[str, np.ndarray]], tensors: Sequence[str],
+          scratch: str | Path, threads: int = 0) -> tuple[dict[str, Path], dict[str, int]]:
+    """Each of ``tensors`` over every feed (:func:`captured`), its rows appended to a float32 file
+    of its own in ``scratch``: ``({tensor: file}, {tensor: row width})``."""
+    files = {t: Path(scratch) / f"x{j}.f32" for j, t in enumerate(tensors)}
+    widths: dict[str, int] = {}
+    for rows in captured(float_model, feeds, tensors, threads):
+        for t, x in rows.items():
+            widths[t] = x.shape[1]
+            with open(files[t], "ab") as f:
+                x.tofile(f)
+    return files, widths
+
+
 def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[str], scratch: str | Path,
              threads: int = 0, widths: Mapping[str, int] | None = None,
              magnitudes: dict | None = None) -> Iterator[tuple[str, np.ndarray, int]]:
@@ -327,15 +341,8 @@ def hessians(float_model: str | Path, calibration: str | Path, inputs: Sequence[
     mean ``|x|`` per channel (AWQ's activation sizes) before its Hessian is yielded."""
     from vlsens.data.samples import Samples
 
-    scratch = Path(scratch)
-    files = {t: scratch / f"x{j}.f32" for j, t in enumerate(inputs)}
-    width: dict[str, int] = {}
     samples = Samples.load(calibration, float_model)
-    for rows in captured(float_model, samples.feeds, inputs, threads):
-        for t, x in rows.items():
-            width[t] = x.shape[1]
-            with open(files[t], "ab") as f:
-                x.tofile(f)
+    files, width = spill(float_model, samples.feeds, inputs, scratch, threads)
     log.info("GPTQ: %d MatMul inputs captured over %d calibration samples", len(inputs), samples.count)
     for t in inputs:
         x = np.fromfile(files[t], np.float32).reshape(-1, (widths or {}).get(t, width[t])).astype(np.float64)

@@ -3,7 +3,7 @@ the measured metric by the ops that were measured.
 
 An op's cost on the answer (KL per token) is measured by running the whole model with the op
 quantized; at real size that is hundreds of such runs (at 3B, 253 decoder MatMuls x 2 widths, each
-half a forward over the measure's cases: about 30 h on 2 cores). The estimate measures ``m`` of
+half a forward over the measure's cases: about 16.5 h on 2 cores). The estimate measures ``m`` of
 them and prices the rest by their **output error**, ``e = sum ||X (Wq - W)||^2`` over the same
 inputs (``X`` the op's input in the float model, ``Wq`` the weight the quantized op multiplies by):
 per **role** (an op's node name without its block index: ``attn.q_proj``, ``mlp.down_proj``,
@@ -14,7 +14,7 @@ one of median ``e``, then the others of largest ``e`` (:func:`choose_measured`).
 
 Used by the vision Linears of the plan (:mod:`vlsens.budget.vision`, ``plan.vision_measured``) and
 by engine ``nbits`` on the decoder (:mod:`vlsens.sensitivity.nbits`, ``plan.decoder_measured``:
-:func:`matmul_output_errors`, :func:`estimate_widths`).
+:func:`capture`, :func:`output_errors`, :func:`estimate_widths`).
 """
 
 from __future__ import annotations
@@ -125,8 +125,6 @@ def choose_depth(points: Sequence[tuple[str, float | None, float]]) -> dict:
             "held_out_rms_log": rms}
 
 
-
-
 @dataclass(frozen=True)
 class Inputs:
     """Every distinct input of a model's weight MatMuls over a set of feeds, as rows (positions x
@@ -144,25 +142,17 @@ class Inputs:
 
 def capture(float_model: str | Path, feeds, ops: Sequence[Mapping], scratch: str | Path, threads: int = 0) -> Inputs:
     """The inputs of ``ops`` (:func:`vlsens.quantize.nbits.weight_matmuls` rows of ``float_model``)
-    over ``feeds``, one session pass (:func:`vlsens.quantize.gptq.captured`), written to ``scratch``
+    over ``feeds``, one session pass (:func:`vlsens.quantize.gptq.spill`), written to ``scratch``
     (positions x the sum of the distinct inputs' widths x 4 bytes: at 3B's 36 layers 2.5 GB per
     1 000 positions)."""
     import onnx
 
-    from vlsens.quantize.gptq import captured
+    from vlsens.quantize.gptq import spill
 
     graph = onnx.load(str(float_model), load_external_data=False).graph
     by_name = {n.name: n for n in graph.node}
     source = {o["name"]: by_name[o["name"]].input[0] for o in ops}
-    tensors = list(dict.fromkeys(source.values()))
-    files = {t: Path(scratch) / f"x{j}.f32" for j, t in enumerate(tensors)}
-    widths: dict[str, int] = {}
-    for rows in captured(float_model, feeds, tensors, threads):
-        for t, x in rows.items():
-            widths[t] = x.shape[1]
-            with open(files[t], "ab") as f:
-                x.tofile(f)
-    return Inputs(source, files, widths)
+    return Inputs(source, *spill(float_model, feeds, list(dict.fromkeys(source.values())), scratch, threads))
 
 
 def output_errors(inputs: Inputs, float_model: str | Path, quantized: Mapping[int, str | Path],
@@ -198,14 +188,6 @@ def output_errors(inputs: Inputs, float_model: str | Path, quantized: Mapping[in
     return out
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Spearman's rank correlation of two equal-length sequences (None below 3 values)."""
-    if len(a) < 3:
-        return None
-    ra, rb = (np.argsort(np.argsort(np.asarray(v, float))) for v in (a, b))
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
 def estimate_widths(rows: list[dict], errors: Mapping[str, Mapping[str, float]], widths: Sequence[int],
                     logits: bool) -> dict:
     """Engine ``nbits``' rows (``measured`` 1: ``error_int<b>`` measured; 0: to be estimated) priced
@@ -215,7 +197,9 @@ def estimate_widths(rows: list[dict], errors: Mapping[str, Mapping[str, float]],
     (a measured row's from the fit on the other measured rows: held out); a row not measured takes
     the estimate as its ``error_int<b>`` (and ``kl_int<b>`` with ``logits``), its cosine and top-1
     unknown (NaN). The record: per width the fit, the depth choice, measured / estimate over the
-    measured rows (held out) and their rank correlation."""
+    measured rows (held out) and their rank correlation (None below 3 rows)."""
+    from vlsens.sensitivity.compare import spearman
+
     blocks = block_count(r["op"] for r in rows)
     record = {"measured": sum(1 for r in rows if r["measured"]), "estimated": sum(1 for r in rows if not r["measured"]),
               "widths": {}}
@@ -243,5 +227,5 @@ def estimate_widths(rows: list[dict], errors: Mapping[str, Mapping[str, float]],
             "scales": {role: fit.scale(role, 0.0) for role in sorted({role_of(r["op"]) for r in rows})},
             "measured_over_estimate": {"min": min(ratios), "median": float(np.median(ratios)), "max": max(ratios)}
             if ratios else None,
-            "rank_correlation": spearman([m for m, _ in pairs], [e for _, e in pairs])}
+            "rank_correlation": spearman([m for m, _ in pairs], [e for _, e in pairs]) if len(pairs) >= 3 else None}
     return record

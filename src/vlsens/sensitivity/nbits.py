@@ -365,14 +365,9 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
 
 def _output_errors(eng_dir: Prepared, feeds, scratch: str | Path, threads: int) -> dict:
     """Every MatMul's output error at each width on the evaluation feeds (:func:`vlsens.sensitivity.estimate.output_errors`)."""
-    from vlsens.sensitivity.estimate import capture, output_errors
-
     t0 = time.perf_counter()
-    fl = eng_dir.folder / FILES["float"]
-    work = Path(scratch) / "inputs"
-    work.mkdir()
-    inputs = capture(fl, feeds, eng_dir.meta["ops"], work, threads)
-    errors = output_errors(inputs, fl, {b: eng_dir.folder / FILES[f"q{b}"] for b in BITS}, eng_dir.meta["ops"])
+    inputs = _capture_once(eng_dir, feeds, Path(scratch) / "inputs", threads)
+    errors = _errors_by_output(eng_dir, inputs, BITS)
     for f in inputs.files.values():
         f.unlink(missing_ok=True)
     log.info("output errors of %d MatMuls at %s bits (%.0f s)", len(errors), "/".join(map(str, BITS)),
@@ -478,7 +473,7 @@ def choose_algorithms(base_model: str | Path, eval_npz: str | Path, settings: NB
         eng_dir = Prepared(d)
         eng, ref = eng_dir.session(eval_npz, threads, cache_dir=d / "cache"), eng_dir.reference()
         if scoring.measured is not None and scoring.measured < len(eng_dir.ops):
-            inputs = inputs or _capture_once(eng_dir, eng, Path(work) / "inputs", threads)
+            inputs = inputs or _capture_once(eng_dir, eng.samples.feeds, Path(work) / "inputs", threads)
             errors[algo] = _errors_by_output(eng_dir, inputs, widths)
         else:
             errors[algo] = {o["name"]: {str(b): error(eng.evaluate({o["name"]: b}, ref), eng.logits) for b in widths}
@@ -507,13 +502,13 @@ def _least(errors: Mapping[str, Mapping], allowed: Mapping[str, Sequence[str]], 
     return chosen
 
 
-def _capture_once(eng_dir: Prepared, eng: NBitsEngine, folder: Path, threads: int):
-    """Every MatMul's input on the engine's evaluation set, in ``folder`` (the same float model in
-    every algorithm's engine: captured for the first, read for all)."""
+def _capture_once(eng_dir: Prepared, feeds, folder: Path, threads: int):
+    """Every MatMul's input of the engine's float model over ``feeds``, in ``folder`` (the same float
+    model in every algorithm's engine of :func:`choose_algorithms`: captured for the first, read for all)."""
     from vlsens.sensitivity.estimate import capture
 
     folder.mkdir(parents=True, exist_ok=True)
-    return capture(eng_dir.folder / FILES["float"], eng.samples.feeds, eng_dir.meta["ops"], folder, threads)
+    return capture(eng_dir.folder / FILES["float"], feeds, eng_dir.meta["ops"], folder, threads)
 
 
 def _errors_by_output(eng_dir: Prepared, inputs, widths: Sequence[int]) -> dict[str, dict[str, float]]:
