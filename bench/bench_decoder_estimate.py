@@ -66,7 +66,7 @@ def curves(results: Path, tables: dict[str, list[dict]], max_evals: int, threads
 
 
 def rho_cells(exact: dict, rows: list[dict], b: int) -> tuple[str, str]:
-    from vlsens.sensitivity.compare import spearman
+    from vlsens.core.metrics import spearman
 
     ops = [r["op"] for r in rows]
     est = [float(r[f"error_int{b}"]) for r in rows]

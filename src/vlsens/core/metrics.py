@@ -12,9 +12,13 @@ a padded text batch). It reports two views of the same sums:
               records use these.
 
 A non-finite output makes every error infinite and the cosine -1.
+
+:func:`spearman` ranks two scorings against each other (engines, estimates against measures).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -115,3 +119,29 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     m = x.max(axis=-1, keepdims=True)
     z = x - m
     return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+
+
+def average_ranks(x: Sequence[float]) -> np.ndarray:
+    """1-based ranks, ties get the mean of their positions (as scipy.stats.rankdata)."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=np.float64)
+    sx = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sx[j + 1] == sx[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rho (Pearson correlation of average ranks); NaN when either side is constant."""
+    if len(a) != len(b):
+        raise ValueError("spearman: sequences differ in length")
+    ra, rb = average_ranks(a), average_ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = float(np.sqrt((ra @ ra) * (rb @ rb)))
+    return float(ra @ rb / den) if den > 0 else float("nan")

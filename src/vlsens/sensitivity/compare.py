@@ -16,40 +16,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from vlsens.core.errors import VlsensError
 from vlsens.core.fsutil import write_json
+from vlsens.core.metrics import average_ranks, spearman  # noqa: F401  (average_ranks: part of this module's API)
 from vlsens.sensitivity.ranking import read_csv
 
 #: engine -> sign that turns its CSV's ``mse`` into "higher = more sensitive"
 SCORE_SIGN = {"ort": 1.0, "inc": -1.0}
-
-
-def average_ranks(x: Sequence[float]) -> np.ndarray:
-    """1-based ranks, ties get the mean of their positions (as scipy.stats.rankdata)."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=np.float64)
-    sx = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sx[j + 1] == sx[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    return ranks
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rho (Pearson correlation of average ranks); NaN when either side is constant."""
-    if len(a) != len(b):
-        raise ValueError("spearman: sequences differ in length")
-    ra, rb = average_ranks(a), average_ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = float(np.sqrt((ra @ ra) * (rb @ rb)))
-    return float(ra @ rb / den) if den > 0 else float("nan")
 
 
 def top_k(names: Sequence[str], scores: Sequence[float], k: int) -> list[str]:

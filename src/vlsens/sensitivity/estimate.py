@@ -198,7 +198,7 @@ def estimate_widths(rows: list[dict], errors: Mapping[str, Mapping[str, float]],
     the estimate as its ``error_int<b>`` (and ``kl_int<b>`` with ``logits``), its cosine and top-1
     unknown (NaN). The record: per width the fit, the depth choice, measured / estimate over the
     measured rows (held out) and their rank correlation (None below 3 rows)."""
-    from vlsens.sensitivity.compare import spearman
+    from vlsens.core.metrics import spearman
 
     blocks = block_count(r["op"] for r in rows)
     record = {"measured": sum(1 for r in rows if r["measured"]), "estimated": sum(1 for r in rows if not r["measured"]),
