@@ -7,7 +7,9 @@ stacked    ``<input>`` arrays stacked along axis 0, one row per sample, and ``na
            batch when loaded.
 per feed   ``<input>/<index>`` arrays, one feed each (any shapes: text sequences, dynamic vision
            images), ``__valid__/<index>`` where only some output positions count (real tokens),
-           and ``names``.
+           and ``names``; ``__read_only__`` (a flag) where the valid positions are the only ones
+           whose outputs exist in what the set stands for (the measure's teacher forcing returns
+           logits at the answer's steps alone): an engine need not compute the others.
 
 :class:`ReferenceStore` reads float reference outputs kept on disk one array per feed (written by
 :func:`vlsens.core.fsutil.savez_stream`), so a 152k-vocabulary language model's logits never sit in
@@ -24,16 +26,21 @@ import numpy as np
 from vlsens.core.fsutil import npz_errors, open_npz, savez
 
 VALID = "__valid__"
+READ_ONLY = "__read_only__"
 
 
 class Samples:
     """Feeds for one graph, the valid output positions of each (None: all), and sample names."""
 
     def __init__(self, feeds: list[dict[str, np.ndarray]], valid: list[np.ndarray | None] | None = None,
-                 names: Sequence[str] | None = None):
+                 names: Sequence[str] | None = None, read_only: bool = False):
         self.feeds = feeds
         self.valid = valid if valid is not None else [None] * len(feeds)
         self.names = list(names) if names is not None else [str(i) for i in range(len(feeds))]
+        #: only the valid positions' outputs exist where the set is used (see the module's doc)
+        self.read_only = bool(read_only)
+        if self.read_only and any(v is None for v in self.valid):
+            raise ValueError("read_only samples need a valid mask on every feed")
 
     def __len__(self) -> int:
         return len(self.feeds)
@@ -64,16 +71,17 @@ class Samples:
                 from vlsens.core.onnxutil import input_batch
 
                 batch = input_batch(model)[1] if model is not None else 1
-                return cls.from_arrays({k: z[k] for k in z.files if k != "names"}, batch, names)
+                return cls.from_arrays({k: z[k] for k in z.files if k not in ("names", READ_ONLY)}, batch, names)
             inputs = sorted({k.split("/", 1)[0] for k in keys} - {VALID})
             count = len({k.split("/", 1)[1] for k in keys if not k.startswith(VALID + "/")})
             feeds = [{k: z[f"{k}/{i:05d}"] for k in inputs} for i in range(count)]
             valid = [z[f"{VALID}/{i:05d}"] if f"{VALID}/{i:05d}" in z.files else None for i in range(count)]
-        return cls(feeds, valid, names)
+            read_only = READ_ONLY in z.files and bool(z[READ_ONLY])
+        return cls(feeds, valid, names, read_only)
 
     def save(self, path: str | Path) -> None:
         """The per-feed layout."""
-        arrays = {"names": np.array(self.names)}
+        arrays = {"names": np.array(self.names), **({READ_ONLY: np.array(True)} if self.read_only else {})}
         for i, (feed, valid) in enumerate(zip(self.feeds, self.valid)):
             arrays.update({f"{k}/{i:05d}": v for k, v in feed.items()})
             if valid is not None:

@@ -303,7 +303,8 @@ def _measure_built(model: Path, eng_dir, eval_npz, ref, feeds, threads: int) -> 
     feeds = samples.feeds if feeds is None else feeds
     out_name = sess.get_outputs()[0].name
     for i, feed in enumerate(feeds):
-        acc.add(sess.run([out_name], feed)[0], ref[i], samples.valid[i])
+        out, valid = eng_dir.plain(sess.run([out_name], eng_dir.plain_feed(feed))[0], samples.valid[i])
+        acc.add(out, ref[i], valid)
     return acc.result()
 
 
@@ -385,6 +386,7 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
 
     from vlsens.core.metrics import Metrics
     from vlsens.core.onnxutil import make_session
+    from vlsens.data.samples import Samples
 
     eng_dir = nb.Prepared(engine_dir)
     eng, ref = eng_dir.session(eval_npz, threads), eng_dir.reference()
@@ -397,8 +399,10 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
         eng.tie(lm, by_bits)
     sess, acc = make_session(other, threads=threads), Metrics(eng.logits)
     out = sess.get_outputs()[0].name
+    valid = Samples.load(eval_npz).valid  # the whole graph's rows (the engine may read fewer)
     for i, feed in enumerate(feeds):
-        acc.add(sess.run([out], feed)[0], ref[i], eng.samples.valid[i])
+        got, v = eng_dir.plain(sess.run([out], eng_dir.plain_feed(feed))[0], valid[i])
+        acc.add(got, ref[i], v)
     del sess
     theirs = nb.error(acc.result(), eng.logits)
     t0 = time.perf_counter()

@@ -62,6 +62,8 @@ from vlsens.sensitivity.switch import SwitchMap, check_beside, switch_gather, wr
 log = logging.getLogger(__name__)
 
 BITS_INPUT = "vlsens_nbits"
+#: The positions whose logits an engine on the measure's cases computes (:func:`gather_read_rows`).
+POSITIONS_INPUT = "vlsens_read_positions"
 #: Columns of ``nbits.csv`` (``kl_*`` / ``top1_*`` only for graphs with logits).
 CSV_COLUMNS = ["rank", "op", "block", "role", "K", "N", "bytes_float", "bytes_int8", "bytes_int4",
                "error_int4", "error_int8", "cosine_int4", "cosine_int8"]
@@ -73,16 +75,18 @@ FILES = {"float": "float.onnx", "q4": "q4.onnx", "q8": "q8.onnx", "switch": "swi
 
 
 def build_switch_model(float_model: str | Path, quantized: Mapping[int, str | Path], out_model: str | Path,
-                       ops: Sequence[str]) -> None:
+                       ops: Sequence[str], read_rows: bool = False) -> None:
     """The switch model of ``float_model`` and its all-op quantized models (``{bits: path}``),
     all in one folder: written beside them, a graph whose weights stay in their data files (loaded
     without weights: its memory is the graphs', whatever the model's size). Made of the pieces
-    every switch model shares (:mod:`vlsens.sensitivity.switch`)."""
+    every switch model shares (:mod:`vlsens.sensitivity.switch`). ``read_rows``: the logits only at
+    the positions fed as :data:`POSITIONS_INPUT` (:func:`gather_read_rows`)."""
     import onnx
     from onnx import TensorProto, helper
 
     check_beside(out_model, float_model, *quantized.values())
     fm = onnx.load(str(float_model), load_external_data=False)
+    positions = gather_read_rows(fm, ops) if read_rows else []
     sw = BitsSwitches(element_types(float_model), quantized)
     index = {n: k for k, n in enumerate(ops)}
     new_nodes: list = []
@@ -95,8 +99,40 @@ def build_switch_model(float_model: str | Path, quantized: Mapping[int, str | Pa
             if imp.domain not in domains:
                 fm.opset_import.append(imp)
                 domains.add(imp.domain)
-    write_switch_model(fm, new_nodes, sw.needed, helper.make_tensor_value_info(BITS_INPUT, TensorProto.INT64, [len(ops)]),
-                       out_model)
+    write_switch_model(fm, new_nodes, sw.needed,
+                       [helper.make_tensor_value_info(BITS_INPUT, TensorProto.INT64, [len(ops)]), *positions], out_model)
+
+
+def gather_read_rows(fm, ops: Sequence[str]) -> list:
+    """Make ``fm`` (in place) compute its logits only at the positions it is fed: the weight
+    MatMul that writes the first output (lm_head) reads ``Gather(x, positions, axis=1)`` of its
+    input ``x`` (batch 1, ``positions`` the int64 graph input :data:`POSITIONS_INPUT`). Each row
+    of a MatMul is its own dot products, so the rows kept are the whole graph's there up to the
+    kernel's order of summation over fewer rows (float and INT4 measured equal; lm_head at INT8
+    differs in the last bits, which moves its tiny KL by under 1 %, ``bench/bench_read_rows.py``).
+    lm_head over a 3B decoder's vocabulary is about a tenth of a forward, spent on positions no
+    one reads when only the answer's are scored (:attr:`Samples.read_only
+    <vlsens.data.samples.Samples.read_only>`). Returns the input's value info (for the graph's inputs)."""
+    from onnx import TensorProto, helper
+
+    head = next((n for n in fm.graph.node if fm.graph.output[0].name in n.output), None)
+    if head is None or head.op_type != "MatMul" or head.name not in set(ops):
+        raise ValueError(f"the first output ({fm.graph.output[0].name}) is not written by a weight MatMul of the engine")
+    rows = f"{head.input[0]}__vlsens_read"
+    gather = helper.make_node("Gather", [head.input[0], POSITIONS_INPUT], [rows], name="vlsens_read_rows_Gather", axis=1)
+    at = list(fm.graph.node).index(head)
+    head.input[0] = rows
+    fm.graph.node.insert(at, gather)
+    return [helper.make_tensor_value_info(POSITIONS_INPUT, TensorProto.INT64, ["read_positions"])]
+
+
+def at_read_rows(samples):
+    """``samples`` for a switch model made with ``read_rows``: each feed with its read positions
+    (:data:`POSITIONS_INPUT`, from its ``valid`` mask), every output row then read (``valid`` None)."""
+    from vlsens.data.samples import Samples
+
+    feeds = [{**f, POSITIONS_INPUT: np.flatnonzero(v[0]).astype(np.int64)} for f, v in zip(samples.feeds, samples.valid)]
+    return Samples(feeds, None, samples.names)  # every row read: no longer a read_only set
 
 
 class BitsSwitches:
@@ -154,6 +190,8 @@ class BitsSwitches:
         awq = input_scale(qn, self.q_writers[b], inits)  # AWQ's Mul in front: in the branch too
         pairs = ([(awq[0], "awq")] if awq else []) + [(qn, "q")]
         weights, rename = [], {qn.output[0]: f"{tag}_q{b}"} | ({awq[0].output[0]: f"{tag}_awq{b}"} if awq else {})
+        if pairs[0][0].input[0] != node.input[0]:  # the float op reads another tensor (gather_read_rows)
+            rename[pairs[0][0].input[0]] = node.input[0]
         for x in (x for n, _ in pairs for x in n.input[1:]):
             if x in inits and x not in rename:
                 t = onnx.TensorProto()
@@ -242,6 +280,8 @@ class Prepared:
         from vlsens.data.samples import Samples
 
         samples = Samples.load(eval_npz, self.folder / FILES["float"])
+        if self.meta.get("read_rows"):
+            samples = at_read_rows(samples)
         suffix = None
         plan = SuffixPlan.from_json(self.meta["suffix"]) if self.meta.get("suffix") else None
         if cache_dir is not None and plan is not None and plan.segments:
@@ -253,6 +293,18 @@ class Prepared:
         from vlsens.data.samples import ReferenceStore
 
         return ReferenceStore(self.folder / FILES["reference"])
+
+    def plain(self, output: np.ndarray, valid) -> tuple:
+        """A plain session's ``output`` (the whole graph's, on a sample whose ``valid`` mask the
+        evaluation set holds) as ``(rows, valid)`` to compare with this engine's reference."""
+        if not self.meta.get("read_rows"):
+            return output, valid
+        return output[:, np.flatnonzero(valid[0])], None
+
+    @staticmethod
+    def plain_feed(feed: Mapping[str, np.ndarray]) -> dict:
+        """``feed`` without the engine's :data:`POSITIONS_INPUT` (what a plain session of the graph takes)."""
+        return {k: v for k, v in feed.items() if k != POSITIONS_INPUT}
 
 
 def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path, settings: NBitsSettings,
@@ -286,13 +338,14 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     t_q = time.perf_counter()
     log.info("quantized in %.0f s; building the switch model", t_q - t0)
     nodes = {b: quantized_nodes(p) for b, p in paths.items()}
-    build_switch_model(fl, paths, d / FILES["switch"], names)
+    samples = Samples.load(eval_npz, fl)
+    rows_read = logits and samples.read_only and all(v.shape[0] == 1 for v in samples.valid)
+    build_switch_model(fl, paths, d / FILES["switch"], names, read_rows=rows_read)
     sp = build_suffix(d / FILES["switch"], d / FILES["probe"], SwitchMap(names, {}), suffix_cuts) if suffix_cuts > 0 \
         else None
     if sp is None:
         (d / FILES["probe"]).write_bytes(b"")
-    samples = Samples.load(eval_npz, fl)
-    eng = NBitsEngine(d / FILES["switch"], names, samples, logits, threads)
+    eng = NBitsEngine(d / FILES["switch"], names, at_read_rows(samples) if rows_read else samples, logits, threads)
     log.info("switch session ready (%.0f s); float reference on %d evaluation samples", time.perf_counter() - t0,
              samples.count)
     savez_stream(d / FILES["reference"], eng.outputs({}))
@@ -305,6 +358,7 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
         **({"calibration": calibration_record(calibration)}
            if data_aware(a for per in (algorithms or {}).values() for a in per.values()) else {}),
         "logits": bool(logits),
+        "read_rows": rows_read,
         "ops": [{**o, "bytes": {"float": fb[o["name"]], **{str(b): nodes[b][o["name"]]["bytes"] for b in BITS}}}
                 for o in ops],
         "eval_samples": samples.count,
@@ -508,7 +562,8 @@ def _capture_once(eng_dir: Prepared, feeds, folder: Path, threads: int):
     from vlsens.sensitivity.estimate import capture
 
     folder.mkdir(parents=True, exist_ok=True)
-    return capture(eng_dir.folder / FILES["float"], feeds, eng_dir.meta["ops"], folder, threads)
+    return capture(eng_dir.folder / FILES["float"], [Prepared.plain_feed(f) for f in feeds], eng_dir.meta["ops"], folder,
+                   threads)
 
 
 def _errors_by_output(eng_dir: Prepared, inputs, widths: Sequence[int]) -> dict[str, dict[str, float]]:

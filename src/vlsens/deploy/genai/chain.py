@@ -169,7 +169,8 @@ def decoder_feeds(folder: str | Path, reference_npz: str | Path, cases: list[dic
     reference's order, named by case): the prefill of the prompt and the reference tokens but the
     last, computed with the fp32 deploy ``folder``'s own processor, vision and embedding graphs,
     an empty cache, and ``valid`` at the positions whose logits the runtime's teacher forcing
-    returns (one per reference token). ``decoder_graph``: the graph the set is for (default: the
+    returns (one per reference token), the only ones it returns (``read_only``: engine nbits
+    computes lm_head there alone). ``decoder_graph``: the graph the set is for (default: the
     one the folder's record names), checked to take the inputs of the folder's decoder. Returns
     facts: cases, positions, per case its prompt, sequence and step counts."""
     t0 = time.perf_counter()
@@ -194,7 +195,7 @@ def decoder_feeds(folder: str | Path, reference_npz: str | Path, cases: list[dic
                      "steps": int(tokens.size)})
     from vlsens.data.samples import Samples
 
-    Samples(feeds, valid, [r["name"] for r in rows]).save(out_npz)
+    Samples(feeds, valid, [r["name"] for r in rows], read_only=True).save(out_npz)
     return {"folder": str(folder), "reference": str(reference_npz), "cases": len(rows),
             "positions": int(sum(r["steps"] for r in rows)), "per_case": rows, "seconds": time.perf_counter() - t0}
 
