@@ -17,24 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from bench_decoder_errors import peak_gb, timed  # noqa: E402
+
 MODES = ("every position", "read positions")
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def feeds(results: Path, work: Path) -> dict:
@@ -73,11 +67,10 @@ def one_mode(results: Path, work: Path, mode: str, threads: int) -> dict:
     return {"read_rows": meta["read_rows"], "ops": len(eng_dir.ops), "prepare": t_prepare, "scores": t_scores,
             "per_op": summary["seconds_per_op"], "float": t_float, "int4": t_int4,
             "reference_bytes": (d / "engine" / nb.FILES["reference"]).stat().st_size,
-            "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "csv": str(d / "nbits.csv")}
+            "peak": peak_gb(), "csv": str(d / "nbits.csv")}
 
 
 def report(results: Path, facts: dict, r: dict) -> None:
-    import numpy as np
     import pandas as pd
 
     p = facts["positions_total"]
@@ -93,13 +86,11 @@ def report(results: Path, facts: dict, r: dict) -> None:
               f"{x['reference_bytes'] / 1e6:.0f} MB | {x['peak']:.1f} GB |")
     a, b = (pd.read_csv(r[m]["csv"]).set_index("op").sort_index() for m in MODES)
     cols = [c for c in ("kl_int4", "kl_int8", "top1_int4", "top1_int8", "cosine_int4", "cosine_int8") if c in a]
-    diff = max(float(np.max(np.abs(a[c].to_numpy() - b[c].to_numpy()) / np.maximum(np.abs(a[c].to_numpy()), 1e-30)))
-               for c in cols)
+    rel = {(c, op): abs(a.at[op, c] - b.at[op, c]) / max(abs(a.at[op, c]), 1e-30) for c in cols for op in a.index}
+    c, op = max(rel, key=rel.get)
     print()
-    print(f"Both modes' nbits.csv: largest relative difference over {', '.join(cols)}: {diff:.1e}.")
-    worst = max(((c, op) for c in cols for op in a.index),
-                key=lambda k: abs(a.at[k[1], k[0]] - b.at[k[1], k[0]]) / max(abs(a.at[k[1], k[0]]), 1e-30))
-    print(f"(at {worst[1]}, {worst[0]}: {a.at[worst[1], worst[0]]:.6g} against {b.at[worst[1], worst[0]]:.6g})")
+    print(f"Both modes' nbits.csv: largest relative difference over {', '.join(cols)}: {rel[c, op]:.1e}.")
+    print(f"(at {op}, {c}: {a.at[op, c]:.6g} against {b.at[op, c]:.6g})")
     saved = r[MODES[0]]["float"] - r[MODES[1]]["float"]
     print(f"lm_head at an unread position cost {1000 * saved / max(p - read, 1):.2f} ms (all-float forward, "
           f"{saved:.1f} s of {r[MODES[0]]['float']:.1f} s over {p - read} unread positions).")

@@ -295,16 +295,15 @@ def _measure_built(model: Path, eng_dir, eval_npz, ref, feeds, threads: int) -> 
     reference; ``feeds``: the tied feeds at lm_head's bits (None: the evaluation set's own)."""
     from vlsens.core.metrics import Metrics
     from vlsens.core.onnxutil import make_session
-    from vlsens.data.samples import Samples
 
     sess = make_session(model, threads=threads)
     acc = Metrics(eng_dir.meta["logits"])
-    samples = Samples.load(eval_npz, eng_dir.folder / nb.FILES["float"])
+    samples = eng_dir.samples(eval_npz)
     feeds = samples.feeds if feeds is None else feeds
     out_name = sess.get_outputs()[0].name
     for i, feed in enumerate(feeds):
-        out, valid = eng_dir.plain(sess.run([out_name], eng_dir.plain_feed(feed))[0], samples.valid[i])
-        acc.add(out, ref[i], valid)
+        rows, valid = nb.plain_rows(sess, out_name, feed, samples.valid[i])
+        acc.add(rows, ref[i], valid)
     return acc.result()
 
 
@@ -386,7 +385,6 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
 
     from vlsens.core.metrics import Metrics
     from vlsens.core.onnxutil import make_session
-    from vlsens.data.samples import Samples
 
     eng_dir = nb.Prepared(engine_dir)
     eng, ref = eng_dir.session(eval_npz, threads), eng_dir.reference()
@@ -399,10 +397,9 @@ def compare_at_bytes(engine_dir: str | Path, eval_npz: str | Path, sensitivity_c
         eng.tie(lm, by_bits)
     sess, acc = make_session(other, threads=threads), Metrics(eng.logits)
     out = sess.get_outputs()[0].name
-    valid = Samples.load(eval_npz).valid  # the whole graph's rows (the engine may read fewer)
     for i, feed in enumerate(feeds):
-        got, v = eng_dir.plain(sess.run([out], eng_dir.plain_feed(feed))[0], valid[i])
-        acc.add(got, ref[i], v)
+        got, valid = nb.plain_rows(sess, out, feed, eng.samples.valid[i])
+        acc.add(got, ref[i], valid)
     del sess
     theirs = nb.error(acc.result(), eng.logits)
     t0 = time.perf_counter()

@@ -135,6 +135,20 @@ def at_read_rows(samples):
     return Samples(feeds, None, samples.names)  # every row read: no longer a read_only set
 
 
+def plain_feed(feed: Mapping[str, np.ndarray]) -> dict:
+    """An engine's ``feed`` without :data:`POSITIONS_INPUT`: what a plain session of the graph takes."""
+    return {k: v for k, v in feed.items() if k != POSITIONS_INPUT}
+
+
+def plain_rows(session, output: str, feed: Mapping[str, np.ndarray], valid) -> tuple:
+    """A plain session of the engine's graph (a model built from it) on one of the engine's feeds:
+    its ``output`` as ``(rows, valid)`` the way the engine's reference holds them (at the feed's
+    read positions where it has them)."""
+    out = session.run([output], plain_feed(feed))[0]
+    at = feed.get(POSITIONS_INPUT)
+    return (out, valid) if at is None else (out[:, at], None)
+
+
 class BitsSwitches:
     """The width switches of a float graph, made from its all-op quantized models (``{bits:
     path}``, loaded without weights), and the initializers they add (``needed``: switch indices
@@ -277,11 +291,8 @@ class Prepared:
     def session(self, eval_npz: str | Path, threads: int = 0, cache_dir: str | Path | None = None) -> NBitsEngine:
         """The engine on the evaluation set; with ``cache_dir`` (a private scratch folder) and a
         segmented switch model, the suffix engine (its cache filled there by one float pass)."""
-        from vlsens.data.samples import Samples
 
-        samples = Samples.load(eval_npz, self.folder / FILES["float"])
-        if self.meta.get("read_rows"):
-            samples = at_read_rows(samples)
+        samples = self.samples(eval_npz)
         suffix = None
         plan = SuffixPlan.from_json(self.meta["suffix"]) if self.meta.get("suffix") else None
         if cache_dir is not None and plan is not None and plan.segments:
@@ -289,22 +300,18 @@ class Prepared:
                                       len(self.ops), threads, mask_dtype=np.int64, basic=False)
         return NBitsEngine(self.folder / FILES["switch"], self.ops, samples, self.meta["logits"], threads, suffix)
 
+    def samples(self, eval_npz: str | Path):
+        """The evaluation set as the engine reads it (with its read positions where it computes
+        the logits at those alone)."""
+        from vlsens.data.samples import Samples
+
+        samples = Samples.load(eval_npz, self.folder / FILES["float"])
+        return at_read_rows(samples) if self.meta.get("read_rows") else samples
+
     def reference(self):
         from vlsens.data.samples import ReferenceStore
 
         return ReferenceStore(self.folder / FILES["reference"])
-
-    def plain(self, output: np.ndarray, valid) -> tuple:
-        """A plain session's ``output`` (the whole graph's, on a sample whose ``valid`` mask the
-        evaluation set holds) as ``(rows, valid)`` to compare with this engine's reference."""
-        if not self.meta.get("read_rows"):
-            return output, valid
-        return output[:, np.flatnonzero(valid[0])], None
-
-    @staticmethod
-    def plain_feed(feed: Mapping[str, np.ndarray]) -> dict:
-        """``feed`` without the engine's :data:`POSITIONS_INPUT` (what a plain session of the graph takes)."""
-        return {k: v for k, v in feed.items() if k != POSITIONS_INPUT}
 
 
 def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path, settings: NBitsSettings,
@@ -562,8 +569,7 @@ def _capture_once(eng_dir: Prepared, feeds, folder: Path, threads: int):
     from vlsens.sensitivity.estimate import capture
 
     folder.mkdir(parents=True, exist_ok=True)
-    return capture(eng_dir.folder / FILES["float"], [Prepared.plain_feed(f) for f in feeds], eng_dir.meta["ops"], folder,
-                   threads)
+    return capture(eng_dir.folder / FILES["float"], [plain_feed(f) for f in feeds], eng_dir.meta["ops"], folder, threads)
 
 
 def _errors_by_output(eng_dir: Prepared, inputs, widths: Sequence[int]) -> dict[str, dict[str, float]]:
