@@ -192,3 +192,48 @@ def test_the_engine_computes_logits_only_where_the_measure_reads_them(chain, tmp
     eng = eng_dir.session(chain["feeds"], threads=2)
     assert nb.error(eng.evaluate({}, eng_dir.reference()), True) == 0.0
     assert np.all([f[nb.POSITIONS_INPUT].size == int(v.sum()) for f, v in zip(eng.samples.feeds, samples.valid)])
+
+
+def test_the_engine_prices_on_a_stratified_subset_of_the_cases(chain, tmp_path):
+    """A subset of the cases to price on: every op alone is priced on the named cases (their KL, not the whole
+    set's), the output errors of the estimate on the same cases, and the uniform models stay on
+    every case; nbits.json names the cases and their positions."""
+    import csv
+    import json
+
+    from vlsens.deploy.cases import pricing_cases
+    from vlsens.sensitivity import nbits as nb
+
+    names = pricing_cases(chain["cases"], 3)
+    assert [n.split("-")[0] for n in names] == ["text", "image", "images"]
+    nb.prepare(chain["dec"].model("fp32"), chain["feeds"], tmp_path / "eng", SETTINGS, threads=2, logits=True)
+    out = {}
+    for key, on, measured in (("all", None, None), ("sub", names, None), ("est", names, 6)):
+        nb.sensitivity(tmp_path / "eng", chain["feeds"], tmp_path / f"{key}.csv", tmp_path / f"{key}.json", threads=2,
+                       measured=measured, price_on=on)
+        with open(tmp_path / f"{key}.csv") as f:
+            out[key] = ({r["op"]: r for r in csv.DictReader(f)}, json.loads((tmp_path / f"{key}.json").read_text()))
+    eng_dir = nb.Prepared(tmp_path / "eng")
+    eng, ref = eng_dir.session(chain["feeds"], threads=2), eng_dir.reference()
+    idx = eng.indices(names)
+    assert [eng.samples.names[i] for i in idx] == names
+    rows, summary = out["sub"]
+    assert summary["priced_on"]["cases"] == names and summary["priced_on"]["of"] == 9
+    assert 0 < summary["priced_on"]["positions"] < summary["priced_on"]["positions_of"]
+    assert "priced_on" not in out["all"][1]
+    differ = 0
+    for op, row in rows.items():
+        for b in (4, 8):
+            sub = nb.error(eng.evaluate({op: b}, ref, idx), True)
+            assert float(row[f"kl_int{b}"]) == pytest.approx(sub, rel=1e-9, abs=1e-12), (op, b)
+            differ += abs(float(out["all"][0][op][f"kl_int{b}"]) - sub) > 1e-3 * abs(sub) + 1e-10
+    assert differ >= 10  # the subset's KL is its own, not the whole set's
+    for b in ("all_int4", "all_int8"):  # the uniform models on every case
+        assert summary[b]["kl"] == pytest.approx(out["all"][1][b]["kl"], rel=1e-9)
+    est_rows, est = out["est"]
+    assert sum(int(r["measured"]) for r in est_rows.values()) == 6 and est["priced_on"]["cases"] == names
+    for op, row in est_rows.items():  # a measured op's price is the subset's measure, like the table's
+        if int(row["measured"]):
+            assert float(row["kl_int4"]) == pytest.approx(float(rows[op]["kl_int4"]), rel=1e-9, abs=1e-12)
+    with pytest.raises(ValueError, match="not in the evaluation set"):
+        eng.indices(["text-99"])

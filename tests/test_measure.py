@@ -62,6 +62,24 @@ def test_folder_cases_with_one_photo_and_bad_settings(parity_refs, tmp_path):
     assert not (tmp_path / "bad" / "cases.json").exists()
 
 
+def test_pricing_cases_are_stratified_and_spread():
+    """A subset to price on: an equal share per modality (the first modalities one more where the count
+    does not divide), evenly spaced through each modality's cases, in the cases' order."""
+    from vlsens.core.errors import VlsensError
+    from vlsens.deploy.cases import pricing_cases
+
+    cases = [{"name": f"{m}-{k + 1:02d}", "modality": m} for m in ("text", "image", "images") for k in range(8)]
+    assert pricing_cases(cases, "all") == [c["name"] for c in cases]
+    assert pricing_cases(cases, 3) == ["text-01", "image-01", "images-01"]
+    assert pricing_cases(cases, 6) == ["text-01", "text-05", "image-01", "image-05", "images-01", "images-05"]
+    eight = pricing_cases(cases, 8)
+    assert len(eight) == 8 and [n.split("-")[0] for n in eight].count("images") == 2
+    assert pricing_cases(cases, 24) == [c["name"] for c in cases]
+    for bad in (2, 25, "some", 3.0, True):
+        with pytest.raises(VlsensError, match=r"cases to price on.*valid: 'all', or an integer from 3"):
+            pricing_cases(cases, bad)
+
+
 # ----------------------------------------------------------------------------------------------
 # Statistics
 

@@ -127,3 +127,23 @@ def load_cases(out_dir: str | Path) -> list[dict]:
         for entry in case["images"]:
             entry["path"] = str(out_dir / entry["file"])
     return cases
+
+
+def pricing_cases(cases: list[dict], count: int | str) -> list[str]:
+    """The names of ``count`` of ``cases`` (``all``: every one), stratified: each modality present
+    gets ``count`` / the modalities' number of them (the first modalities one more where it does not
+    divide), evenly spaced through its cases, so photos, sizes and prompts still vary. The subset
+    ``bench/bench_decoder_estimate.py --price-cases`` prices the decoder's MatMuls on."""
+    if count == "all":
+        return [c["name"] for c in cases]
+    groups = {m: [c["name"] for c in cases if c["modality"] == m] for m in MODALITIES}
+    groups = {m: names for m, names in groups.items() if names}
+    if not isinstance(count, int) or isinstance(count, bool) or not len(groups) <= count <= len(cases):
+        raise VlsensError(f"cases to price on: {count!r}; valid: 'all', or an integer from {len(groups)} (one case per "
+                          f"modality: {sorted(groups)}) to {len(cases)} (the measure's cases)")
+    base, extra = divmod(count, len(groups))
+    chosen = set()
+    for i, names in enumerate(groups.values()):
+        k = min(len(names), base + (i < extra))
+        chosen |= {names[j * len(names) // k] for j in range(k)}
+    return [c["name"] for c in cases if c["name"] in chosen]

@@ -263,20 +263,34 @@ class NBitsEngine:
             v[self._index[name]] = b
         return v
 
-    def outputs(self, bits: Mapping[str, int]):
+    def outputs(self, bits: Mapping[str, int], cases: Sequence[int] | None = None):
+        """The model's output on every feed (``cases``: on those feeds' indices alone, in that order)."""
         v = self.vector(bits)
         group = None
         if self.suffix is not None:
             group = self.suffix.plan.group_of([n for n, b in bits.items() if b != FLOAT])
-        for i, feed in enumerate(self.feeds(bits)):
+        feeds = self.feeds(bits)
+        for i in range(len(feeds)) if cases is None else cases:
             start = self.suffix.feed(group, i) if group is not None else self._no_skip
-            yield self.session.run([self.output], {**feed, BITS_INPUT: v, **start})[0]
+            yield self.session.run([self.output], {**feeds[i], BITS_INPUT: v, **start})[0]
 
-    def evaluate(self, bits: Mapping[str, int], reference) -> dict[str, float]:
+    def evaluate(self, bits: Mapping[str, int], reference, cases: Sequence[int] | None = None) -> dict[str, float]:
+        """Metrics against ``reference`` over every feed, or over the feeds ``cases`` (indices)."""
         acc = Metrics(self.logits)
-        for i, out in enumerate(self.outputs(bits)):
+        for i, out in zip(range(len(self.samples.feeds)) if cases is None else cases, self.outputs(bits, cases),
+                          strict=True):
             acc.add(out, reference[i], self.samples.valid[i])
         return acc.result()
+
+    def indices(self, names: Sequence[str] | None) -> list[int] | None:
+        """The feeds' indices of the cases ``names`` (None: every feed)."""
+        if names is None:
+            return None
+        where = {n: i for i, n in enumerate(self.samples.names)}
+        missing = [n for n in names if n not in where]
+        if missing:
+            raise ValueError(f"cases {missing} are not in the evaluation set ({self.samples.names})")
+        return sorted(where[n] for n in names)
 
 
 class Prepared:
@@ -388,13 +402,17 @@ def calibration_record(calibration) -> dict:
 
 
 def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Path, out_json: str | Path,
-                threads: int = 0, measured: int | None = None) -> dict:
+                threads: int = 0, measured: int | None = None, price_on: Sequence[str] | None = None) -> dict:
     """One row per weight MatMul: its error with only it at INT4, and at INT8 (the rest float),
     ranked by the INT4 error (KL per real token for logits, else 1 - cosine); plus the all-INT4
     and all-INT8 models' metrics in the sidecar JSON. ``measured`` below the MatMuls' number:
     only that many are measured so, the others estimated from their output errors on the same
     evaluation set (:mod:`vlsens.sensitivity.estimate`; the CSV's ``measured`` column, the JSON's
-    ``estimate``)."""
+    ``estimate``). ``price_on``: the cases (names of the set's samples) every op alone is priced
+    on, and its output error taken on, the uniform models' metrics staying on the whole set (JSON
+    ``priced_on``). Not a setting of the workflow: on the 36-layer tiny checkpoint a subset
+    misranks the MatMuls enough that the search's curve loses 1.2-4.5x in KL
+    (``bench/bench_decoder_estimate.py --price-cases``, docs/plan.md, "Cost")."""
     from vlsens.core.fsutil import staging_dir, write_csv, write_json
 
     eng_dir = Prepared(engine_dir)
@@ -403,8 +421,12 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
         t0 = time.perf_counter()
         eng = eng_dir.session(eval_npz, threads, cache_dir=scratch)
         setup = time.perf_counter() - t0
-        errors = _output_errors(eng_dir, eng.samples.feeds, scratch, threads) if estimating else None
-        rows, per_op, totals = _score(eng_dir, eng, eng_dir.reference(), measured if estimating else None, errors)
+        cases = eng.indices(price_on)
+        feeds = eng.samples.feeds if cases is None else [eng.samples.feeds[i] for i in cases]
+        errors = _output_errors(eng_dir, feeds, scratch, threads) if estimating else None
+        rows, per_op, totals = _score(eng_dir, eng, eng_dir.reference(), measured if estimating else None, errors,
+                                      cases)
+        priced_on = _priced_on(eng.samples, cases) if cases is not None else None
         del eng
     write_csv(out_csv, rows, CSV_COLUMNS + (LOGIT_COLUMNS if eng_dir.meta["logits"] else []) +
               (ESTIMATE_COLUMNS if estimating else []))
@@ -418,6 +440,7 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
         "seconds_per_op": per_op,
         "suffix": bool(eng_dir.meta.get("suffix") and eng_dir.meta["suffix"]["segments"]),
         "setup_seconds": setup,
+        **({"priced_on": priced_on} if priced_on else {}),
         "most_sensitive": [r["op"] for r in rows[:5]],
     }
     write_json(out_json, summary)
@@ -436,11 +459,25 @@ def _output_errors(eng_dir: Prepared, feeds, scratch: str | Path, threads: int) 
     return errors
 
 
+def _priced_on(samples, cases: Sequence[int] | None) -> dict:
+    """Which cases of the set the ops alone were priced on, and their positions (a forward's cost)
+    against the whole set's."""
+    every = range(len(samples.feeds))
+
+    def positions(idx) -> int:
+        return sum(int(next(iter(samples.feeds[i].values())).shape[1]) if "inputs_embeds" not in samples.feeds[i]
+                   else int(samples.feeds[i]["inputs_embeds"].shape[1]) for i in idx)
+
+    return {"cases": [samples.names[i] for i in (every if cases is None else cases)], "of": len(samples.feeds),
+            "positions": positions(every if cases is None else cases), "positions_of": positions(every)}
+
+
 def _score(eng_dir: Prepared, eng: NBitsEngine, ref, measured: int | None = None,
-           errors: Mapping | None = None) -> tuple[list[dict], float, dict]:
+           errors: Mapping | None = None, cases: Sequence[int] | None = None) -> tuple[list[dict], float, dict]:
     """The ranked rows, seconds per op, and the all-INT4 / all-INT8 metrics (with ``measured``:
     only the ops :func:`vlsens.sensitivity.estimate.choose_measured` picks on ``errors`` measured,
-    the others estimated, and the estimate's record under ``estimate``)."""
+    the others estimated, and the estimate's record under ``estimate``; ``cases``: the feeds every
+    op alone is priced on, the uniform models on all)."""
     from vlsens.quantize.qdq import parse_op_name
     from vlsens.sensitivity.estimate import choose_measured, estimate_widths
 
@@ -465,7 +502,7 @@ def _score(eng_dir: Prepared, eng: NBitsEngine, ref, measured: int | None = None
             row[f"bytes_int{b}"] = o["bytes"][str(b)]
             if not row["measured"]:
                 continue
-            m = eng.evaluate({o["name"]: b}, ref)
+            m = eng.evaluate({o["name"]: b}, ref, cases)
             row[f"error_int{b}"] = error(m, eng.logits)
             row[f"cosine_int{b}"] = m["cosine"]
             if eng.logits:
