@@ -133,6 +133,7 @@ rule plan_folder:
         unpack(mixed_vision_reference),
         unpack(plan_data),
         plan=f"{paths.BUDGET_PLANS}/{{plan}}.yaml",
+        engine=paths.BUDGET_ENGINE,
         checkpoint=checkpoint_dir,
         decoder_reference=paths.fill(paths.REFERENCE, graph=_deploy.DECODER_GRAPH),
         images=INPUTS["parity_images"],

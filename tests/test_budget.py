@@ -293,6 +293,52 @@ def test_a_built_plan_is_the_engine_assignment(searched, engine, tmp_path):
     assert np.isclose(want, plan.estimate["parts"]["decoder"]["kl"], rtol=1e-6, atol=0)
 
 
+def test_a_plan_decoder_takes_the_engines_quantized_matmuls_unchanged(searched, engine, tmp_path, caplog):
+    """A plan's decoder built from the engine's all-INT4 / all-INT8 models (reuse_of) is the one
+    quantized afresh, file for file, with one MatMul by another algorithm (quantized, not taken);
+    an engine prepared from other float weights gives nothing to reuse."""
+    import onnx
+    from onnx import numpy_helper
+
+    from vlsens.core.onnxutil import data_path
+    from vlsens.sensitivity.nbits import reuse_of
+
+    plans, _ = searched
+    b, folder = engine
+    plan = max(plans, key=lambda p: len(set(p.decoder.values())))
+    assert set(plan.decoder.values()) >= {4, 8}
+    fp32 = b.model("fp32")
+    reuse = reuse_of(folder / "engine", fp32)
+    assert reuse is not None and reuse.models[4].name == nb.FILES["q4"]
+    other = next(n for n, bt in plan.decoder.items() if bt == 4)
+    for name, p in (("plain", plan), ("rtn", replace(plan, algorithms={other: "rtn"}))):
+        for d in ("fresh", "taken"):
+            (tmp_path / f"{name}-{d}").mkdir()
+        fresh = build_decoder(p, fp32, tmp_path / f"{name}-fresh" / "model.onnx")
+        caplog.clear()
+        with caplog.at_level("INFO", logger="vlsens.quantize.nbits"):
+            taken = build_decoder(p, fp32, tmp_path / f"{name}-taken" / "model.onnx", reuse=reuse)
+        n = sum(1 for bt in p.decoder.values() if bt) - len(p.algorithms)
+        assert f"k_quant: {n} MatMuls taken as quantized before, 0 quantized" in caplog.text, caplog.text
+        assert fresh["bits"] == taken["bits"] and fresh["weight_bytes"] == taken["weight_bytes"]
+        for f in ("model.onnx", data_path(Path("model.onnx")).name):
+            assert (tmp_path / f"{name}-fresh" / f).read_bytes() == (tmp_path / f"{name}-taken" / f).read_bytes(), f
+    m = onnx.load(str(tmp_path / "rtn-taken" / "model.onnx"))
+    node = next(n for n in m.graph.node if n.name.startswith(other + "_Q"))
+    kq = onnx.load(str(tmp_path / "plain-taken" / "model.onnx"))
+    want = {t.name: numpy_helper.to_array(t) for t in kq.graph.initializer}
+    assert any(not np.array_equal(numpy_helper.to_array(t), want[t.name]) for t in m.graph.initializer
+               if t.name in node.input[1:])  # quantized by rtn, not taken from the k_quant engine
+    changed = onnx.load(str(fp32))
+    w = next(t for t in changed.graph.initializer if t.name == next(o["weight"] for o in nb.Prepared(folder / "engine")
+                                                                    .meta["ops"] if o["name"] == other))
+    arr = numpy_helper.to_array(w).copy()
+    arr[0, 0] += 1.0
+    w.CopyFrom(numpy_helper.from_array(arr, w.name))
+    onnx.save(changed, str(tmp_path / "changed.onnx"), save_as_external_data=True, location="changed.onnx.data")
+    assert reuse_of(folder / "engine", tmp_path / "changed.onnx") is None
+
+
 def test_build_decoder_names_the_matmuls_a_plan_misses(engine, tmp_path):
     b, folder = engine
     ops = nb.Prepared(folder / "engine").ops

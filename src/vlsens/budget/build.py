@@ -91,19 +91,23 @@ def write_components(checkpoint, reference, cases, base: dict, formats: dict, ou
     return record
 
 
-def _gated_decoder(plan, decoder_dir: Path, reference, out_dir: Path, gate, calibration=None) -> Path:
+def _gated_decoder(plan, decoder_dir: Path, reference, out_dir: Path, gate, calibration=None, engine=None) -> Path:
     """The plan's decoder as a gated variant folder of ``decoder_dir`` (the fp32 decoder);
-    ``calibration``: the decoder's calibration samples, for a plan that names them."""
+    ``calibration``: the decoder's calibration samples, for a plan that names them; ``engine``: the
+    run's engine nbits folder, whose quantized MatMuls the decoder takes where they are the plan's
+    (:func:`vlsens.sensitivity.nbits.reuse_of`)."""
     from vlsens.budget.plan import build_decoder
     from vlsens.core import paths
     from vlsens.core.onnxutil import copy_model
+    from vlsens.sensitivity.nbits import reuse_of
     from vlsens.variants import variant_folder
 
     def transform(src: Path, feeds, staged: Path) -> dict:
         if src.name != paths.MAIN:
             copy_model(src, staged)
             return {}
-        return {"plan": plan.name, **build_decoder(plan, src, staged, calibration, gate.threads)}
+        reuse = reuse_of(engine, src) if engine else None
+        return {"plan": plan.name, **build_decoder(plan, src, staged, calibration, gate.threads, reuse)}
 
     variant_folder(decoder_dir, reference, out_dir, f"plan-{plan.name}", transform, gate)
     return out_dir / paths.MAIN
@@ -148,7 +152,7 @@ def plan_folder(plan_file, out_dir, checkpoint, sources: dict, images, checks, g
                               f"(built: {sorted(have[part])})")
     with tempfile.TemporaryDirectory(prefix="vlsens-plan-") as work:
         decoder = _gated_decoder(plan, Path(sources["decoder_dir"]), sources["reference"], Path(work) / "decoder",
-                                 gate, sources.get("calibration"))
+                                 gate, sources.get("calibration"), sources.get("engine"))
         vision = (_mixed_vision(plan, sources["vision_mixed"], checkpoint, Path(work) / "vision"),
                   sources["vision_mixed"]["fp32"]) if plan.vision == MIXED else sources["vision"][plan.vision]
         # the record names the run's graphs the scratch ones were built from (the plan file says how)
@@ -299,7 +303,8 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
     formats = formats_of(inputs)
     formats["embedding"]["fp32"] = decoder.with_name("embedding.onnx")
     sources = {"decoder_dir": decoder.parent, "reference": inputs["decoder_reference"], **formats,
-               "calibration": gptq_calibration(inputs.get("calibration"), decoder, inputs.get("gptq"), writable=False)}
+               "calibration": gptq_calibration(inputs.get("calibration"), decoder, inputs.get("gptq"), writable=False),
+               "engine": inputs.get("engine")}
     if "vision_reference" in inputs:  # a mixed vision graph can be built (plan.vision has mixed)
         sources["vision_mixed"] = {"fp32": inputs["vision_fp32"], "reference": inputs["vision_reference"],
                                    "tolerance": params["tolerance"], "exact_tolerance": params["exact_tolerance"],

@@ -221,14 +221,16 @@ class Plan:
 
 
 def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path, calibration=None,
-                  threads: int = 0) -> dict:
+                  threads: int = 0, reuse=None) -> dict:
     """``out_model`` (+ its data file): ``float_model`` with every MatMul at the plan's bits, by
     :func:`vlsens.quantize.nbits.quantize` at the plan's settings. The plan must list exactly the
     graph's weight MatMuls (else a VlsensError naming the missing and extra ones); the built
     graph's bits are read back and checked. ``calibration``: the samples a plan that names
     calibration was chosen on (checked by their SHA-256), a path or a
     :class:`vlsens.quantize.gptq.Calibration` with the run's store of GPTQ codes (read, not
-    recomputed: the same decoder). Facts: plan, digest, counts, weight bytes."""
+    recomputed: the same decoder); ``reuse``: a :class:`vlsens.quantize.nbits.Reuse` its data-free
+    MatMuls are taken from where it has them (the same nodes). Facts: plan, digest, counts, weight
+    bytes."""
     from vlsens.precision.nbits import weight_facts
     from vlsens.quantize.nbits import quantize, weight_matmuls
 
@@ -249,7 +251,7 @@ def build_decoder(plan: Plan, float_model: str | Path, out_model: str | Path, ca
                               f"{plan.calibration[:12]}..; given {samples} ({given})")
     model = quantize(float_model, out_model, {n: b for n, b in plan.decoder.items() if b},
                      NBitsSettings.from_config(plan.settings), algorithms=plan.algorithms,
-                     calibration=calibration if plan.calibration else None, threads=threads)
+                     calibration=calibration if plan.calibration else None, threads=threads, reuse=reuse)
     facts = weight_facts(model)
     if facts["bits"] != plan.decoder:
         wrong = sorted(n for n in plan.decoder if facts["bits"].get(n) != plan.decoder[n])

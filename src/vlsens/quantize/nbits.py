@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from vlsens.model.family import NODE_NAMES
 
 log = logging.getLogger(__name__)
@@ -88,9 +90,63 @@ def weight_matmuls(model) -> list[dict]:
     return out
 
 
+@dataclass(frozen=True)
+class Reuse:
+    """MatMuls :func:`quantize` already wrote from the same float weights with the same settings:
+    per width a model (``models``, e.g. a sensitivity engine's all-INT4 / all-INT8 models), each
+    MatMul's algorithm in it (``algorithms``: per width ``{op: algorithm}`` where not
+    ``settings.algorithm``), and each MatMul's float weight name there (``weights``: a copy of the
+    float model may name a weight otherwise, :func:`vlsens.quantize.qdq.prepare_float_model`).
+    :func:`quantize` takes a data-free MatMul's node and tensors from it instead of quantizing it
+    again: RTN and k_quant quantize each node on its own, so they are the ones it would write."""
+
+    models: Mapping[int, Path]
+    settings: NBitsSettings
+    algorithms: Mapping[int, Mapping[str, str]]
+    weights: Mapping[str, str]
+
+    def has(self, op: str, b: int, algorithm: str, settings: NBitsSettings) -> bool:
+        return (settings == self.settings and algorithm not in DATA_AWARE and b in self.models and op in self.weights
+                and self.algorithms.get(b, {}).get(op, self.settings.algorithm) == algorithm)
+
+    def taken(self, group: Sequence[dict], bits: Mapping[str, int], algorithm: str, settings: NBitsSettings) -> dict:
+        """:meth:`take` of every MatMul of ``group`` (at its ``bits``, by ``algorithm``) it has."""
+        out = {}
+        for b in BITS:
+            ops = [o for o in group if bits[o["name"]] == b and self.has(o["name"], b, algorithm, settings)]
+            out.update(self.take(ops, b) if ops else {})
+        log.info("%s: %d MatMuls taken as quantized before, %d quantized", algorithm, len(out), len(group) - len(out))
+        return out
+
+    def take(self, ops: Sequence[dict], b: int) -> dict[str, tuple]:
+        """``{MatMul name: (its MatMulNBits node, its tensors with their values)}`` of ``ops`` at ``b``
+        bits, the tensors named after each op's own float weight."""
+        import onnx
+        from onnx import numpy_helper
+
+        from vlsens.core.onnxutil import tensor_array
+
+        model = onnx.load(str(self.models[b]), load_external_data=False)
+        inits = {t.name: t for t in model.graph.initializer}
+        nodes = {n.name.rsplit("_Q", 1)[0]: n for n in model.graph.node if n.op_type == "MatMulNBits"}
+        out = {}
+        for o in ops:
+            node, mine = onnx.NodeProto(), self.weights[o["name"]]
+            node.CopyFrom(nodes[o["name"]])
+            tensors = []
+            for i, x in enumerate(node.input[1:], 1):
+                if x not in inits:
+                    continue
+                name = o["weight"] + x[len(mine):] if x.startswith(mine) else x
+                tensors.append(numpy_helper.from_array(np.array(tensor_array(inits[x], self.models[b].parent)), name))
+                node.input[i] = name
+            out[o["name"]] = (node, tensors)
+        return out
+
+
 def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, int], settings: NBitsSettings,
              batch_bytes: int = 512 << 20, algorithms: Mapping[str, str] | None = None,
-             calibration=None, threads: int = 0) -> Path:
+             calibration=None, threads: int = 0, reuse: Reuse | None = None) -> Path:
     """Write ``float_model`` with every MatMul named in ``bits`` quantized to that width (4 or 8)
     and every other MatMul left float, by ONNX Runtime's ``MatMulNBitsQuantizer``; ``out_model`` +
     its data file. Node ``<name>`` becomes ``<name>_Q<bits>``. ``algorithms``: per MatMul an
@@ -104,10 +160,11 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
     ``rtn`` and ``k_quant`` quantize each node on its own, so the result is the one a run over the
     whole model gives (``tests/test_nbits.py``: equal to the model builder's ``-p int4`` export,
     weight for weight), and the memory is one batch and the quantized weights, not the float
-    model and its quantized copy together (24 GB at 3B with 36 layers)."""
+    model and its quantized copy together (24 GB at 3B with 36 layers). ``reuse``: where a
+    data-free MatMul at its width and algorithm is in :class:`Reuse`'s models, it is taken from
+    there, not quantized again."""
     import onnx
 
-    from vlsens.core.onnxgraph import node_reads
     from vlsens.core.onnxutil import save_streamed
 
     algorithms = _checked(float_model, bits, algorithms, calibration)
@@ -127,8 +184,22 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
             done.update(_data_aware(float_model, model, group, bits, settings, calibration, Path(out_model).parent,
                                     threads, algo))
             continue
+        if reuse is not None:
+            done.update(reuse.taken(group, bits, algo, settings))
+            group = [o for o in group if o["name"] not in done]
         for batch in _batches(group, batch_bytes):
             done.update(_quantize_batch(batch, inits, float_model.parent, bits, replace(settings, algorithm=algo), opset))
+    _splice(model, done)
+    return save_streamed(model, float_model.parent, out_model)
+
+
+def _splice(model, done: dict[str, tuple]) -> None:
+    """Put each quantized node (``done``: MatMul name -> (node, its tensors[, AWQ's chain])) in its
+    MatMul's place in ``model``, dropping the initializers nothing reads any more."""
+    import onnx
+
+    from vlsens.core.onnxgraph import node_reads
+
     nodes = []
     for node in model.graph.node:
         if node.name not in done:
@@ -147,7 +218,6 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
     model.graph.initializer.extend(kept)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-    return save_streamed(model, float_model.parent, out_model)
 
 
 def _checked(float_model, bits: Mapping[str, int], algorithms: Mapping[str, str] | None, calibration) -> dict:

@@ -340,6 +340,7 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     from vlsens.core.artifacts import verify
     from vlsens.core.fsutil import savez_stream, write_json
     from vlsens.data.samples import Samples
+    from vlsens.quantize.gptq import model_digest
     from vlsens.quantize.qdq import prepare_float_model
 
     t0 = time.perf_counter()
@@ -350,12 +351,10 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     if not ops:
         raise ValueError(f"no MatMul with a constant weight in {base_model}")
     names = [o["name"] for o in ops]
-    paths = {}
-    for b in BITS:
-        log.info("quantizing all %d weight MatMuls to %d bits (%s, block %d)", len(names), b, settings.algorithm,
-                 settings.block_size)
-        paths[b] = quantize(fl, d / FILES[f"q{b}"], dict.fromkeys(names, b), settings,
-                            algorithms=(algorithms or {}).get(b), calibration=calibration, threads=threads)
+    log.info("quantizing all %d weight MatMuls to %s bits (%s, block %d)", len(names), " and ".join(map(str, BITS)),
+             settings.algorithm, settings.block_size)
+    paths = {b: quantize(fl, d / FILES[f"q{b}"], dict.fromkeys(names, b), settings, algorithms=(algorithms or {}).get(b),
+                         calibration=calibration, threads=threads) for b in BITS}
     t_q = time.perf_counter()
     log.info("quantized in %.0f s; building the switch model", t_q - t0)
     nodes = {b: quantized_nodes(p) for b, p in paths.items()}
@@ -374,6 +373,7 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     meta = {
         "engine": "nbits",
         "base_model": str(base_model),
+        "float_digest": model_digest(base_model),
         "settings": settings.as_dict(),
         "algorithms": {str(b): dict(a) for b, a in (algorithms or {}).items() if a},
         **({"calibration": calibration_record(calibration)}
@@ -388,6 +388,23 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     }
     write_json(d / FILES["meta"], meta)
     return meta
+
+
+def reuse_of(engine_dir: str | Path, float_model: str | Path):
+    """The engine's all-INT4 and all-INT8 models as a :class:`vlsens.quantize.nbits.Reuse` for
+    quantizing ``float_model`` (a plan's decoder takes its data-free MatMuls from them instead of
+    quantizing them again), or None where the engine was prepared from other float weights (the
+    content digest it recorded differs) or recorded none."""
+    from vlsens.quantize.gptq import model_digest
+    from vlsens.quantize.nbits import Reuse
+
+    eng = Prepared(engine_dir)
+    if eng.meta.get("float_digest") != model_digest(float_model):
+        log.info("engine %s: prepared from other float weights than %s; nothing reused", engine_dir, float_model)
+        return None
+    return Reuse({b: eng.folder / FILES[f"q{b}"] for b in BITS}, eng.settings,
+                 {int(b): dict(a) for b, a in eng.meta.get("algorithms", {}).items()},
+                 {o["name"]: o["weight"] for o in eng.meta["ops"]})
 
 
 def calibration_record(calibration) -> dict:
