@@ -73,9 +73,12 @@ def one_step(model: Path, work: Path, step: str, algorithm: str, block_size: int
 
 
 def same_files(a: Path, b: Path) -> bool:
+    """Whether the two builds' graphs and data files are equal byte for byte."""
     import filecmp
 
-    return all(filecmp.cmp(a / f, b / f, shallow=False) for f in ("model.onnx", "model.onnx.data"))
+    from vlsens.core.onnxutil import data_path
+
+    return all(filecmp.cmp(a / f, b / f, shallow=False) for f in ("model.onnx", data_path(Path("model.onnx")).name))
 
 
 def main() -> None:

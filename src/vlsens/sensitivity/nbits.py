@@ -277,8 +277,8 @@ class NBitsEngine:
     def evaluate(self, bits: Mapping[str, int], reference, cases: Sequence[int] | None = None) -> dict[str, float]:
         """Metrics against ``reference`` over every feed, or over the feeds ``cases`` (indices)."""
         acc = Metrics(self.logits)
-        for i, out in zip(range(len(self.samples.feeds)) if cases is None else cases, self.outputs(bits, cases),
-                          strict=True):
+        cases = range(len(self.samples.feeds)) if cases is None else cases
+        for i, out in zip(cases, self.outputs(bits, cases), strict=True):
             acc.add(out, reference[i], self.samples.valid[i])
         return acc.result()
 
@@ -476,17 +476,14 @@ def _output_errors(eng_dir: Prepared, feeds, scratch: str | Path, threads: int) 
     return errors
 
 
-def _priced_on(samples, cases: Sequence[int] | None) -> dict:
+def _priced_on(samples, cases: Sequence[int]) -> dict:
     """Which cases of the set the ops alone were priced on, and their positions (a forward's cost)
     against the whole set's."""
-    every = range(len(samples.feeds))
-
     def positions(idx) -> int:
-        return sum(int(next(iter(samples.feeds[i].values())).shape[1]) if "inputs_embeds" not in samples.feeds[i]
-                   else int(samples.feeds[i]["inputs_embeds"].shape[1]) for i in idx)
+        return sum(int(samples.feeds[i]["inputs_embeds"].shape[1]) for i in idx)
 
-    return {"cases": [samples.names[i] for i in (every if cases is None else cases)], "of": len(samples.feeds),
-            "positions": positions(every if cases is None else cases), "positions_of": positions(every)}
+    return {"cases": [samples.names[i] for i in cases], "of": len(samples.feeds), "positions": positions(cases),
+            "positions_of": positions(range(len(samples.feeds)))}
 
 
 def _score(eng_dir: Prepared, eng: NBitsEngine, ref, measured: int | None = None,
