@@ -7,7 +7,7 @@ error (:func:`vlsens.sensitivity.nbits.sensitivity` with ``measured=m``), beside
 table (``budget/nbits.csv``). With ``--price-cases``, each ``m`` is also run with every op alone
 priced on that many of the measure's cases (stratified by modality,
 :func:`vlsens.deploy.cases.pricing_cases`), the output errors taken on the same cases, and
-published as ``decoder-estimate-<results>-cases``.
+published as ``decoder-estimate-<results>-cases``; ``--max-evals`` other than 20 adds ``-evals<E>``.
 
 It prints, per ``m``: how the estimated table ranks every MatMul against the measure (Spearman's
 rho at INT4 and INT8, over all MatMuls and over the estimated ones), measure / estimate per
@@ -167,9 +167,11 @@ def main() -> None:
                 runs[label] = estimated(args.results, m, args.threads, price)
     tables = {"full": exact_rows, **{k: rows for k, (rows, _, _) in runs.items()}}
     curve = curves(args.results, tables, args.max_evals, args.threads)
-    with published(f"decoder-estimate-{args.results.name}" + ("-cases" if args.price_cases else ""),
+    evals = "" if args.max_evals == 20 else f"-evals{args.max_evals}"
+    with published(f"decoder-estimate-{args.results.name}" + ("-cases" if args.price_cases else "") + evals,
                    f"The decoder MatMuls' estimate of {args.results}" + (
-                       ", priced on subsets of the cases" if args.price_cases else ""),
+                       ", priced on subsets of the cases" if args.price_cases else "") + (
+                       f", {args.max_evals} measured assignments per budget" if evals else ""),
                    results=args.results):
         report(args.results, exact_rows, exact_summary, exact_seconds, runs, curve)
 

@@ -237,6 +237,34 @@ def test_an_op_whose_int8_costs_more_than_its_int4_widens_straight_to_float():
     assert bits["out"] == 0 and got == pytest.approx(0.05)
 
 
+def test_one_measured_assignment_per_budget_is_the_per_byte_fill():
+    """``max_evals`` bounds the assignments measured besides all INT4: at 1 the search measures the
+    fill in order of estimated error saved per byte alone, at 2 the fill by estimated error too, and
+    keeps the better one."""
+    from vlsens.precision.nbits import search_budget
+
+    rows = [{"op": "big", "bytes_float": 400, "bytes_int8": 200, "bytes_int4": 100, "error_int4": 1.0,
+             "error_int8": 0.1},
+            {"op": "small", "bytes_float": 40, "bytes_int8": 20, "bytes_int4": 10, "error_int4": 0.6,
+             "error_int8": 0.0}]
+    true = {"big": {4: 1.0, 8: 0.1, 0: 0.0}, "small": {4: 0.6, 8: 0.5, 0: 0.0}}  # small's INT8 estimate is wrong
+
+    def kl(a):
+        return sum(true[n][a.get(n, 0)] for n in true)
+
+    budget = 100 + 10 + 100  # big to INT8, or small to float and no more
+    measured = fr.Measured(kl)
+    measured({"big": 4, "small": 4})
+    bits, got = search_budget(measured, rows, budget, max_evals=1)
+    assert measured.evaluations == 2, measured.cache
+    assert bits == {"big": 4, "small": 0} and got == pytest.approx(1.0)
+    measured = fr.Measured(kl)
+    measured({"big": 4, "small": 4})
+    bits, got = search_budget(measured, rows, budget, max_evals=2)
+    assert measured.evaluations == 3, measured.cache
+    assert bits == {"big": 8, "small": 4} and got == pytest.approx(0.7)
+
+
 def test_search_returns_plans_spread_over_the_front(searched, engine, tmp_path):
     plans, record = searched
     b, folder = engine

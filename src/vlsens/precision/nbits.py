@@ -122,7 +122,12 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
     estimated error saved per byte and of estimated error (the sensitivity CSV); and two measured
     greedies that, each step, measure the ``candidates`` best-estimated widenings that fit and keep
     the one saving the most measured error per byte, or the most measured error. An op whose INT8
-    costs more than its INT4 (:func:`_int8_dominated`) widens from INT4 straight to float."""
+    costs more than its INT4 (:func:`_int8_dominated`) widens from INT4 straight to float.
+
+    ``max_evals`` bounds the measured assignments besides all INT4 (which the caller's memoizing
+    ``measure`` has measured once): 1 measures the per-byte fill alone, the one that finds the
+    lower KL at nearly every budget (docs/plan.md, "Cost"); 2 both fills; more lets the greedies
+    step."""
     by = {r["op"]: r for r in rows}
     names = [r["op"] for r in rows]
     evals = [0]
@@ -140,16 +145,6 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
 
     def widen(n, b):
         return _widen(by[n], b, n in skip)
-
-    def fill(key):
-        a = dict.fromkeys(names, 4)
-        while True:
-            options = [(n, *widen(n, a[n])) for n in names if widen(n, a[n]) is not None]
-            options = [o for o in options if cost({**a, o[0]: o[1]}) <= budget]
-            if not options:
-                return a
-            n, b, *_ = max(options, key=key)
-            a = {**a, n: b}
 
     def greedy(per_byte: bool):
         a = dict.fromkeys(names, 4)
@@ -169,9 +164,23 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
             a, e = {**a, best[1]: best[2]}, best[3]
         return a, e
 
-    found = [(a, run(a)) for a in (fill(lambda o: _ratio(o[2], o[3])), fill(lambda o: o[2]))]
+    fills = (lambda o: _ratio(o[2], o[3]), lambda o: o[2])  # per byte, by error
+    found = [(a, run(a)) for a in (_fill(names, widen, cost, budget, key) for key in fills[:max(1, max_evals)])]
     found += [greedy(True), greedy(False)]
     return min(found, key=lambda x: x[1])
+
+
+def _fill(names: Sequence[str], widen, cost, budget: int, key) -> dict[str, int]:
+    """From all INT4, the widening ``widen(op, bits)`` -> ``(width, error saved, bytes added)`` of
+    largest ``key`` while the assignment's ``cost`` fits ``budget``."""
+    a = dict.fromkeys(names, 4)
+    while True:
+        options = [(n, *widen(n, a[n])) for n in names if widen(n, a[n]) is not None]
+        options = [o for o in options if cost({**a, o[0]: o[1]}) <= budget]
+        if not options:
+            return a
+        n, b, *_ = max(options, key=key)
+        a = {**a, n: b}
 
 
 def _widen(r: Mapping, b: int, skip_int8: bool) -> tuple | None:
