@@ -126,8 +126,8 @@ def search_budget(measure, rows: Sequence[Mapping], budget: int, max_evals: int 
 
     ``max_evals`` bounds the measured assignments besides all INT4 (which the caller's memoizing
     ``measure`` has measured once): 1 measures the per-byte fill alone, the one that finds the
-    lower KL at nearly every budget (docs/plan.md, "Cost"); 2 both fills; more lets the greedies
-    step."""
+    lower KL at nearly every budget (docs/plan.md, "One measured assignment per budget"); 2 both
+    fills; more lets the greedies step."""
     by = {r["op"]: r for r in rows}
     names = [r["op"] for r in rows]
     evals = [0]
