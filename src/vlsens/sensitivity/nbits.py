@@ -429,7 +429,8 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
     on, and its output error taken on, the uniform models' metrics staying on the whole set (JSON
     ``priced_on``). Not a setting of the workflow: on the 36-layer tiny checkpoint a subset
     misranks the MatMuls enough that the search's curve loses 1.2-4.5x in KL
-    (``bench/bench_decoder_estimate.py --price-cases``, docs/plan.md, "Cost")."""
+    (``bench/bench_decoder_estimate.py --price-cases``; docs/plan.md, "Pricing on fewer cases does
+    not pay")."""
     from vlsens.core.fsutil import staging_dir, write_csv, write_json
 
     eng_dir = Prepared(engine_dir)
