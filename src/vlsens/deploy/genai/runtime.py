@@ -197,6 +197,8 @@ class Chat:
         from vlsens.core.device import NO_SPIN, passive
 
         self._view = _provider_view(self.folder, provider)
+        #: the folder's own search.max_length (its context length): the most a generator is given
+        self.max_length = int(json.loads((self.folder / "genai_config.json").read_text())["search"]["max_length"])
         config = og.Config(self._view.name if self._view else str(self.folder))
         options = {**({} if prepack else {"session.disable_prepacking": "1"}), **(NO_SPIN if passive() else {})}
         if options:
@@ -271,17 +273,26 @@ class Chat:
         """The folder's own multimodal processor on a ready chat text and its images."""
         return self.processor(prompt, images=self._images(images))
 
-    def _generator(self, prompt: str, images: Sequence, **search):
+    def _generator(self, prompt: str, images: Sequence, new_tokens: int, **search):
+        """A greedy generator on ``prompt`` and ``images`` whose KV cache holds the prompt's
+        positions and ``new_tokens`` more, at most the folder's own (``search``'s ``max_length`` wins). The folder's
+        ``search.max_length`` is its context length (128 000 at Qwen2.5-VL-3B), and with the
+        shared past/present buffer the runtime allocates the cache at that length for every
+        generator: layers x 2 x KV heads x head size x 4 bytes a position, 9.4 GB for the 36-layer
+        3B decoder in float32, allocated again for each prompt. The tokens and logits do not depend
+        on the buffer's length (``tests/test_deploy.py``; :func:`search_length`)."""
+        inputs = self.inputs(prompt, images)
         params = self.og.GeneratorParams(self.model)
-        params.set_search_options(**{"do_sample": False, **search})
+        length = min(search_length(inputs, new_tokens), self.max_length)
+        params.set_search_options(**{"do_sample": False, "max_length": length, **search})
         gen = self.og.Generator(self.model, params)
-        gen.set_inputs(self.inputs(prompt, images))
+        gen.set_inputs(inputs)
         return gen
 
     def generate(self, prompt: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> list[int]:
         """New token ids after ``prompt``, a ready chat text (template applied, one image
         placeholder per image), ``search``: onnxruntime-genai search options."""
-        gen = self._generator(prompt, images, **search)
+        gen = self._generator(prompt, images, max_new_tokens, **search)
         out: list[int] = []
         while not gen.is_done() and len(out) < max_new_tokens:
             gen.generate_next_token()
@@ -291,7 +302,7 @@ class Chat:
     def forced_logits(self, prompt: str, images: Sequence, tokens: Sequence[int]) -> np.ndarray:
         """Next-token logits (steps, vocab) at ``prompt``'s end and after each of ``tokens[:-1]``
         appended (teacher forcing)."""
-        gen = self._generator(prompt, images)
+        gen = self._generator(prompt, images, len(tokens))
         out = [np.asarray(gen.get_logits(), np.float64).reshape(-1)]
         for t in tokens[:-1]:
             gen.append_tokens(np.array([[t]], dtype=np.int32))
@@ -317,6 +328,13 @@ class Chat:
         """The answer to one user turn: the new tokens only (at most ``max_new_tokens``; greedy
         unless ``search`` says otherwise), decoded as transformers does (:meth:`decode`)."""
         return self.decode(self.tokens(text, images, max_new_tokens, **search))
+
+
+def search_length(inputs, new_tokens: int) -> int:
+    """The sequence length a generator needs for the processor's ``inputs`` (``input_ids`` with
+    every image's tokens in place) and ``new_tokens`` after them: onnxruntime-genai's
+    ``max_length``, the length its KV cache is allocated at."""
+    return int(inputs["input_ids"].shape()[-1]) + max(int(new_tokens), 1)
 
 
 def rope_positions(checkpoint: str | Path, inputs: dict) -> np.ndarray:
