@@ -2,8 +2,9 @@
 # folders' measure. The decoder's evaluation set is the measure's cases run through the fp32
 # folder's own graphs (an ONNX Runtime chain proven equal to onnxruntime-genai's teacher forcing);
 # engine nbits measures every MatMul there; each vision and embedding format is measured end to end
-# in the fp32 folder; the search builds the front from these, and every picked plan is built into a
-# deploy folder (deploy/plan-p<i>/) and measured like every folder.
+# in the fp32 folder (the part chain, proven equal to onnxruntime-genai's measure); the search
+# builds the front from these, and every picked plan is built into a deploy folder
+# (deploy/plan-p<i>/) and measured like every folder.
 
 
 # The measure's cases as the decoder's evaluation set (through the fp32 folder's own graphs), and
@@ -139,6 +140,7 @@ rule plan_folder:
         images=INPUTS["parity_images"],
         fp32_folder=paths.fill(DEPLOY, precision="fp32"),
         vision_features=paths.DEPLOY_VISION_FEATURES,
+        fp32_logits=paths.DEPLOY_EVAL_LOGITS,
         reference=paths.MEASURE_REFERENCE,
         cases=paths.MEASURE_CASES,
     output:

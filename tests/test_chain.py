@@ -47,7 +47,7 @@ def chain(graph_builder, parity_refs, tmp_path_factory):
     index = reference(fp32, cases, 8, root / "reference.npz")
     facts = decoder_feeds(fp32, root / "reference.npz", cases, dec.ckpt, root / "feeds.npz")
     return {"dec": dec, "fp32": fp32, "cases": cases, "index": index, "ref": root / "reference.npz",
-            "feeds": root / "feeds.npz", "facts": facts, "root": root}
+            "feeds": root / "feeds.npz", "facts": facts, "root": root, "vision": vis.model("fp32")}
 
 
 def test_feeds_are_the_decoder_graphs_evaluation_set(chain):
@@ -237,3 +237,95 @@ def test_the_engine_prices_on_a_stratified_subset_of_the_cases(chain, tmp_path):
             assert float(row["kl_int4"]) == pytest.approx(float(rows[op]["kl_int4"]), rel=1e-9, abs=1e-12)
     with pytest.raises(ValueError, match="not in the evaluation set"):
         eng.indices(["text-99"])
+
+
+#: A vision or embedding format's KL per case, the chain (:class:`vlsens.deploy.genai.chain.PartChain`:
+#: the fp32 decoder's one prefill) against the measure of the folder assembled with that part
+#: (onnxruntime-genai's prefill and decode steps). The float32 decoder is the same in both, so they
+#: differ by the decode steps' float32 rounding alone (as the fp32 folder's, at most a few ulps of
+#: the logits): measured on the tiny preset at most 6.3e-7 relative (2.4e-7 for the vision graph's
+#: mean KL per case, 3.2e-7 for the table's); the same margin as an INT4 decoder's.
+PART_REL = CASE_REL
+
+
+@pytest.fixture(scope="module")
+def parts(chain):
+    """The tiny preset's vision graph with every Linear at INT4 and the embedding table at INT4,
+    each in a folder assembled from the fp32 folder's other parts (as the components' folders
+    were) and measured, and the same parts on the chain."""
+    from vlsens.core.artifacts import file_entries
+    from vlsens.core.fsutil import write_json
+    from vlsens.core.onnxutil import copy_model
+    from vlsens.deploy.genai import folder as genai
+    from vlsens.deploy.genai.assemble import assemble
+    from vlsens.deploy.genai.chain import PartChain
+    from vlsens.deploy.genai.measure import measure_folder
+    from vlsens.precision.weight_only import quantize_embedding, quantize_vision
+
+    root, dec = chain["root"] / "parts", chain["dec"]
+    vis_fp32 = chain["vision"]
+    vision, embedding = root / "vision" / "model.onnx", root / "embedding" / "model.onnx"
+    quantize_vision(vis_fp32, vision, SETTINGS)
+    quantize_embedding(dec.folder("fp32") / "embedding.onnx", embedding, 32, True, bits=4)
+    for g in (vision, embedding):  # as published: a record beside each lists it (the folder verifies its parts)
+        write_json(g.with_name("parity.json"), {"files": file_entries([g])})
+    preamble = chain["fp32"] / genai.GRAPHS["vision"]
+    measured = {}
+    for part, graphs in (("vision", (dec.model("fp32"), dec.folder("fp32") / "embedding.onnx", vision)),
+                         ("embedding", (dec.model("fp32"), embedding, vis_fp32))):
+        folder = root / part / "folder"
+        assemble(folder, dec.ckpt, *graphs, root / part / "work", preamble_from=preamble)
+        measured[part] = measure_folder(folder, chain["ref"], chain["cases"], part)
+    pc = PartChain(chain["fp32"], chain["ref"], chain["cases"], dec.ckpt, threads=2)
+    wrapped = root / "vision" / "folder" / genai.GRAPHS["vision"]
+    return {"measured": measured, "chain": pc,
+            "chained": {"vision": pc.measure("vision", vision=wrapped),
+                        "embedding": pc.measure("embedding", embedding=copy_model(embedding, root / "named" /
+                                                                                   genai.GRAPHS["embedding"]))},
+            "folders": {p: root / p / "folder" for p in ("vision", "embedding")}}
+
+
+def test_the_fp32_folder_on_the_part_chain_is_its_own_measure(chain, parts):
+    m = parts["chain"].measure("fp32")
+    assert [r["name"] for r in m["cases"]] == [c["name"] for c in chain["index"]["cases"]]
+    assert all(abs(r["kl"]) < 1e-9 and r["top1"] == 1.0 for r in m["cases"]), m["cases"]
+
+
+@pytest.mark.parametrize("part", ["vision", "embedding"])
+def test_a_part_on_the_chain_equals_the_measure_of_its_folder(parts, part):
+    from vlsens.deploy.genai.measure import folder_weight_bytes
+
+    chained, measured = parts["chained"][part], parts["measured"][part]
+    for a, b in zip(chained["cases"], measured["cases"], strict=True):
+        assert a["name"] == b["name"] and a["steps"] == b["steps"] and a["top1"] == b["top1"], (a, b)
+        if b["modality"] == "text" and part == "vision":
+            assert a["kl"] < 1e-9 and b["kl"] < 1e-9, (a, b)  # the vision graph does not reach a text prompt
+            continue
+        assert b["kl"] > 1e-7, b  # the part changes the answer's distribution: not a trivial pass
+        assert a["kl"] == pytest.approx(b["kl"], rel=PART_REL), (a, b)
+        assert a["max_kl"] == pytest.approx(b["max_kl"], rel=PART_REL), (a, b)
+    assert chained["mean_kl"] == pytest.approx(measured["mean_kl"], rel=PART_REL)
+    assert chained["bytes"] == folder_weight_bytes(parts["folders"][part])
+    for m, s in measured["modalities"].items():
+        assert chained["modalities"][m]["mean_kl"] == pytest.approx(s["mean_kl"], rel=PART_REL, abs=1e-9)
+
+
+def test_the_part_chain_runs_only_the_modalities_asked_and_each_image_once(chain, parts, monkeypatch):
+    from vlsens.deploy.genai import chain as ch
+    from vlsens.deploy.genai.chain import PartChain
+
+    pc = PartChain(chain["fp32"], chain["ref"], chain["cases"], chain["dec"].ckpt, threads=2,
+                   modalities={"image", "images"})
+    calls = []
+    real = ch._features
+    monkeypatch.setattr(ch, "_features", lambda s, p, h: calls.append(p["image_grid_thw"].tolist()) or real(s, p, h))
+    wrapped = parts["folders"]["vision"] / "vision.onnx"
+    m = pc.measure("vision", vision=wrapped)
+    want = {r["name"]: r for r in parts["chained"]["vision"]["cases"]}
+    assert {r["modality"] for r in m["cases"]} == {"image", "images"}
+    for r in m["cases"]:
+        assert r == want[r["name"]]
+    images = [f["path"] for c in chain["cases"] if c["images"] for f in c["images"]]
+    assert len(calls) == len(set(images)) < len(images), (calls, images)
+    with pytest.raises(Exception, match="none of the cases"):
+        PartChain(chain["fp32"], chain["ref"], chain["cases"], chain["dec"].ckpt, modalities={"video"})

@@ -3,6 +3,6 @@ up (vlsens.budget.build)."""
 import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environment)
 
 from vlsens.budget.build import components_job
-from vlsens.core.scripting import run
+from vlsens.core.scripting import run, threads
 
-run(snakemake, lambda sm: components_job(dict(sm.input.items()), dict(sm.output.items())))  # noqa: F821
+run(snakemake, lambda sm: components_job(dict(sm.input.items()), dict(sm.output.items()), threads(sm)))  # noqa: F821

@@ -2,11 +2,13 @@
 plan built into a deploy folder.
 
 **Components** (:func:`measure_components`): the fp32 folder with one part changed -- its vision
-graph in one format, or its embedding table in one format -- assembled and measured end to end
-(:func:`vlsens.deploy.genai.measure.measure_folder`) on the same cases and reference as every
-folder. With the decoder's KL from the engine (:mod:`vlsens.budget.front`), these give the
-additive estimate the front is searched on; each built point says how far the sum is from the
-folder it built. The component folders are measurement vehicles, built in a temporary folder.
+graph in one format, or its embedding table in one format -- measured end to end on the same
+cases and reference as every folder, by the part chain
+(:class:`vlsens.deploy.genai.chain.PartChain`: the fp32 folder's decoder and embedding as plain
+ONNX Runtime sessions, opened once; equal to :func:`vlsens.deploy.genai.measure.measure_folder`
+on the folder so assembled within the kernels' rounding). With the decoder's KL from the engine
+(:mod:`vlsens.budget.front`), these give the additive estimate the front is searched on; each
+built point says how far the sum is from the folder it built.
 
 **A plan's folder** (:func:`plan_folder`): the decoder quantized as the plan says
 (:func:`vlsens.budget.plan.build_decoder`) and gated like every INT4 decoder (against transformers
@@ -37,35 +39,40 @@ def _in_folder(folder: Path, part: str) -> int:
     return model_bytes(folder / genai.GRAPHS[part])
 
 
-def _measure_one(name: str, parts: dict, checkpoint, reference, cases, work: Path) -> tuple[Path, dict]:
-    """One component folder assembled from ``parts`` (decoder, embedding, vision graphs) and measured."""
-    from vlsens.deploy.genai.assemble import assemble
-    from vlsens.deploy.genai.folder import GRAPHS
-    from vlsens.deploy.genai.measure import measure_folder
-
-    folder = work / name
-    assemble(folder, checkpoint, parts["decoder"], parts["embedding"], parts["vision"], work / f"{name}-preamble",
-             preamble_from=Path(parts["folder"]) / GRAPHS["vision"] if parts.get("folder") else None)
-    m = measure_folder(folder, reference, cases, name)
-    return folder, {"kl": m["mean_kl"], "top1": m["top1"], "modalities": m["modalities"], "cases": m["cases"]}
-
-
-def measure_components(checkpoint, reference, cases, base: dict, formats: dict, fp32_folder) -> dict:
+def measure_components(checkpoint, reference, cases, formats: dict, fp32_folder, threads: int = 0) -> dict:
     """``{"vision": {format: {bytes, kl, ...}}, "embedding": {...}}``: each format of a part in the
-    fp32 folder (``base``: its decoder, embedding and vision graphs; ``fp32_folder``: the folder
-    itself), measured end to end, its bytes as the folder ships it; the fp32 formats are the
-    reference itself (KL 0)."""
+    fp32 folder (``fp32_folder``), measured end to end by the part chain (:class:`vlsens.deploy.genai.chain.PartChain`:
+    the folder so assembled through onnxruntime-genai, within the kernels' rounding,
+    ``tests/test_chain.py``), its bytes as the folder ships it (the vision graph with the fp32
+    folder's preamble, the table under its folder name); the fp32 formats are the reference
+    itself (KL 0)."""
+    import shutil
+
+    from vlsens.core.artifacts import verify
+    from vlsens.core.onnxutil import copy_model, model_bytes
+    from vlsens.deploy.genai import folder as genai
+    from vlsens.deploy.genai.chain import PartChain
+
     fp32_folder = Path(fp32_folder)
     out = {part: {"fp32": {"bytes": _in_folder(fp32_folder, part), "kl": 0.0}} for part in ("vision", "embedding")}
+    chain = PartChain(fp32_folder, reference, cases, checkpoint, threads)
     with tempfile.TemporaryDirectory(prefix="vlsens-components-") as work:
         for part in ("vision", "embedding"):
             for fmt, graph in formats[part].items():
                 if fmt == "fp32":
                     continue
-                folder, m = _measure_one(f"{part}-{fmt}", {**base, part: graph}, checkpoint, reference, cases,
-                                         Path(work))
-                out[part][fmt] = {"bytes": _in_folder(folder, part), **m, "graph": str(graph)}
-                log.info("component %s %s: %d bytes, KL %.4g", part, fmt, out[part][fmt]["bytes"], m["kl"])
+                name, staged = f"{part}-{fmt}", Path(work) / f"{part}-{fmt}" / genai.GRAPHS[part]
+                if part == "vision":
+                    genai.wrap_vision(verify(graph), staged, None, Path(work) / f"{name}-preamble",
+                                      fp32_folder / genai.GRAPHS["vision"])
+                else:
+                    copy_model(verify(graph), staged)
+                m = chain.measure(name, **{part: staged})
+                out[part][fmt] = {"bytes": model_bytes(staged), "kl": m["mean_kl"], "top1": m["top1"],
+                                  "modalities": m["modalities"], "cases": m["cases"], "graph": str(graph)}
+                log.info("component %s %s: %d bytes, KL %.4g (%.1f s)", part, fmt, out[part][fmt]["bytes"],
+                         m["mean_kl"], m["seconds"])
+                shutil.rmtree(staged.parent, ignore_errors=True)
     return out
 
 
@@ -78,15 +85,16 @@ def decoder_other_bytes(fp32_folder, decoder) -> int:
     return _in_folder(Path(fp32_folder), "decoder") - int(sum(float_bytes(weight_matmuls(decoder)).values()))
 
 
-def write_components(checkpoint, reference, cases, base: dict, formats: dict, out_json) -> dict:
+def write_components(checkpoint, reference, cases, base: dict, formats: dict, out_json, threads: int = 0) -> dict:
     """The job: :func:`measure_components` and the decoder's other bytes, as ``components.json``
     (``base`` holds the fp32 folder as ``folder``)."""
     from vlsens.core.fsutil import write_json
 
-    record = measure_components(checkpoint, reference, cases, base, formats, base["folder"])
+    record = measure_components(checkpoint, reference, cases, formats, base["folder"], threads)
     record["decoder_other_bytes"] = decoder_other_bytes(base["folder"], base["decoder"])
-    record["note"] = ("each format's KL: the fp32 folder with that part alone changed, teacher-forced through "
-                      "onnxruntime-genai on the fp32 folder's tokens (the folders' measure)")
+    record["note"] = ("each format's KL: the fp32 folder with that part alone changed, teacher-forced on the fp32 "
+                      "folder's tokens (the folders' measure, run as the part chain: the fp32 folder's decoder and "
+                      "embedding as plain ONNX Runtime sessions, equal to it through onnxruntime-genai)")
     write_json(out_json, record)
     return record
 
@@ -248,7 +256,7 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
     return summary
 
 
-def components_job(inputs: Mapping, outputs: Mapping) -> dict:
+def components_job(inputs: Mapping, outputs: Mapping, threads: int = 0) -> dict:
     """The ``budget_components`` job on its named inputs: each vision and table format measured in
     the fp32 folder (:func:`write_components`)."""
     from vlsens.data.inputs import checkpoint_dir
@@ -256,10 +264,11 @@ def components_job(inputs: Mapping, outputs: Mapping) -> dict:
 
     base = fp32_parts(inputs)
     return write_components(checkpoint_dir(inputs["checkpoint"]), inputs["reference"], load_cases(inputs["cases"]),
-                            base, formats_of(inputs), outputs["components"])
+                            base, formats_of(inputs), outputs["components"], threads)
 
 
-def vision_job(inputs: Mapping, outputs: Mapping, settings: Mapping, measured: int | str = "all") -> dict:
+def vision_job(inputs: Mapping, outputs: Mapping, settings: Mapping, measured: int | str = "all",
+               threads: int = 0) -> dict:
     """The ``budget_vision`` job on its named inputs and outputs: each vision Linear alone at INT4
     (``measured``: ``all``, or how many are measured, the rest estimated), and whole mixed graphs
     along the curve (:func:`vlsens.budget.vision.write_ops`)."""
@@ -270,8 +279,8 @@ def vision_job(inputs: Mapping, outputs: Mapping, settings: Mapping, measured: i
 
     graphs = {"fp32": inputs["vision_fp32"], "int4": inputs["vision_int4"], "int8-wo": inputs["vision_int8-wo"]}
     return write_ops(checkpoint_dir(inputs["checkpoint"]), inputs["reference"], load_cases(inputs["cases"]),
-                     fp32_parts(inputs), graphs, NBitsSettings.from_config(settings), outputs["csv"],
-                     outputs["summary"], None if measured == "all" else int(measured))
+                     fp32_parts(inputs), graphs, NBitsSettings.from_config(settings), outputs,
+                     None if measured == "all" else int(measured), threads)
 
 
 def front_job(inputs: Mapping, outputs: Mapping, search_settings: dict, threads: int = 0) -> dict:
@@ -312,7 +321,8 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
     gate = Gate(params["tolerance"], threads, reference_for=weight_reference_for(ckpt),
                 exact_tolerance=params["exact_tolerance"])
     checks = Checks(params["max_new_tokens"], None, fp32_folder=inputs["fp32_folder"],
-                    vision_features=inputs["vision_features"], provider=params.get("provider", "cpu"))
+                    vision_features=inputs["vision_features"], provider=params.get("provider", "cpu"),
+                    fp32_logits=inputs.get("fp32_logits"))
     plan_folder(inputs["plan"], outputs["folder"], ckpt, sources, image_refs(inputs["images"]), checks, gate)
     record = measure_folder(outputs["folder"], inputs["reference"], load_cases(inputs["cases"]),
                             f"plan-{Path(inputs['plan']).stem}")

@@ -6,10 +6,13 @@ blocks that feed the merger), the INT4 graph's error is mostly theirs. Here each
 measured where the folders are judged:
 
 1. **Per Linear** (:func:`measure_ops`): the fp32 vision graph with that one Linear at INT4 (the
-   run's ``int4`` format, every other Linear float) assembled into the fp32 folder and measured end
-   to end (:func:`vlsens.deploy.genai.measure.measure_folder`: KL per generated step against the
-   fp32 folder through onnxruntime-genai, on the measure's image cases; the text cases do not
-   reach the vision graph and count 0, run they measure 1e-14). Its bytes at INT4 and at INT8
+   run's ``int4`` format, every other Linear float) in the fp32 folder, measured end to end (KL
+   per generated step against the fp32 folder, on the measure's image cases; the text cases do
+   not reach the vision graph and count 0, run they measure 1e-14) by the part chain
+   (:class:`vlsens.deploy.genai.chain.PartChain`: the folder's fp32 decoder and embedding opened
+   once as plain ONNX Runtime sessions, each distinct image through the graph once; equal to
+   :func:`vlsens.deploy.genai.measure.measure_folder` on the folder so assembled within the
+   kernels' rounding, ``tests/test_chain.py``). Its bytes at INT4 and at INT8
    weight-only are read from the gated ``int4`` and ``int8-wo`` graphs. The table is
    ``budget/vision.csv`` (one row a Linear, like the decoder's ``nbits.csv``).
 2. **The curve** (:func:`mixed_curve`): from every Linear at INT8 weight-only (``int8-wo``, its KL
@@ -70,21 +73,22 @@ COLUMNS = ("op", "K", "N", "bytes_float", "bytes_int4", "bytes_int8", "kl_int4",
 
 
 class _FolderMeasure:
-    """The fp32 folder (``base``: its decoder, embedding and vision graphs and the ``folder`` itself,
-    whose vision preamble is reused) assembled once under ``work``; each call puts one vision graph
-    in it (``per_op``: every Linear's format, :func:`vlsens.precision.weight_only.quantize_vision`)
-    and measures it on the image cases."""
+    """The fp32 folder (``base["folder"]``, whose vision preamble each graph measured takes) with
+    its vision graph replaced, measured on the image cases by the part chain
+    (:class:`vlsens.deploy.genai.chain.PartChain`: its decoder and embedding sessions opened once,
+    equal to the measure of the folder so assembled, ``tests/test_chain.py``); each call measures
+    one vision graph (``per_op``: every Linear's format, :func:`vlsens.precision.weight_only.quantize_vision`)."""
 
-    def __init__(self, checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, work: Path):
+    def __init__(self, checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, work: Path,
+                 threads: int = 0):
         from vlsens.deploy.genai import folder as genai
-        from vlsens.deploy.genai.assemble import assemble
+        from vlsens.deploy.genai.chain import PartChain
 
-        self.reference, self.cases, self.graphs, self.settings, self.work = reference, cases, graphs, settings, work
-        self.modalities = {c["modality"] for c in cases if c["images"]}
-        self.folder = work / "folder"  # the fp32 folder, its vision graph replaced by each one measured
+        self.graphs, self.settings, self.work = graphs, settings, work
+        self.cases = cases
         self.preamble = Path(base["folder"]) / genai.GRAPHS["vision"]  # the fp32 folder's, reused: no torch here
-        assemble(self.folder, checkpoint, base["decoder"], base["embedding"], base["vision"], work / "preamble",
-                 preamble_from=self.preamble)
+        self.chain = PartChain(base["folder"], reference, cases, checkpoint, threads,
+                               modalities={c["modality"] for c in cases if c["images"]})
 
     def __call__(self, name: str, per_op: dict) -> tuple[float, dict]:
         """The mean KL over every case (the text cases do not reach the vision graph and are not
@@ -93,14 +97,13 @@ class _FolderMeasure:
 
         from vlsens.core.onnxutil import model_bytes
         from vlsens.deploy.genai import folder as genai
-        from vlsens.deploy.genai.measure import measure_folder
         from vlsens.precision.weight_only import quantize_vision
 
         staged = self.work / name / "model.onnx"
         quantize_vision(self.graphs["fp32"], staged, self.settings, per_op=per_op)
-        vision = self.folder / genai.GRAPHS["vision"]
+        vision = self.work / name / "folder" / genai.GRAPHS["vision"]
         genai.wrap_vision(staged, vision, None, self.work / f"{name}-preamble", self.preamble)
-        m = measure_folder(self.folder, self.reference, self.cases, f"vision-{name}", modalities=self.modalities)
+        m = self.chain.measure(f"vision-{name}", vision=vision)
         m["bytes_in_folder"] = model_bytes(vision)  # with its preamble, as shipped
         shutil.rmtree(staged.parent, ignore_errors=True)
         return sum(float(r["kl"]) for r in m["cases"]) / len(self.cases), m
@@ -125,7 +128,7 @@ def _byte_rows(graphs: Mapping) -> list[dict]:
 
 
 def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, work: str | Path,
-                measured: int | None = None) -> tuple[list[dict], list[dict], dict | None]:
+                measured: int | None = None, threads: int = 0) -> tuple[list[dict], list[dict], dict | None]:
     """``(rows, points, estimate)``: one row per Linear of the fp32 vision graph (``graphs["fp32"]``;
     ``graphs["int4"]`` and ``graphs["int8-wo"]``: the gated weight-only graphs its bytes are read
     from): its INT4 KL in the fp32 folder (``base``, :class:`_FolderMeasure`), per modality; the
@@ -135,7 +138,7 @@ def measure_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, se
     from vlsens.precision.weight_only import FORMATS
 
     rows = _byte_rows(graphs)
-    measure = _FolderMeasure(checkpoint, reference, cases, base, graphs, settings, Path(work))
+    measure = _FolderMeasure(checkpoint, reference, cases, base, graphs, settings, Path(work), threads)
     errors = None
     if measured is not None and measured < len(rows):
         errors = output_errors(checkpoint, base["folder"], cases, graphs["int4"], graphs["fp32"])
@@ -306,14 +309,17 @@ def estimate_rows(rows: list[dict], errors: Mapping[str, Mapping[str, float]]) -
                       "held out better (depth); scales are at the first block; a measured Linear's estimate leaves it out"}
 
 
-def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, out_csv, out_json,
-              measured: int | None = None) -> dict:
-    """The job: :func:`measure_ops` as ``vision.csv`` and a summary (``vision.json``: the Linears'
-    INT4 KLs summed, how concentrated they are, the estimate where one was used)."""
+def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, outputs: Mapping,
+              measured: int | None = None, threads: int = 0) -> dict:
+    """The job: :func:`measure_ops` as ``vision.csv`` (``outputs["csv"]``) and a summary
+    (``outputs["summary"]``, ``vision.json``: the Linears' INT4 KLs summed, how concentrated they
+    are, the estimate where one was used)."""
+    out_csv, out_json = outputs["csv"], outputs["summary"]
     from vlsens.core.fsutil import write_csv, write_json
 
     with tempfile.TemporaryDirectory(prefix="vlsens-vision-ops-") as work:
-        rows, points, estimate = measure_ops(checkpoint, reference, cases, base, graphs, settings, work, measured)
+        rows, points, estimate = measure_ops(checkpoint, reference, cases, base, graphs, settings, work, measured,
+                                             threads)
     write_csv(out_csv, rows, list(COLUMNS))
     kls = sorted((r["kl_int4"] for r in rows), reverse=True)
     total = sum(kls)
@@ -321,8 +327,9 @@ def write_ops(checkpoint, reference, cases, base: Mapping, graphs: Mapping, sett
               "top": [{"op": r["op"], "kl_int4": r["kl_int4"]} for r in sorted(rows, key=lambda r: -r["kl_int4"])[:5]],
               "top1_share": kls[0] / total if total > 0 else None, "points": points, "estimate": estimate,
               "note": "each Linear alone at INT4 (the run's int4 format), every other Linear float, in the fp32 folder, "
-                      "measured end to end through onnxruntime-genai on the measure's image cases (its text cases "
-                      "do not reach the vision graph and count 0)" + ("" if estimate is None else
+                      "measured end to end on the measure's image cases by the part chain (the fp32 folder's "
+                      "decoder and embedding as plain ONNX Runtime sessions, equal to onnxruntime-genai's measure; "
+                      "its text cases do not reach the vision graph and count 0)" + ("" if estimate is None else
                       f"; {estimate['estimated']} of them estimated from their INT4 output error (estimate)")}
     write_json(out_json, record)
     return record

@@ -25,7 +25,7 @@ import numpy as np
 
 from vlsens.core.errors import VlsensError
 from vlsens.deploy.genai import folder as genai
-from vlsens.deploy.genai.measure import _check_cases, _paths, load_reference
+from vlsens.deploy.genai.measure import _check_cases, _paths, _row, load_reference
 from vlsens.deploy.measure import kl_steps
 
 _NUMPY = {1: np.float32, 6: np.int32, 7: np.int64, 10: np.float16, 11: np.float64}
@@ -129,19 +129,30 @@ def _empty_past(decoder: dict, types: dict[str, int]) -> dict[str, np.ndarray]:
     return {n: np.zeros(shape, _NUMPY[types[n]]) for n in names}
 
 
+def _mask_and_positions(sequence: np.ndarray, processed: dict, image_token_id: int, checkpoint) -> dict[str, np.ndarray]:
+    """The decoder's ``attention_mask`` and 3-D ``position_ids`` of one whole sequence (1, S)."""
+    from vlsens.deploy.genai.runtime import rope_positions
+
+    mask = np.ones_like(sequence, dtype=np.int64)
+    rope = {"input_ids": sequence, "attention_mask": mask,
+            "mm_token_type_ids": (sequence == image_token_id).astype(np.int64)}
+    if "image_grid_thw" in processed:
+        rope["image_grid_thw"] = processed["image_grid_thw"]
+    return {"attention_mask": mask, "position_ids": rope_positions(checkpoint, rope)}
+
+
+def _sequence(processed: dict, tokens) -> np.ndarray:
+    """A case's whole sequence (1, S) as one prefill: its prompt and the reference tokens but the
+    last (the runtime appends each, and reads the logits after it)."""
+    return np.concatenate([processed["input_ids"].reshape(1, -1), np.asarray(tokens, np.int64)[None, :-1]], axis=1)
+
+
 def _sequence_feed(sequence: np.ndarray, processed: dict, pieces: dict, checkpoint) -> dict[str, np.ndarray]:
     """The decoder's prefill inputs of one whole sequence (1, S): embeddings with the image
     features, 3-D positions, mask; the past key values are the caller's."""
-    from vlsens.deploy.genai.runtime import rope_positions
-
     feats = _features(pieces["vision"], processed, pieces["hidden"])
     embeds = pieces["embedding"].run(None, {"input_ids": sequence, "image_features": feats})[0]
-    mask = np.ones_like(sequence, dtype=np.int64)
-    rope = {"input_ids": sequence, "attention_mask": mask,
-            "mm_token_type_ids": (sequence == pieces["image_token_id"]).astype(np.int64)}
-    if "image_grid_thw" in processed:
-        rope["image_grid_thw"] = processed["image_grid_thw"]
-    return {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": rope_positions(checkpoint, rope)}
+    return {"inputs_embeds": embeds, **_mask_and_positions(sequence, processed, pieces["image_token_id"], checkpoint)}
 
 
 def _pieces(folder: Path, threads: int) -> dict:
@@ -185,7 +196,7 @@ def decoder_feeds(folder: str | Path, reference_npz: str | Path, cases: list[dic
     for ref, proc in zip(index["cases"], processed):
         prompt = proc["input_ids"].reshape(1, -1)
         tokens = np.asarray(ref["tokens"], np.int64)
-        sequence = np.concatenate([prompt, tokens[None, :-1]], axis=1)
+        sequence = _sequence(proc, tokens)
         feed = {**_sequence_feed(sequence, proc, pieces, checkpoint), **past}
         feeds.append(_typed(feed, types))
         mask = np.zeros(sequence.shape, bool)
@@ -227,3 +238,111 @@ def chain_kl(decoder_graph: str | Path, feeds_npz: str | Path, reference_npz: st
                      "top1": float(np.mean(q.argmax(-1) == np.asarray(case["tokens"]))), "steps": int(kl.size),
                      "seconds": time.perf_counter() - t0})
     return rows
+
+
+class PartChain:
+    """The fp32 deploy ``folder``'s measure with one part changed -- its vision graph or its
+    embedding graph -- as plain ONNX Runtime sessions instead of an assembled folder through
+    onnxruntime-genai: what the whole-VLM plan prices every vision and embedding format on
+    (:mod:`vlsens.budget.vision`, :func:`vlsens.budget.build.measure_components`).
+
+    The cases (``modalities``: only those of these, as
+    :func:`~vlsens.deploy.genai.measure.measure_folder` takes it) are processed once by the folder's
+    own processor, their 3-D positions computed once, and the folder's fp32 decoder and embedding
+    sessions opened once for every call (the measure opens the whole folder anew for each). A
+    call runs the changed vision graph once per distinct image (a case's images are the
+    processor's patches of its files; the measure runs each case's), the embedding graph and one
+    prefill of each case's prompt and reference tokens but the last with an empty cache, read at
+    the positions the runtime's teacher forcing returns (:func:`decoder_feeds`' sequences). Equal
+    to the measure of the folder so assembled within the kernels' rounding (``tests/test_chain.py``).
+
+    Memory: the fp32 decoder and embedding sessions (their float32 weights: 12.8 GB peak at
+    Qwen2.5-VL-3B with the decoder alone), the changed vision graph's session while its features
+    are computed (closed before the decoder runs), one case's prefill activations and logits
+    (sequence x vocabulary x 4 bytes)."""
+
+    def __init__(self, folder: str | Path, reference_npz: str | Path, cases: list[dict], checkpoint: str | Path,
+                 threads: int = 0, modalities: set[str] | None = None):
+        from vlsens.core.onnxutil import make_session
+
+        self.folder, self.threads = Path(folder), threads
+        self.types = dict(_signature(self.folder / genai.GRAPHS["decoder"])[0])  # the folder's own decoder runs
+        index, logps = load_reference(reference_npz)
+        ordered = _check_cases(index, cases, reference_npz)
+        keep = [i for i, c in enumerate(ordered) if modalities is None or c["modality"] in modalities]
+        if not keep:
+            raise VlsensError(f"none of the cases is of modalities {sorted(modalities or ())}: nothing to measure")
+        self.cases = [ordered[i] for i in keep]
+        self.refs, self.logps = [index["cases"][i] for i in keep], [logps[i] for i in keep]
+        self.max_new_tokens = index["max_new_tokens"]
+        self.processed = _processed(self.folder, self.cases)
+        model = json.loads((self.folder / "genai_config.json").read_text())["model"]
+        self.hidden, self.image_token_id = int(model["decoder"]["hidden_size"]), int(model["image_token_id"])
+        past = _empty_past(model["decoder"], self.types)
+        self.sequences = [_sequence(proc, ref["tokens"]) for ref, proc in zip(self.refs, self.processed)]
+        self.fixed = [{**_mask_and_positions(seq, proc, self.image_token_id, checkpoint), **past}
+                      for seq, proc in zip(self.sequences, self.processed)]
+        self.embedding = make_session(self.folder / genai.GRAPHS["embedding"], threads=threads)
+        self.decoder = make_session(self.folder / genai.GRAPHS["decoder"], threads=threads)
+        self.output = self.decoder.get_outputs()[0].name
+        self._fp32_features: list[np.ndarray] | None = None
+
+    def _features(self, vision: Path) -> list[np.ndarray]:
+        """Each case's image features from the folder-form ``vision`` graph (:func:`_features`),
+        every distinct image (its patches and grid) run once; the session closed after."""
+        import hashlib
+
+        from vlsens.core.onnxutil import make_session
+
+        session, seen, out = make_session(vision, threads=self.threads), {}, []
+        for proc in self.processed:
+            if "image_grid_thw" not in proc:
+                out.append(np.zeros((0, self.hidden), np.float32))
+                continue
+            grid = proc["image_grid_thw"]
+            feats = []
+            for k, patches in enumerate(_image_patches(proc["pixel_values"], grid)):
+                key = hashlib.sha1(np.ascontiguousarray(patches).tobytes() + grid[k].tobytes()).hexdigest()
+                if key not in seen:
+                    seen[key] = _features(session, {"pixel_values": patches, "image_grid_thw": grid[k:k + 1]},
+                                          self.hidden)
+                feats.append(seen[key])
+            out.append(np.concatenate(feats))
+        del session
+        return out
+
+    def measure(self, name: str, vision: str | Path | None = None, embedding: str | Path | None = None) -> dict:
+        """The measure (:func:`~vlsens.deploy.genai.measure.measure_folder`'s record: per case
+        its mean and max KL over the steps, top-1, steps; their summary) of the fp32 folder with
+        ``vision`` (a folder-form vision graph: :func:`~vlsens.deploy.genai.folder.wrap_vision`'s)
+        and / or ``embedding`` (an embedding graph) in place of its own. ``bytes``: the folder's
+        graph bytes with the changed part's as given (a folder's graph names its data file after
+        itself: a graph so named, ``embedding.onnx``, counts as the folder ships it)."""
+        from vlsens.core.onnxutil import make_session, model_bytes
+        from vlsens.deploy.genai.measure import POSITIONS, folder_weight_bytes
+        from vlsens.deploy.measure import summarize
+
+        t0 = time.perf_counter()
+        nbytes = folder_weight_bytes(self.folder)
+        if vision is None:
+            if self._fp32_features is None:
+                self._fp32_features = self._features(self.folder / genai.GRAPHS["vision"])
+            features = self._fp32_features
+        else:
+            features = self._features(Path(vision))
+            nbytes += model_bytes(vision) - model_bytes(self.folder / genai.GRAPHS["vision"])
+        table = self.embedding
+        if embedding is not None:
+            table = make_session(embedding, threads=self.threads)
+            nbytes += model_bytes(embedding) - model_bytes(self.folder / genai.GRAPHS["embedding"])
+        rows = []
+        for case, ref, logp, sequence, fixed, feats in zip(self.cases, self.refs, self.logps, self.sequences,
+                                                            self.fixed, features):
+            embeds = table.run(None, {"input_ids": sequence, "image_features": feats})[0]
+            feed = _typed({"inputs_embeds": embeds, **fixed}, self.types)
+            q = self.decoder.run([self.output], feed)[0][0, sequence.shape[1] - len(ref["tokens"]):]
+            rows.append(_row(case, logp, ref["tokens"], q))  # as the measure scores a case
+        return {"folder": name, "reference": "the fp32 folder's measure (onnxruntime-genai, teacher-forced on its "
+                                             "greedy tokens) as plain ONNX Runtime sessions",
+                "positions": POSITIONS, "max_new_tokens": self.max_new_tokens, "bytes": nbytes,
+                **summarize(rows), "cases": rows, "seconds": time.perf_counter() - t0}
