@@ -464,14 +464,16 @@ def shard_csvs(wildcards):
 
 def deploy_inputs(wildcards):
     """A deploy folder's graphs (vlsens.deploy.sources), the checkpoint, the evaluation images,
-    and (every folder but fp32) the fp32 folder it is measured against and transformers' features
-    of the evaluation images (the vision parity's reference, computed once)."""
+    and (every folder but fp32) the fp32 folder it is measured against, transformers' features
+    of the evaluation images (the vision parity's reference) and the fp32 folder's logits on the
+    evaluation cases (the evaluation's reference), each computed once."""
     src = {k: paths.fill(v, model=wildcards.model) for k, v in DEPLOY_SOURCES[wildcards.precision].items()}
     src["checkpoint"] = checkpoint_dir(wildcards)
     src["images"] = INPUTS["parity_images"]
     if wildcards.precision != "fp32":
         src["fp32_folder"] = paths.fill(DEPLOY, model=wildcards.model, precision="fp32")
         src["vision_features"] = paths.fill(paths.DEPLOY_VISION_FEATURES, model=wildcards.model)
+        src["fp32_logits"] = paths.fill(paths.DEPLOY_EVAL_LOGITS, model=wildcards.model)
     return src
 
 

@@ -110,6 +110,29 @@ rule vision_features:
         "../workflow/scripts/vision_features.py"
 
 
+# The fp32 folder's logits on the evaluation cases, teacher-forced on its own tokens: every other
+# folder's evaluation reference, computed once a run (not once a folder).
+rule eval_logits:
+    input:
+        fp32_folder=paths.fill(DEPLOY, precision="fp32"),
+        images=INPUTS["parity_images"],
+    output:
+        paths.DEPLOY_EVAL_LOGITS,
+    params:
+        provenance=provenance("deploy", "eval_logits.py"),
+    log:
+        paths.model_log("eval_logits"),
+    benchmark:
+        paths.model_benchmark("eval_logits")
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("eval_logits", threads=config["threads"]),
+    script:
+        "../workflow/scripts/eval_logits.py"
+
+
 rule deploy_int4:
     input:
         unpack(int4_folders),

@@ -54,8 +54,8 @@ GRAPHS = {"vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/224x2
 REPORT_RULES = {"report_heatmap", "report_ranked", "report_pareto", "report_engines", "report_fp16", "report_latency",
                 "report_tables", "report_int4"}
 #: The folders' measure and the whole-VLM plan: run with onnxruntime(-genai) or downstream of it.
-MEASURE_RULES = {"vision_features", "budget_vision", "measure_reference", "measure", "measure_compare", "budget_nbits",
-                 "budget_components", "budget_front", "plan_folder", "budget_latency",
+MEASURE_RULES = {"vision_features", "eval_logits", "budget_vision", "measure_reference", "measure", "measure_compare",
+                 "budget_nbits", "budget_components", "budget_front", "plan_folder", "budget_latency",
                  "budget_measured", "recommend"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
               "sensitivity_compare", "deploy", "sensitivity_nbits", "profile_nbits", "builder_int4",
@@ -391,7 +391,7 @@ def test_package_code_change_reruns_the_stages_that_import_it(finished_run):
     # the text and decoder towers share the prompt helpers (towers.prompts); the deploy folders (no
     # graph wildcard) are made of the decoder and the dynamic vision graph, and so are their measure,
     # the plan's decoder evaluation set and the weight-only table / vision graphs
-    deploy = {"deploy", "deploy_int4", "report_latency", "report_tables", "report_int4", "vision_features",
+    deploy = {"deploy", "deploy_int4", "report_latency", "report_tables", "report_int4", "vision_features", "eval_logits",
               "measure_reference", "measure",
               "measure_compare", "budget_nbits", "budget_vision", "budget_components", "budget_latency",
               "budget_measured", "recommend"}

@@ -75,6 +75,9 @@ MEASURE_CASES, MEASURE_REFERENCE, MEASURE_FOLDER = (f"{MEASURE}/{n}" for n in ("
 #: transformers' image features of the deploy evaluation images, on the fp32 folder's preprocessing
 #: (the deploy folders' vision parity reference, computed once).
 DEPLOY_VISION_FEATURES = f"{MEASURE}/vision-features.npz"
+#: the fp32 folder's logits on the deploy evaluation cases, teacher-forced on its own greedy tokens
+#: (every other folder's evaluation reference, computed once).
+DEPLOY_EVAL_LOGITS = f"{MEASURE}/eval-logits.npz"
 MEASURE_COMPARE = {k: f"{MEASURE}/compare.{k}" for k in ("json", "md")}
 #: The whole-VLM plan (vlsens.budget): the decoder's evaluation set made of the measure's cases, its
 #: weight-only sensitivity there, each part's formats measured end to end, the front's search and

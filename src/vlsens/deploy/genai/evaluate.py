@@ -101,6 +101,8 @@ class Checks:
     compared with transformers); ``target``: the text profile's target, measured end to end;
     ``vision_features``: transformers' features of the evaluation images
     (:func:`write_vision_features`, the vision parity's reference without running PyTorch);
+    ``fp32_logits``: the fp32 folder's logits on the evaluation cases (:func:`write_eval_logits`,
+    a lower precision's reference without running the fp32 folder again);
     ``tied`` (``{"reference": the decoder's reference.npz, "exact_tolerance": FP32's}``): the
     embedding graph reads the decoder's lm_head weight, gated on the reference's embedding cases
     (:func:`vlsens.precision.weight_only.gate_tied`); ``provider``: the execution provider the folder
@@ -114,6 +116,7 @@ class Checks:
     tied: dict | None = None
     vision_features: str | Path | None = None
     provider: str = "cpu"
+    fp32_logits: str | Path | None = None
 
 
 class _Timed:
@@ -202,23 +205,24 @@ def _against_fp32(folder, precision: str, texts: dict[str, str], cases: list[dic
         got = gen.generate(text, case)
         mine.append((text, ref_tokens, got, gen.runtime.forced_logits(text, _case_images(case), ref_tokens)))
     gen.runtime.close()
-    base = Chat(fp32_folder, prepack=False, provider="cpu")  # a reference: memory-mapped weights
+    reference = _Fp32Logits(fp32_folder, checks.fp32_logits)
     rows, kls, agree = [], [], []
     for case, (text, ref_tokens, got, q) in zip(cases, mine):
-        p = base.forced_logits(text, _case_images(case), ref_tokens)
-        kl = _kl(p, q)
+        kl = _kl(reference(case, text, ref_tokens), q)
         top1 = q.argmax(-1) == np.asarray(ref_tokens)
         kls.append(kl)
         agree.append(top1)
         rows.append({"case": case["name"], "images": case["images"], "tokens": got, "fp32_tokens": ref_tokens,
                      "identical_to_fp32": got == ref_tokens, "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
                      "top1_agreement": float(top1.mean())})
-    base.close()
+    reference.close()
     mean_kl = float(np.concatenate(kls).mean())
     agreement = float(np.concatenate(agree).mean())
     record = {"precision": precision, "max_new_tokens": gen.max_new_tokens,
               "reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens",
               "cases": rows, "mean_kl": mean_kl, "top1_agreement": agreement, **gen.speed()}
+    if checks.fp32_logits:
+        record["fp32_logits"] = reference.record()
     if checks.target is not None:
         metric, value = checks.target["metric"], float(checks.target["target"])
         measured = {"kl": mean_kl, "top1": agreement}.get(metric)
@@ -229,6 +233,100 @@ def _against_fp32(folder, precision: str, texts: dict[str, str], cases: list[dic
                                     "sources)"}
     return record
 
+
+
+class _Fp32Logits:
+    """The fp32 folder's logits on an evaluation case, teacher-forced on its tokens: read from
+    ``stored`` (:func:`write_eval_logits`; None: nothing stored) where the case is stored as run
+    here (:func:`_logits_key`), else computed by the fp32 folder, loaded on the first such case
+    (memory-mapped: a reference)."""
+
+    def __init__(self, fp32_folder, stored: str | Path | None):
+        self.fp32_folder, self.path = fp32_folder, stored
+        self.stored = _stored_logits(stored, fp32_folder) if stored else {}
+        self.base, self.used, self.computed = None, [], []
+
+    def __call__(self, case: dict, text: str, tokens: list[int]) -> np.ndarray:
+        hit = self.stored.get(case["name"])
+        if hit is not None and hit[0] == _logits_key(case, text, tokens):
+            self.used.append(case["name"])
+            return hit[1]
+        if self.path:
+            log.info("evaluation reference: case %s not in %s as run here; the fp32 folder runs it", case["name"],
+                     self.path)
+        if self.base is None:
+            self.base = Chat(self.fp32_folder, prepack=False, provider="cpu")
+        self.computed.append(case["name"])
+        return self.base.forced_logits(text, _case_images(case), tokens)
+
+    def record(self) -> dict:
+        from vlsens.core.fsutil import file_sha256
+
+        return {"path": str(self.path), "sha256": file_sha256(self.path), "stored": self.used,
+                "computed": self.computed}
+
+    def close(self) -> None:
+        if self.base is not None:
+            self.base.close()
+
+
+def _logits_key(case: dict, text: str, tokens: list[int]) -> str:
+    """What an evaluation case's fp32 logits depend on besides the fp32 folder: its chat text, the
+    tokens it is teacher-forced on and its image files' bytes (as JSON)."""
+    from vlsens.core.fsutil import file_sha256
+
+    return json.dumps({"text": text, "tokens": [int(t) for t in tokens],
+                       "images": [file_sha256(f["path"]) for f in case["images"]]})
+
+
+def write_eval_logits(fp32_folder: str | Path, images, out_npz: str | Path) -> dict:
+    """The fp32 folder's logits on the deploy evaluation cases (:func:`eval_cases` of ``images``),
+    teacher-forced on its own greedy tokens (its ``eval.json``), written atomically to
+    ``out_npz``: what every lower precision's evaluation compares its logits with
+    (:func:`_against_fp32`), computed once a run instead of once a folder (at 36 layers the fp32
+    folder's pass over the three cases was 130 s of the int4-rtn folder's 222 s evaluation). Each case
+    is stored with what its logits depend on (:func:`_logits_key`) and the SHA-256 of the fp32
+    folder's ``eval.json`` (which lists every file of the folder): a folder's evaluation takes a
+    case's logits only where both match, and runs the fp32 folder otherwise."""
+    import tempfile
+
+    from vlsens.core.fsutil import file_sha256, savez
+
+    fp32_folder = Path(fp32_folder)
+    fp32_eval = json.loads((fp32_folder / "eval.json").read_text())
+    rows = {r["case"]: r for r in fp32_eval["cases"]}
+    base = Chat(fp32_folder, prepack=False, provider="cpu")  # as the evaluations run it: memory-mapped
+    arrays, index = {}, []
+    try:
+        with tempfile.TemporaryDirectory(prefix="vlsens-eval-logits-") as work:
+            for i, case in enumerate(eval_cases(images, work)):
+                row = rows.get(case["name"])
+                if row is None or not row.get("text"):
+                    raise VlsensError(f"{fp32_folder}/eval.json holds no case {case['name']} with its chat text: "
+                                      "rebuild the fp32 folder")
+                arrays[f"logits_{i}"] = np.asarray(
+                    base.forced_logits(row["text"], _case_images(case), row["tokens"]), np.float32)
+                index.append({"case": case["name"], "key": _logits_key(case, row["text"], row["tokens"])})
+    finally:
+        base.close()
+    record = {"fp32_eval_sha256": file_sha256(fp32_folder / "eval.json"), "cases": index}
+    savez(out_npz, {"__index__": np.array(json.dumps(record)), **arrays})
+    log.info("fp32 logits of %d evaluation case(s) written to %s", len(index), out_npz)
+    return record
+
+
+def _stored_logits(npz: str | Path, fp32_folder: str | Path) -> dict[str, tuple[str, np.ndarray]]:
+    """``{case: (key, logits)}`` of a :func:`write_eval_logits` file, empty where it was written
+    for another fp32 folder (its ``eval.json`` differs)."""
+    from vlsens.core.fsutil import file_sha256, open_npz
+
+    with open_npz(npz) as z:
+        record = json.loads(str(z["__index__"][()]))
+        if record["fp32_eval_sha256"] != file_sha256(Path(fp32_folder) / "eval.json"):
+            log.info("evaluation reference: %s was written for another fp32 folder than %s", npz, fp32_folder)
+            return {}
+        # stored as float32 (the runtime's logits, exactly), read as the float64 forced_logits returns
+        return {c["case"]: (c["key"], z[f"logits_{i}"].astype(np.float64)) for i, c in enumerate(record["cases"])}
 
 
 def _image_inputs(rt: Chat, path: str) -> tuple[np.ndarray, np.ndarray]:
