@@ -63,9 +63,10 @@ run: install
 	@$(BIN)/python -m vlsens.budget --config $(CONFIG)
 	@$(BIN)/python -m vlsens.cli recommend --config $(CONFIG)
 
-# make test fails (not skips) when engine inc's environment is missing; test-fast skips it.
+# make test fails (not skips) when engine inc's environment is missing; test-fast skips it. It
+# lists its 30 slowest tests (the suite is to stay within 45 minutes on two cores).
 test: install-test inc-env
-	VLSENS_REQUIRE_INC=1 $(BIN)/python -m pytest $(ARGS)
+	VLSENS_REQUIRE_INC=1 $(BIN)/python -m pytest --durations=30 $(ARGS)
 
 # The unit tests: no whole-workflow run through Snakemake's CLI (those are marked slow).
 test-fast: install-test
