@@ -71,3 +71,35 @@ def test_progress_lines_say_done_total_rate_and_eta():
         p.step()
     assert lines[-1] == "sensitivity: 163/163 ops (100 %), 2.50 s/op, ETA 0 s"
     assert len(lines) == 28  # one line per 15 s (27) and the last op's
+
+
+def _kl64(reference, actual):
+    """KL per row from two log-softmaxes in float64 (the plain form, exact enough here)."""
+    def log_softmax(x):
+        z = x - x.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    lp, lq = log_softmax(reference.astype(np.float64)), log_softmax(actual.astype(np.float64))
+    return np.sum(np.exp(lp) * (lp - lq), -1)
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1e-2, 0.5, 5.0, 200.0])
+def test_kl_keeps_its_precision_where_the_distributions_nearly_agree(scale):
+    """The KL of near-identical logits (a near-float decoder's) stays within 1e-4 of float64's (a
+    row's within 1e-3: at 5e-9 a row is 2.3e-4 off, both ways' rounding together),
+    where the difference of two float32 log-softmaxes is off by far more and can go negative; logits
+    apart by more than float32's exponential holds take the float64 form. Never below 0."""
+    from vlsens.core.metrics import _log_softmax, kl_rows
+
+    rng = np.random.default_rng(0)
+    ref = (3 * rng.standard_normal((32, 50_000))).astype(np.float32)
+    act = (ref + scale * rng.standard_normal(ref.shape)).astype(np.float32)
+    want, got = _kl64(ref, act), kl_rows(ref, act)
+    assert got == pytest.approx(want, rel=1e-3)
+    assert got.mean() == pytest.approx(want.mean(), rel=1e-4)
+    assert Metrics(logits=True).add(act, ref).result()["kl"] == pytest.approx(want.mean(), rel=1e-4)
+    if scale == 1e-4:  # the float32 difference of log-softmaxes: what the metric computed before
+        lp, lq = _log_softmax(ref), _log_softmax(act)
+        plain = np.sum(np.exp(lp) * (lp - lq), -1, dtype=np.float64)
+        assert abs(plain.mean() - want.mean()) > 0.5 * want.mean()
+    assert (kl_rows(ref, ref) == 0).all() and (got >= 0).all()
