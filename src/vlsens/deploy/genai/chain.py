@@ -240,15 +240,23 @@ def chain_kl(decoder_graph: str | Path, feeds_npz: str | Path, reference_npz: st
     return rows
 
 
+#: How a measure record the chain writes was run (its ``runner``; the runtime's own measure has none).
+RUNNER = ("the part chain: the folder's own processor, vision, embedding and decoder graphs as plain ONNX Runtime "
+          "sessions, each case one prefill read at the runtime's teacher-forced steps (equal to onnxruntime-genai's "
+          "measure of the folder within 1e-4 of each case's KL, tests/test_chain.py)")
+
+
 class PartChain:
-    """The fp32 deploy ``folder``'s measure with one part changed -- its vision graph or its
-    embedding graph -- as plain ONNX Runtime sessions instead of an assembled folder through
-    onnxruntime-genai: what the whole-VLM plan prices every vision and embedding format on
-    (:mod:`vlsens.budget.vision`, :func:`vlsens.budget.build.measure_components`).
+    """A deploy ``folder``'s measure, as is or with one part changed -- its vision graph or its
+    embedding graph -- as plain ONNX Runtime sessions instead of the folder (or one assembled for
+    the change) through onnxruntime-genai: what the whole-VLM plan prices every vision and
+    embedding format on in the fp32 folder (:mod:`vlsens.budget.vision`,
+    :func:`vlsens.budget.build.measure_components`), and each plan folder's own measure
+    (:func:`vlsens.budget.build.plan_job`).
 
     The cases (``modalities``: only those of these, as
     :func:`~vlsens.deploy.genai.measure.measure_folder` takes it) are processed once by the folder's
-    own processor, their 3-D positions computed once, and the folder's fp32 decoder and embedding
+    own processor, their 3-D positions computed once, and the folder's decoder and embedding
     sessions opened once for every call (the measure opens the whole folder anew for each). A
     call runs the changed vision graph once per distinct image (a case's images are the
     processor's patches of its files; the measure runs each case's), the embedding graph and one
@@ -256,8 +264,8 @@ class PartChain:
     the positions the runtime's teacher forcing returns (:func:`decoder_feeds`' sequences). Equal
     to the measure of the folder so assembled within the kernels' rounding (``tests/test_chain.py``).
 
-    Memory: the fp32 decoder and embedding sessions (their float32 weights: 12.8 GB peak at
-    Qwen2.5-VL-3B with the decoder alone), the changed vision graph's session while its features
+    Memory: the folder's decoder and embedding sessions (the fp32 folder's float32 weights:
+    12.8 GB peak at Qwen2.5-VL-3B with the decoder alone), the (changed) vision graph's session while its features
     are computed (closed before the decoder runs), one case's prefill activations and logits
     (sequence x vocabulary x 4 bytes)."""
 
@@ -313,13 +321,13 @@ class PartChain:
 
     def measure(self, name: str, vision: str | Path | None = None, embedding: str | Path | None = None) -> dict:
         """The measure (:func:`~vlsens.deploy.genai.measure.measure_folder`'s record: per case
-        its mean and max KL over the steps, top-1, steps; their summary) of the fp32 folder with
-        ``vision`` (a folder-form vision graph: :func:`~vlsens.deploy.genai.folder.wrap_vision`'s)
+        its mean and max KL over the steps, top-1, steps; their summary, ``runner``: :data:`RUNNER`)
+        of the folder as it is, or with ``vision`` (a folder-form vision graph: :func:`~vlsens.deploy.genai.folder.wrap_vision`'s)
         and / or ``embedding`` (an embedding graph) in place of its own. ``bytes``: the folder's
         graph bytes with the changed part's as given (a folder's graph names its data file after
         itself: a graph so named, ``embedding.onnx``, counts as the folder ships it)."""
         from vlsens.core.onnxutil import make_session, model_bytes
-        from vlsens.deploy.genai.measure import POSITIONS, folder_weight_bytes
+        from vlsens.deploy.genai.measure import POSITIONS, REFERENCE, folder_weight_bytes
         from vlsens.deploy.measure import summarize
 
         t0 = time.perf_counter()
@@ -342,7 +350,6 @@ class PartChain:
             feed = _typed({"inputs_embeds": embeds, **fixed}, self.types)
             q = self.decoder.run([self.output], feed)[0][0, sequence.shape[1] - len(ref["tokens"]):]
             rows.append(_row(case, logp, ref["tokens"], q))  # as the measure scores a case
-        return {"folder": name, "reference": "the fp32 folder's measure (onnxruntime-genai, teacher-forced on its "
-                                             "greedy tokens) as plain ONNX Runtime sessions",
+        return {"folder": name, "reference": REFERENCE, "runner": RUNNER,
                 "positions": POSITIONS, "max_new_tokens": self.max_new_tokens, "bytes": nbytes,
                 **summarize(rows), "cases": rows, "seconds": time.perf_counter() - t0}
