@@ -243,7 +243,7 @@ def chain_kl(decoder_graph: str | Path, feeds_npz: str | Path, reference_npz: st
 #: How a measure record the chain writes was run (its ``runner``; the runtime's own measure has none).
 RUNNER = ("the part chain: the folder's own processor, vision, embedding and decoder graphs as plain ONNX Runtime "
           "sessions, each case one prefill read at the runtime's teacher-forced steps (equal to onnxruntime-genai's "
-          "measure of the folder within 1e-4 of each case's KL, tests/test_chain.py)")
+          "measure of the folder within the kernels' rounding, tests/test_chain.py)")
 
 
 class PartChain:
