@@ -87,9 +87,11 @@ def report(results: Path, r: dict, threads: int) -> None:
             continue
         a, b = ways[WAYS[1]]["rows"], ways[WAYS[0]]["rows"]
         rel = max((abs(x["kl"] - y["kl"]) / y["kl"] for x, y in zip(a, b, strict=True) if y["kl"] > 0), default=0.0)
+        gap = max(abs(x["kl"] - y["kl"]) for x, y in zip(a, b))
         same = all(x["name"] == y["name"] and x["top1"] == y["top1"] for x, y in zip(a, b))
         print(f"- {folder}: genai / chain time {ways[WAYS[0]]['seconds'] / ways[WAYS[1]]['seconds']:.2f}; the chain's "
-              f"KL per case within {rel:.2e} relative of genai's, top-1 per case {'identical' if same else 'DIFFERENT'}.")
+              f"KL per case within {rel:.2e} relative ({gap:.1e} absolute) of genai's, smallest case KL "
+              f"{min(y['kl'] for y in b):.1e}; top-1 per case {'identical' if same else 'DIFFERENT'}.")
 
 
 def main() -> None:
