@@ -39,7 +39,6 @@ WAYS = ("genai", "part chain")
 def one_way(results: Path, folder: str, way: str, threads: int) -> dict:
     """One folder measured one way (run in a process of its own)."""
     import onnxruntime_genai  # noqa: F401  (both ways' libraries imported first: plan_folder has them loaded)
-    import transformers  # noqa: F401
 
     from vlsens.data.inputs import checkpoint_dir
     from vlsens.deploy.cases import load_cases
@@ -47,7 +46,7 @@ def one_way(results: Path, folder: str, way: str, threads: int) -> dict:
     from vlsens.deploy.genai.measure import measure_folder
     from vlsens.model.family import family_of
 
-    family_of(checkpoint_dir(results / "checkpoint")).transformers_class()  # its modeling module, as the gate has it
+    family_of(checkpoint_dir(results / "checkpoint")).transformers_class()  # transformers' modeling, as the gate has it
     cases, ref, path = load_cases(results / "measure" / "cases"), results / "measure" / "reference.npz", \
         results / "deploy" / folder
     t0 = time.perf_counter()
