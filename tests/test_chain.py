@@ -368,3 +368,67 @@ def test_a_whole_folder_on_the_part_chain_equals_its_measure(chain, int4, parts)
     assert chained["bytes"] == measured["bytes"] == folder_weight_bytes(folder)
     for m, s in measured["modalities"].items():
         assert chained["modalities"][m]["mean_kl"] == pytest.approx(s["mean_kl"], rel=CASE_REL)
+
+
+def test_a_spliced_vision_graph_is_the_one_quantize_vision_writes(chain, parts, tmp_path):
+    """budget_vision measures each mix of INT4, INT8 weight-only and float Linears as a
+    VisionSplice of the wrapped float graph and the run's all-INT4 and all-INT8 graphs (only the
+    changed Linears' tensors written): every quantized node and tensor is the one
+    quantize_vision + wrap_vision writes for that mix, the chain's measure is the same, and the
+    bytes as shipped differ by the data offsets' digits at most; a source quantized on other
+    settings is refused."""
+    import json
+
+    import numpy as np
+    import onnx
+
+    from vlsens.core.errors import VlsensError
+    from vlsens.core.onnxutil import model_bytes, tensor_array
+    from vlsens.deploy.genai import folder as genai
+    from vlsens.precision.weight_only import FORMATS, VisionSplice, linears, quantize_vision
+
+    fp32, preamble = chain["vision"], chain["fp32"] / genai.GRAPHS["vision"]
+    int4 = chain["root"] / "parts" / "vision" / "model.onnx"  # the parts' all-INT4 graph, on SETTINGS
+    int8 = tmp_path / "int8" / "model.onnx"
+    quantize_vision(fp32, int8, SETTINGS, FORMATS["int8-wo"])
+    ops = [o["name"] for o in linears(fp32)]
+    mix = {op: (FORMATS["int4"], FORMATS["int8-wo"], None)[i % 3] for i, op in enumerate(ops)}
+    quantize_vision(fp32, tmp_path / "built" / "model.onnx", SETTINGS, per_op=mix)
+    built = genai.wrap_vision(tmp_path / "built" / "model.onnx", tmp_path / "built" / "vision.onnx", None,
+                              tmp_path / "pre1", preamble)
+    quantize_vision(fp32, tmp_path / "float" / "model.onnx", SETTINGS, per_op=dict.fromkeys(ops))
+    base = genai.wrap_vision(tmp_path / "float" / "model.onnx", tmp_path / "splice" / "vision.onnx", None,
+                             tmp_path / "pre2", preamble)
+    splice = VisionSplice(base, {"int4": int4, "int8-wo": int8}, SETTINGS)
+    spliced, shipped = splice.write("mix", {op: f.name if f else None for op, f in mix.items()})
+
+    def quantized(path):
+        m = onnx.load(str(path), load_external_data=False)
+        inits = {t.name: t for t in m.graph.initializer}
+        return {n.name: (list(n.input)[:1] + list(n.output), {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},
+                         [np.asarray(tensor_array(inits[x], path.parent)) for x in n.input[1:] if x in inits])
+                for n in m.graph.node if n.op_type == "MatMulNBits"}, [n.op_type for n in m.graph.node]
+
+    (a, order_a), (b, order_b) = quantized(built), quantized(spliced)
+    assert order_a == order_b and len(a) == sum(f is not None for f in mix.values()) == len(b)
+    assert {n[:-3] for n in a} == {op for op, f in mix.items() if f is not None}
+    for name, (io, attrs, tensors) in a.items():
+        assert b[name][:2] == (io, attrs), name
+        assert all(np.array_equal(x, y) for x, y in zip(tensors, b[name][2], strict=True)), name
+    ref, got = parts["chain"].measure("built", vision=built), parts["chain"].measure("spliced", vision=spliced)
+    for x, y in zip(ref["cases"], got["cases"], strict=True):
+        assert x["kl"] == pytest.approx(y["kl"], rel=1e-12, abs=1e-15) and x["top1"] == y["top1"], (x, y)
+    assert max(r["kl"] for r in got["cases"]) > 1e-7  # the mix changes the answers: not a trivial pass
+    external = sum(1 for t in onnx.load(str(built), load_external_data=False).graph.initializer
+                   if t.data_location == onnx.TensorProto.EXTERNAL)
+    print(f"\nspliced: {shipped} bytes as shipped, quantize_vision's graph {model_bytes(built)} "
+          f"({external} external tensors); the variant's own files {model_bytes(spliced)}")
+    assert abs(shipped - model_bytes(built)) <= 8 * external
+    assert model_bytes(spliced) < model_bytes(built) / 2
+    splice.remove("mix")
+    assert not spliced.exists() and base.exists()
+    record = int8.with_name("parity.json")
+    record.write_text(json.dumps({"extra": {"graphs": {"model.onnx": {"format": "int8-wo", "run_settings": {
+        **SETTINGS.as_dict(), "block_size": 128}}}}}))
+    with pytest.raises(VlsensError, match="not as 'int8-wo' on the run's"):
+        VisionSplice(base, {"int8-wo": int8}, SETTINGS)

@@ -77,35 +77,40 @@ class _FolderMeasure:
     its vision graph replaced, measured on the image cases by the part chain
     (:class:`vlsens.deploy.genai.chain.PartChain`: its decoder and embedding sessions opened once,
     equal to the measure of the folder so assembled, ``tests/test_chain.py``); each call measures
-    one vision graph (``per_op``: every Linear's format, :func:`vlsens.precision.weight_only.quantize_vision`)."""
+    one vision graph (``per_op``: every Linear's format, as :func:`vlsens.precision.weight_only.quantize_vision`
+    builds it), written as a :class:`~vlsens.precision.weight_only.VisionSplice` of the float graph
+    (wrapped once) and the run's ``int4`` and ``int8-wo`` graphs: only the changed Linears' tensors
+    are written, not the whole graph."""
 
     def __init__(self, checkpoint, reference, cases, base: Mapping, graphs: Mapping, settings, work: Path,
                  threads: int = 0):
+        import shutil
+
         from vlsens.deploy.genai import folder as genai
         from vlsens.deploy.genai.chain import PartChain
+        from vlsens.precision.weight_only import VisionSplice, linears, quantize_vision
 
-        self.graphs, self.settings, self.work = graphs, settings, work
         self.cases = cases
-        self.preamble = Path(base["folder"]) / genai.GRAPHS["vision"]  # the fp32 folder's, reused: no torch here
+        preamble = Path(base["folder"]) / genai.GRAPHS["vision"]  # the fp32 folder's, reused: no torch here
+        staged = work / "float" / "model.onnx"
+        quantize_vision(graphs["fp32"], staged, settings, per_op={o["name"]: None for o in linears(graphs["fp32"])})
+        wrapped = genai.wrap_vision(staged, work / "spliced" / genai.GRAPHS["vision"], None, work / "preamble", preamble)
+        shutil.rmtree(staged.parent, ignore_errors=True)
+        self.splice = VisionSplice(wrapped, {f: graphs[f] for f in ("int4", "int8-wo")}, settings)
         self.chain = PartChain(base["folder"], reference, cases, checkpoint, threads,
                                modalities={c["modality"] for c in cases if c["images"]})
 
     def __call__(self, name: str, per_op: dict) -> tuple[float, dict]:
         """The mean KL over every case (the text cases do not reach the vision graph and are not
-        run: 0; run, 1e-14) and the measure."""
-        import shutil
-
+        run: 0; run, 1e-14) and the measure; ``bytes_in_folder``: the vision graph's bytes as the
+        folder would ship it (with its preamble)."""
         from vlsens.core.onnxutil import model_bytes
-        from vlsens.deploy.genai import folder as genai
-        from vlsens.precision.weight_only import quantize_vision
 
-        staged = self.work / name / "model.onnx"
-        quantize_vision(self.graphs["fp32"], staged, self.settings, per_op=per_op)
-        vision = self.work / name / "folder" / genai.GRAPHS["vision"]
-        genai.wrap_vision(staged, vision, None, self.work / f"{name}-preamble", self.preamble)
+        vision, shipped = self.splice.write(name, {op: (f.name if f is not None else None) for op, f in per_op.items()})
         m = self.chain.measure(f"vision-{name}", vision=vision)
-        m["bytes_in_folder"] = model_bytes(vision)  # with its preamble, as shipped
-        shutil.rmtree(staged.parent, ignore_errors=True)
+        m["bytes"] += shipped - model_bytes(vision)  # the chain counts the variant's own files only
+        m["bytes_in_folder"] = shipped
+        self.splice.remove(name)
         return sum(float(r["kl"]) for r in m["cases"]) / len(self.cases), m
 
 

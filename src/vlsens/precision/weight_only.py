@@ -731,6 +731,116 @@ def quantize_vision(src: str | Path, staged: str | Path, settings,
     return _vision_facts(staged, ops, fmt, settings, weights), weights
 
 
+class VisionSplice:
+    """Vision graphs that differ from one float graph (``base``: :func:`quantize_vision`'s float
+    form, every Linear a MatMul, wrapped or not) only in which Linears are weight-only, each written
+    as a graph file beside ``base`` (:meth:`write`): its float weights are read from ``base``'s
+    data file, each quantized Linear's ``MatMulNBits`` node and tensors are taken from a graph of
+    ``sources`` (format name -> a graph :func:`quantize_vision` wrote from the same float graph with
+    every Linear in that format, on ``settings``). The run's formats are data-free (RTN, k_quant:
+    :class:`~vlsens.quantize.nbits.NBitsSettings` admits no other), which quantize each Linear on its
+    own, so a Linear's node is the one :func:`quantize_vision` writes for it in any mix
+    (``tests/test_chain.py``: the same tensors, the same measure). A variant's own files are its
+    graph and its quantized tensors, where :func:`quantize_vision` and
+    :func:`~vlsens.deploy.genai.folder.wrap_vision` write the whole graph three times (2.7 GB each
+    at 3B): for measuring many mixes of one graph, not for shipping (a variant reads another
+    graph's data file)."""
+
+    def __init__(self, base: str | Path, sources: Mapping[str, str | Path], settings):
+        import onnx
+
+        self.base, self.settings = Path(base), settings
+        self.model = onnx.load(str(self.base), load_external_data=False)
+        self.ops = {o["name"]: o for o in linears(self.model)}
+        self.sources: dict[str, tuple[Path, dict, dict]] = {}
+        for fmt, path in sources.items():
+            self._check_source(fmt, Path(path))
+            m = onnx.load(str(path), load_external_data=False)
+            nodes = {n.name.rsplit("_Q", 1)[0]: n for n in m.graph.node if n.op_type == "MatMulNBits"}
+            missing = sorted(set(self.ops) - set(nodes))
+            if missing:
+                raise VlsensError(f"{path}: Linears not quantized: {missing[:5]} ({len(missing)}); a source of "
+                                  f"format {fmt} quantizes every Linear of {self.base}")
+            self.sources[fmt] = (Path(path), nodes, {t.name: t for t in m.graph.initializer})
+
+    def _check_source(self, fmt: str, path: Path) -> None:
+        """A source whose record (``parity.json`` beside it, where it has one: its variant job's)
+        names another format or other settings than this run's would put another graph's nodes in
+        the variants: refused."""
+        import json
+
+        record = path.with_name("parity.json")
+        if fmt not in FORMATS:
+            raise VlsensError(f"vision format {fmt!r}: one of {sorted(FORMATS)}")
+        if not record.is_file():
+            return
+        f = json.loads(record.read_text()).get("extra", {}).get("graphs", {}).get(path.name)
+        if f is not None and (f.get("format") != fmt or f.get("run_settings") != self.settings.as_dict()):
+            raise VlsensError(f"{path}: quantized as {f.get('format')!r} on {f.get('run_settings')}, not as "
+                              f"{fmt!r} on the run's {self.settings.as_dict()}; rebuild it (its variant job)")
+
+    def write(self, name: str, per_op: Mapping[str, str | None]) -> tuple[Path, int]:
+        """``<name>.onnx`` (+ its data file) beside ``base``: every Linear of ``per_op`` (MatMul name
+        -> a format of ``sources``, or None: float) in its format, and the bytes the graph would
+        ship as one file (its graph plus every tensor it reads; :func:`quantize_vision`'s graph of
+        the same mix differs only in its data offsets' digits)."""
+        import onnx
+
+        from vlsens.core.onnxgraph import node_reads
+        from vlsens.core.onnxutil import DataFile, _chunks, _external_range, data_path, external_extents
+        from vlsens.export.towers.vision_dynamic import INPUTS
+
+        unknown = sorted(set(per_op) - set(self.ops))
+        if unknown:
+            raise VlsensError(f"{self.base}: not Linears of the vision graph: {unknown[:5]} ({len(unknown)})")
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        dst = self.base.with_name(f"{name}.onnx")
+        changed = {op: f for op, f in per_op.items() if f is not None}
+        with DataFile(data_path(dst)) as out:
+            nodes = []
+            for node in model.graph.node:
+                if node.name not in changed:
+                    nodes.append(node)
+                    continue
+                src, qnodes, inits = self.sources[changed[node.name]]
+                q = onnx.NodeProto()
+                q.CopyFrom(qnodes[node.name])
+                if q.input[0] not in (node.input[0], INPUTS[0]):  # the patch embedding reads the graph's input
+                    raise VlsensError(f"{src}: {q.name} reads {q.input[0]}, not its MatMul's input (an input scale): "
+                                      "a spliced vision graph takes weight-only nodes alone")
+                q.input[0], q.output[0] = node.input[0], node.output[0]
+                for x in q.input[1:]:
+                    if x not in inits:
+                        continue
+                    t = onnx.TensorProto()
+                    t.CopyFrom(inits[x])
+                    if t.data_location == onnx.TensorProto.EXTERNAL:
+                        path, offset, length = _external_range(t, src.parent)
+                        out.add(t, _chunks(path, offset, length))
+                    model.graph.initializer.append(t)
+                nodes.append(q)
+            del model.graph.node[:]
+            model.graph.node.extend(nodes)
+        read = {x for n in model.graph.node for x in node_reads(n)} | {o.name for o in model.graph.output}
+        kept = [t for t in model.graph.initializer if t.name in read]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        if changed and not any(o.domain == "com.microsoft" for o in model.opset_import):
+            model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+        onnx.save_model(model, str(dst))
+        shipped = dst.stat().st_size + sum(n for spans in external_extents(model, dst.parent).values() for _, n in spans)
+        return dst, shipped
+
+    def remove(self, name: str) -> None:
+        """A variant's own files."""
+        from vlsens.core.onnxutil import data_path
+
+        dst = self.base.with_name(f"{name}.onnx")
+        dst.unlink(missing_ok=True)
+        data_path(dst).unlink(missing_ok=True)
+
+
 def _mixed_facts(staged: Path, ops: list[dict], formats: Mapping, settings, weights: dict[str, str]) -> dict:
     """The record's facts of a mixed vision graph: per Linear its format, bits and bytes as stored."""
     from vlsens.quantize.nbits import float_bytes, quantized_nodes
