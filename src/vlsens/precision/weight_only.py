@@ -786,9 +786,9 @@ class VisionSplice:
         the same mix differs only in its data offsets' digits)."""
         import onnx
 
-        from vlsens.core.onnxgraph import node_reads
         from vlsens.core.onnxutil import DataFile, _chunks, _external_range, data_path, external_extents
         from vlsens.export.towers.vision_dynamic import INPUTS
+        from vlsens.quantize.nbits import splice_quantized
 
         unknown = sorted(set(per_op) - set(self.ops))
         if unknown:
@@ -797,11 +797,10 @@ class VisionSplice:
         model.CopyFrom(self.model)
         dst = self.base.with_name(f"{name}.onnx")
         changed = {op: f for op, f in per_op.items() if f is not None}
+        done = {}
         with DataFile(data_path(dst)) as out:
-            nodes = []
             for node in model.graph.node:
                 if node.name not in changed:
-                    nodes.append(node)
                     continue
                 src, qnodes, inits = self.sources[changed[node.name]]
                 q = onnx.NodeProto()
@@ -809,7 +808,7 @@ class VisionSplice:
                 if q.input[0] not in (node.input[0], INPUTS[0]):  # the patch embedding reads the graph's input
                     raise VlsensError(f"{src}: {q.name} reads {q.input[0]}, not its MatMul's input (an input scale): "
                                       "a spliced vision graph takes weight-only nodes alone")
-                q.input[0], q.output[0] = node.input[0], node.output[0]
+                tensors = []
                 for x in q.input[1:]:
                     if x not in inits:
                         continue
@@ -818,16 +817,9 @@ class VisionSplice:
                     if t.data_location == onnx.TensorProto.EXTERNAL:
                         path, offset, length = _external_range(t, src.parent)
                         out.add(t, _chunks(path, offset, length))
-                    model.graph.initializer.append(t)
-                nodes.append(q)
-            del model.graph.node[:]
-            model.graph.node.extend(nodes)
-        read = {x for n in model.graph.node for x in node_reads(n)} | {o.name for o in model.graph.output}
-        kept = [t for t in model.graph.initializer if t.name in read]
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
-        if changed and not any(o.domain == "com.microsoft" for o in model.opset_import):
-            model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+                    tensors.append(t)
+                done[node.name] = (q, tensors)
+        splice_quantized(model, done)  # in each MatMul's place; the float weights nothing reads dropped
         onnx.save_model(model, str(dst))
         shipped = dst.stat().st_size + sum(n for spans in external_extents(model, dst.parent).values() for _, n in spans)
         return dst, shipped

@@ -189,11 +189,11 @@ def quantize(float_model: str | Path, out_model: str | Path, bits: Mapping[str, 
             group = [o for o in group if o["name"] not in done]
         for batch in _batches(group, batch_bytes):
             done.update(_quantize_batch(batch, inits, float_model.parent, bits, replace(settings, algorithm=algo), opset))
-    _splice(model, done)
+    splice_quantized(model, done)
     return save_streamed(model, float_model.parent, out_model)
 
 
-def _splice(model, done: dict[str, tuple]) -> None:
+def splice_quantized(model, done: dict[str, tuple]) -> None:
     """Put each quantized node (``done``: MatMul name -> (node, its tensors[, AWQ's chain])) in its
     MatMul's place in ``model``, dropping the initializers nothing reads any more."""
     import onnx
