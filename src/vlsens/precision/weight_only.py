@@ -787,7 +787,6 @@ class VisionSplice:
         import onnx
 
         from vlsens.core.onnxutil import DataFile, _chunks, _external_range, data_path, external_extents
-        from vlsens.export.towers.vision_dynamic import INPUTS
         from vlsens.quantize.nbits import splice_quantized
 
         unknown = sorted(set(per_op) - set(self.ops))
@@ -797,6 +796,7 @@ class VisionSplice:
         model.CopyFrom(self.model)
         dst = self.base.with_name(f"{name}.onnx")
         changed = {op: f for op, f in per_op.items() if f is not None}
+        graph_inputs = {i.name for i in model.graph.input}
         done = {}
         with DataFile(data_path(dst)) as out:
             for node in model.graph.node:
@@ -805,7 +805,7 @@ class VisionSplice:
                 src, qnodes, inits = self.sources[changed[node.name]]
                 q = onnx.NodeProto()
                 q.CopyFrom(qnodes[node.name])
-                if q.input[0] not in (node.input[0], INPUTS[0]):  # the patch embedding reads the graph's input
+                if q.input[0] != node.input[0] and q.input[0] not in graph_inputs:  # the patch embedding: the graph's input
                     raise VlsensError(f"{src}: {q.name} reads {q.input[0]}, not its MatMul's input (an input scale): "
                                       "a spliced vision graph takes weight-only nodes alone")
                 tensors = []
