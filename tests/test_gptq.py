@@ -179,6 +179,35 @@ def test_columns_quantized_in_chunks_give_the_same_codes(monkeypatch):
     assert all(np.array_equal(a, b) for a, b in zip(whole, chunked, strict=True))
 
 
+def test_the_factor_is_the_inverse_hessians_cholesky_factor_and_one_serves_every_matmul_of_an_input():
+    """:func:`gptq.factor` (a Cholesky factorization of the reversed Hessian and a triangular
+    inverse) is the upper Cholesky factor of the dampened inverse Hessian, padded rows and rows no
+    input reaches included, to 1e-10 relative; codes from a factor computed once for the MatMuls of
+    one input are the codes each computes on its own."""
+    rng = np.random.default_rng(7)
+    k, kp = 200, 224  # a padded block
+    x = (rng.standard_normal((600, k)) @ (rng.standard_normal((k, k)) * 0.3 + np.eye(k))).astype(np.float64)
+    x[:, [3, 50]] = 0.0  # two channels no input reaches
+    h = x.T @ x
+    u, dead = gptq.factor(h, k, kp)
+    ref = np.zeros((kp, kp))
+    ref[:k, :k] = h
+    ref[dead, dead] = 1.0
+    ref[np.diag_indices(kp)] += gptq.DAMP * np.mean(np.diag(ref))
+    expected = np.linalg.cholesky(np.linalg.inv(ref)).T
+    assert np.flatnonzero(dead).tolist() == [3, 50, *range(k, kp)]
+    assert np.array_equal(u, np.triu(u)) and np.all(np.diag(u) > 0)
+    assert np.abs(u - expected).max() <= 1e-10 * np.abs(expected).max()
+    assert np.allclose(u.T @ u, np.linalg.inv(ref), rtol=1e-9, atol=1e-12 * np.abs(np.linalg.inv(ref)).max())
+    for n, bits in ((48, 4), (17, 8)):  # two MatMuls reading the one input
+        w = rng.standard_normal((k, n)).astype(np.float32)
+        alone = gptq.codes(w, h, bits, 32, False)
+        shared = gptq.codes(w, h, bits, 32, False, factored=(u, dead))
+        assert all(np.array_equal(a, b) for a, b in zip(alone, shared, strict=True))
+    with pytest.raises(ValueError, match="factored"):
+        gptq.codes(w, h, 4, 128, False, factored=(u, dead))  # a factor for blocks of 32, not 128
+
+
 def test_a_runs_store_gives_the_same_codes_without_computing_them_again(decoder, tmp_path, monkeypatch):
     """The codes kept by a writable store (one file per MatMul) make the same graph as computing
     them, with no calibration pass; a store is keyed by the calibration samples and the float

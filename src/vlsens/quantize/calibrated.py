@@ -58,10 +58,11 @@ def quantize_nodes(float_model: str | Path, ops: Sequence[Mapping], model, bits:
             log.warning("GPTQ: %d calibration rows for the %d inputs of %s: the Hessian is singular (dampening "
                         "keeps it invertible, but the fit follows these rows; more calibration samples, "
                         "calibration.num_calib, give it more)", rows, h.shape[0], t)
+        factors: dict = {}  # GPTQ's factor of this Hessian, shared by the MatMuls that read it
         for o in by_input[t]:
             b = int(bits[o["name"]])
             w = np.asarray(tensor_array(inits[o["weight"]], weights_dir), np.float32)
-            got = ctx.compute(o["name"], t, w, h, b, settings)
+            got = ctx.compute(o["name"], t, w, h, b, settings, factors)
             if store is not None:
                 store.save(o, b, settings, got, ctx.key)
             done[o["name"]] = gptq.node(nodes[o["name"]], o["K"], b, settings, *got)
@@ -101,14 +102,19 @@ class _Context:
         head = frozenset(n.name for n in model.graph.node if NODE_NAMES.logits in n.output)
         return cls(algorithm, {}, dtypes, head)
 
-    def compute(self, name: str, tensor: str, w: np.ndarray, h: np.ndarray, bits: int, settings) -> tuple:
+    def compute(self, name: str, tensor: str, w: np.ndarray, h: np.ndarray, bits: int, settings,
+                factors: dict | None = None) -> tuple:
+        """The codes of weight ``w`` (MatMul ``name``, input ``tensor``, Hessian ``h``); ``factors``:
+        GPTQ's factors of ``h`` by padded rows, filled and read here (one per Hessian and block size)."""
         from vlsens.quantize import awq, scale_estimation
 
         a, bs, sym = self.algorithm, settings.block_size, settings.symmetric
-        if a == "gptq":
-            return gptq.codes(w, h, bits, bs, sym)
-        if a == "gptq_se":
-            return gptq.codes(w, h, bits, bs, sym, estimate_scales=True)
+        if a in ("gptq", "gptq_se"):
+            factors = {} if factors is None else factors
+            kp = -(-w.shape[0] // bs) * bs
+            if kp not in factors:
+                factors[kp] = gptq.factor(h, w.shape[0], kp)
+            return gptq.codes(w, h, bits, bs, sym, estimate_scales=a == "gptq_se", factored=factors[kp])
         if a == "scale_estimation":
             return scale_estimation.codes(w, h, bits, bs, sym)
         then, dtype = ("se" if a == "awq_se" else "rtn"), self.dtypes.get(tensor, np.float32)
