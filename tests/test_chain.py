@@ -287,6 +287,7 @@ def parts(chain):
 
 
 def test_the_fp32_folder_on_the_part_chain_is_its_own_measure(chain, parts):
+    assert parts["chain"].read_rows  # lm_head at the read positions alone (test_the_chain_computes_logits_only_...)
     m = parts["chain"].measure("fp32")
     assert [r["name"] for r in m["cases"]] == [c["name"] for c in chain["index"]["cases"]]
     assert all(abs(r["kl"]) < 1e-9 and r["top1"] == 1.0 for r in m["cases"]), m["cases"]
@@ -356,7 +357,9 @@ def test_a_whole_folder_on_the_part_chain_equals_its_measure(chain, int4, parts)
     table = onnx.load(str(folder / "embedding.onnx"), load_external_data=False)
     assert [n.attribute for n in table.graph.node if n.op_type == "GatherBlockQuantized"], "an INT4 table"
     measured = measure_folder(folder, chain["ref"], chain["cases"], "whole")
-    chained = PartChain(folder, chain["ref"], chain["cases"], chain["dec"].ckpt, threads=2).measure("whole")
+    pc = PartChain(folder, chain["ref"], chain["cases"], chain["dec"].ckpt, threads=2)
+    assert pc.read_rows  # its lm_head a MatMulNBits, computed at the read positions alone
+    chained = pc.measure("whole")
     assert chained["reference"] == measured["reference"] == REFERENCE and chained["runner"] == RUNNER
     assert "runner" not in measured
     for a, b in zip(chained["cases"], measured["cases"], strict=True):
@@ -368,6 +371,44 @@ def test_a_whole_folder_on_the_part_chain_equals_its_measure(chain, int4, parts)
     assert chained["bytes"] == measured["bytes"] == folder_weight_bytes(folder)
     for m, s in measured["modalities"].items():
         assert chained["modalities"][m]["mean_kl"] == pytest.approx(s["mean_kl"], rel=CASE_REL)
+
+
+def test_the_chain_computes_logits_only_where_the_measure_reads_them(chain, int4):
+    """The part chain's decoder (:func:`read_rows_session`) gives lm_head's rows at the positions
+    fed and no others: equal to the folder's own graph's logits there (float: the same dot products;
+    INT4 within the kernel's rounding), for the fp32 decoder (MatMul) and an INT4 one
+    (MatMulNBits); a graph whose logits another node writes runs as it is."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    from vlsens.core.onnxutil import make_session
+    from vlsens.data.samples import Samples
+    from vlsens.deploy.genai.chain import READ_POSITIONS, read_rows_session
+
+    samples = Samples.load(chain["feeds"])
+    for graph in (chain["fp32"] / "decoder.onnx", int4["model"]):
+        plain = make_session(graph, threads=2)
+        session, reads = read_rows_session(graph, threads=2)
+        assert reads, graph
+        output = plain.get_outputs()[0].name
+        for feed, valid in zip(samples.feeds[:4], samples.valid[:4]):
+            rows = np.flatnonzero(valid[0]).astype(np.int64)
+            whole = plain.run([output], feed)[0][0]
+            read = session.run([output], {**feed, READ_POSITIONS: rows})[0][0]
+            assert read.shape == (len(rows), whole.shape[-1]) and len(rows) < whole.shape[0]
+            np.testing.assert_allclose(read, whole[rows], rtol=1e-5, atol=1e-5 * np.abs(whole).max())
+    m = onnx.load(str(chain["fp32"] / "decoder.onnx"))  # the tiny decoder, its weights in memory
+    out = m.graph.output[0].name
+    head = next(n for n in m.graph.node if out in n.output)
+    head.output[0] = f"{out}_raw"
+    m.graph.node.append(helper.make_node("Identity", [f"{out}_raw"], [out]))
+    other = chain["root"] / "identity-logits" / "decoder.onnx"
+    other.parent.mkdir(exist_ok=True)
+    onnx.save_model(m, str(other), save_as_external_data=True, location="decoder.onnx.data")
+    session, reads = read_rows_session(other, threads=2)
+    feed = samples.feeds[0]
+    assert not reads and session.run([out], feed)[0].shape == plain.run([output], feed)[0].shape
 
 
 def test_a_spliced_vision_graph_is_the_one_quantize_vision_writes(chain, parts, tmp_path):

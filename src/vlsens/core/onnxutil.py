@@ -352,9 +352,12 @@ def available_providers(device: str = "auto") -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-def make_session(path: str | Path, threads: int = 0, device: str = "auto",
-                 providers: Sequence[str] | None = None, basic: bool = False, lean: bool = False):
-    """An InferenceSession; ``threads`` = 0 lets ORT choose. ``basic``: basic graph optimizations
+def make_session(path, threads: int = 0, device: str = "auto",
+                 providers: Sequence[str] | None = None, basic: bool = False, lean: bool = False,
+                 data_dir: str | Path | None = None):
+    """An InferenceSession of a graph file ``path``, or of a ModelProto (a graph changed in memory)
+    whose external data files lie in ``data_dir`` (read from there as from the file's folder: the
+    same memory); ``threads`` = 0 lets ORT choose. ``basic``: basic graph optimizations
     only (Q/DQ stay fake quantization, not fused into integer kernels: the sensitivity engine's
     arithmetic), else ORT's default level. ``lean``: for analysis passes that run a model once:
     basic optimizations (constants folded once), no weight prepacking (a second copy of every
@@ -379,7 +382,13 @@ def make_session(path: str | Path, threads: int = 0, device: str = "auto",
         for k, v in NO_SPIN.items():
             so.add_session_config_entry(k, v)
     so.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=so, providers=list(providers or available_providers(device)))
+    providers = list(providers or available_providers(device))
+    if isinstance(path, (str, Path)):
+        return ort.InferenceSession(str(path), sess_options=so, providers=providers)
+    if data_dir is None:
+        raise ValueError("make_session: a ModelProto needs data_dir, the folder of its external data files")
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_dir))
+    return ort.InferenceSession(path.SerializeToString(), sess_options=so, providers=providers)
 
 
 def input_batch(model) -> tuple[str, int | None]:

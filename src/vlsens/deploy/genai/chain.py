@@ -242,8 +242,44 @@ def chain_kl(decoder_graph: str | Path, feeds_npz: str | Path, reference_npz: st
 
 #: How a measure record the chain writes was run (its ``runner``; the runtime's own measure has none).
 RUNNER = ("the part chain: the folder's own processor, vision, embedding and decoder graphs as plain ONNX Runtime "
-          "sessions, each case one prefill read at the runtime's teacher-forced steps (equal to onnxruntime-genai's "
-          "measure of the folder within the kernels' rounding, tests/test_chain.py)")
+          "sessions, each case one prefill read at the runtime's teacher-forced steps, lm_head computed there alone "
+          "(equal to onnxruntime-genai's measure of the folder within the kernels' rounding, tests/test_chain.py)")
+
+#: The part chain's decoder input: the positions of a case whose logits are read (:func:`read_rows_session`).
+READ_POSITIONS = "vlsens_read_positions"
+
+
+def read_rows_session(decoder: str | Path, threads: int = 0):
+    """``(session, True)``: the decoder graph computing its logits (its first output) only at the
+    positions fed as :data:`READ_POSITIONS` -- the node that writes them (lm_head: ``MatMul`` or
+    ``MatMulNBits``) reads ``Gather(x, positions, axis=1)`` of its input ``x`` -- changed in memory,
+    its data read from the graph's folder (the folder's files untouched). Each row of lm_head is
+    its own dot products, so the rows kept are the whole graph's there within the kernel's
+    rounding; lm_head over Qwen's 151 936-token vocabulary is computed at every position of a
+    case's prefill while the measure reads its answer's (192 of 2 637 positions on the default
+    cases). ``(session of the graph as it is, False)`` where the logits are written by another node."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from vlsens.core.onnxutil import make_session
+
+    decoder = Path(decoder)
+    m = onnx.load(str(decoder), load_external_data=False)
+    logits = m.graph.output[0]
+    head = next((n for n in m.graph.node if logits.name in n.output), None)
+    if head is None or head.op_type not in ("MatMul", "MatMulNBits"):
+        return make_session(decoder, threads=threads), False
+    rows = f"{head.input[0]}__vlsens_read"
+    at = list(m.graph.node).index(head)
+    m.graph.node.insert(at, helper.make_node("Gather", [head.input[0], READ_POSITIONS], [rows],
+                                             name="vlsens_read_rows_Gather", axis=1))
+    head.input[0] = rows
+    m.graph.input.append(helper.make_tensor_value_info(READ_POSITIONS, TensorProto.INT64, ["read_positions"]))
+    dims = logits.type.tensor_type.shape.dim
+    if len(dims) == 3:
+        dims[1].Clear()
+        dims[1].dim_param = "read_positions"
+    return make_session(m, threads=threads, data_dir=decoder.parent), True
 
 
 class PartChain:
@@ -261,7 +297,8 @@ class PartChain:
     call runs the changed vision graph once per distinct image (a case's images are the
     processor's patches of its files; the measure runs each case's), the embedding graph and one
     prefill of each case's prompt and reference tokens but the last with an empty cache, read at
-    the positions the runtime's teacher forcing returns (:func:`decoder_feeds`' sequences). Equal
+    the positions the runtime's teacher forcing returns (:func:`decoder_feeds`' sequences), lm_head
+    computed at those alone (:func:`read_rows_session`; ``read_rows``). Equal
     to the measure of the folder so assembled within the kernels' rounding (``tests/test_chain.py``).
 
     Memory: the folder's decoder and embedding sessions (the fp32 folder's float32 weights:
@@ -291,7 +328,7 @@ class PartChain:
         self.fixed = [{**_mask_and_positions(seq, proc, self.image_token_id, checkpoint), **past}
                       for seq, proc in zip(self.sequences, self.processed)]
         self.embedding = make_session(self.folder / genai.GRAPHS["embedding"], threads=threads)
-        self.decoder = make_session(self.folder / genai.GRAPHS["decoder"], threads=threads)
+        self.decoder, self.read_rows = read_rows_session(self.folder / genai.GRAPHS["decoder"], threads)
         self.output = self.decoder.get_outputs()[0].name
         self._fp32_features: list[np.ndarray] | None = None
 
@@ -348,7 +385,12 @@ class PartChain:
                                                             self.fixed, features):
             embeds = table.run(None, {"input_ids": sequence, "image_features": feats})[0]
             feed = _typed({"inputs_embeds": embeds, **fixed}, self.types)
-            q = self.decoder.run([self.output], feed)[0][0, sequence.shape[1] - len(ref["tokens"]):]
+            start = sequence.shape[1] - len(ref["tokens"])  # the answer's steps: the logits read
+            if self.read_rows:
+                feed[READ_POSITIONS] = np.arange(start, sequence.shape[1], dtype=np.int64)
+                q = self.decoder.run([self.output], feed)[0][0]
+            else:
+                q = self.decoder.run([self.output], feed)[0][0, start:]
             rows.append(_row(case, logp, ref["tokens"], q))  # as the measure scores a case
         return {"folder": name, "reference": REFERENCE, "runner": RUNNER,
                 "positions": POSITIONS, "max_new_tokens": self.max_new_tokens, "bytes": nbytes,
