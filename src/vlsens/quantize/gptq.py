@@ -175,7 +175,7 @@ def codes(weight: np.ndarray, hessian: np.ndarray | None, bits: int, block_size:
 def factor(hessian: np.ndarray | None, k: int, kp: int, damp: float = DAMP) -> tuple[np.ndarray | None, np.ndarray]:
     """The upper Cholesky factor ``U`` of the dampened inverse Hessian (``H^-1 = U^T U``, padded to
     ``kp`` rows; row i holds what row i's error moves) and the rows no input reaches (``None`` and
-    none without a Hessian). MatMuls that read one input share it (:func:`codes`' ``factor``).
+    none without a Hessian). MatMuls that read one input share it (:func:`codes`' ``factored``).
 
     With ``J`` the reversal of the rows, ``J H J = L L^T`` (``L`` lower) gives ``U = J L^-1 J``: a
     Cholesky factorization and a triangular inverse, about ``2/3 K^3`` multiply-adds, where the
