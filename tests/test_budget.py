@@ -658,7 +658,7 @@ def test_a_plan_names_per_op_algorithms_and_its_decoder_takes_them(engine, tmp_p
         Plan("x", "fp16", "fp32", {**dict.fromkeys(ops, 4), ops[0]: 0}, kq.as_dict(), algorithms={ops[0]: "rtn"})
 
 
-def test_each_op_takes_the_algorithm_it_costs_least_under(engine, tmp_path):
+def test_each_op_takes_the_algorithm_it_costs_least_under(engine, tmp_path, monkeypatch):
     """choose_algorithms scores every MatMul alone under each algorithm and every MatMul at each
     width under each; a candidate that costs more than the default at a width over the whole
     decoder takes no op at that width (rtn beside k_quant: none); else each op takes the one it
@@ -686,6 +686,23 @@ def test_each_op_takes_the_algorithm_it_costs_least_under(engine, tmp_path):
     nb.prepare(b.model("fp32"), b.calib / "eval.npz", eng, rtn, 2, logits=True,
                algorithms={int(w): a for w, a in choice["chosen"].items()})
     assert nb.Prepared(eng).meta["algorithms"] == choice["chosen"]
+    # the default's engine stays in work with its quantized models alone; an engine built with the
+    # choice takes its rtn MatMuls from them (quantizing only the k_quant ones), to the same models
+    kept = tmp_path / "work" / "rtn"
+    assert sorted(p.name for p in kept.iterdir()) == ["engine.json", "q4.onnx", "q4.onnx.data", "q8.onnx", "q8.onnx.data"]
+    import vlsens.quantize.nbits as qn
+
+    quantized, real = [], qn._quantize_batch
+    monkeypatch.setattr(qn, "_quantize_batch", lambda batch, *a, **k: quantized.extend(o["name"] for o in batch)
+                        or real(batch, *a, **k))
+    again = tmp_path / "engine-reused"
+    nb.prepare(b.model("fp32"), b.calib / "eval.npz", again, rtn, 2, logits=True,
+               algorithms={int(w): a for w, a in choice["chosen"].items()}, reuse=nb.reuse_of(kept, b.model("fp32")))
+    assert sorted(quantized) == sorted(op for c in choice["chosen"].values() for op in c)  # the rtn ones taken
+    for q in ("q4.onnx", "q8.onnx"):
+        got, want = _packed(again / q), _packed(eng / q)
+        assert got.keys() == want.keys() and all(np.array_equal(x, y) for op in got
+                                                 for x, y in zip(got[op], want[op], strict=True)), q
     nb.sensitivity(eng, b.calib / "eval.npz", tmp_path / "nbits.csv", tmp_path / "nbits.json", 2)
     for r in _rows(tmp_path):
         for w in ("4", "8"):
@@ -730,6 +747,14 @@ def test_gptq_is_chosen_per_op_on_the_calibration_split_and_its_plans_rebuild_on
                algorithms={int(w): a for w, a in choice["chosen"].items()}, calibration=read)
     meta = nb.Prepared(eng).meta
     assert meta["calibration"]["sha256"] == file_sha256(calib) == fr.calibration_of(meta)
+    again = tmp_path / "engine-reused"  # its k_quant MatMuls taken from the default's engine: the same models
+    nb.prepare(b.model("fp32"), evaluation, again, kq, 2, logits=True,
+               algorithms={int(w): a for w, a in choice["chosen"].items()}, calibration=read,
+               reuse=nb.reuse_of(tmp_path / "work" / "k_quant", b.model("fp32")))
+    for q in ("q4.onnx", "q8.onnx"):
+        got, want = _packed(again / q), _packed(eng / q)
+        assert got.keys() == want.keys() and all(np.array_equal(x, y) for op in got
+                                                 for x, y in zip(got[op], want[op], strict=True)), q
     errors = choice["errors"]
     plan = fr._plans([{"budget": 1, "bits": {op: 4 for op in errors["k_quant"]}}],
                      [{"bytes": 1, "kl": 0.0, "decoder": 0, "vision": "fp16", "embedding": "fp32", "parts": {}}],

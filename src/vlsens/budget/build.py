@@ -224,7 +224,9 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
     ``inputs["calibration"]``, the decoder's calibration split); the engine is built with those, and
     ``nbits.json`` records the choice. ``params["measured"]`` (``plan.decoder_measured``): that
     many MatMuls measured, the rest estimated from their output errors
-    (:func:`vlsens.sensitivity.nbits.sensitivity`)."""
+    (:func:`vlsens.sensitivity.nbits.sensitivity`). The engine takes its data-free MatMuls from
+    the choice's engine of the settings' algorithm instead of quantizing them a third time (the same
+    MatMuls, ``tests/test_budget.py``)."""
     from vlsens.core.fsutil import write_json
     from vlsens.data.inputs import checkpoint_dir
     from vlsens.deploy.cases import load_cases
@@ -236,18 +238,19 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
                   outputs["feeds"])
     settings = NBitsSettings.from_config(params["settings"])
     calibration = gptq_calibration(inputs.get("calibration"), inputs["model"], outputs.get("gptq"), writable=True)
-    choice = None
-    if set(params.get("algorithms") or ()) - {settings.algorithm}:
-        engine = Path(outputs["engine"])
-        engine.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".vlsens-algorithms-", dir=engine.parent) as work:
+    choice, engine = None, Path(outputs["engine"])
+    engine.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".vlsens-algorithms-", dir=engine.parent) as work:
+        reuse = None
+        if set(params.get("algorithms") or ()) - {settings.algorithm}:
             choice = nbits.choose_algorithms(inputs["model"], outputs["feeds"], settings, params["algorithms"], work,
                                              threads, logits=True, calibration=calibration,
                                              scoring=nbits.Scoring(params["suffix_cuts"], params.get("measured")))
-    nbits.prepare(inputs["model"], outputs["feeds"], outputs["engine"], settings, threads, logits=True,
-                  suffix_cuts=params["suffix_cuts"],
-                  algorithms={int(w): a for w, a in choice["chosen"].items()} if choice else None,
-                  calibration=calibration)
+            reuse = nbits.reuse_of(Path(work) / settings.algorithm, inputs["model"])  # the default's MatMuls
+        nbits.prepare(inputs["model"], outputs["feeds"], engine, settings, threads, logits=True,
+                      suffix_cuts=params["suffix_cuts"],
+                      algorithms={int(w): a for w, a in choice["chosen"].items()} if choice else None,
+                      calibration=calibration, reuse=reuse)
     summary = nbits.sensitivity(outputs["engine"], outputs["feeds"], outputs["csv"], outputs["summary"], threads,
                                 measured=params.get("measured"))
     if choice:
