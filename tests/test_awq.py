@@ -106,7 +106,7 @@ def test_every_awq_op_of_the_switch_equals_its_one_op_model(decoder, tmp_path):
     names = [o["name"] for o in weight_matmuls(fl0)]
     calib = decoder.calib / "calib.npz"
     nb.prepare(fl0, decoder.calib / "eval.npz", tmp_path / "engine", settings, threads=2, logits=True,
-               algorithms={4: dict.fromkeys(names, "awq")}, calibration=calib)
+               how=nb.Quantizing({4: dict.fromkeys(names, "awq")}, calib))
     eng = nb.Prepared(tmp_path / "engine").session(decoder.calib / "eval.npz", threads=2, cache_dir=tmp_path / "c")
     fl = tmp_path / "engine" / nb.FILES["float"]
 

@@ -684,7 +684,7 @@ def test_each_op_takes_the_algorithm_it_costs_least_under(engine, tmp_path, monk
         "every op or none takes k_quant: the per-op choice is never exercised"
     eng = tmp_path / "engine"
     nb.prepare(b.model("fp32"), b.calib / "eval.npz", eng, rtn, 2, logits=True,
-               algorithms={int(w): a for w, a in choice["chosen"].items()})
+               how=nb.Quantizing({int(w): a for w, a in choice["chosen"].items()}))
     assert nb.Prepared(eng).meta["algorithms"] == choice["chosen"]
     # the default's engine stays in work with its quantized models alone; an engine built with the
     # choice takes its rtn MatMuls from them (quantizing only the k_quant ones), to the same models
@@ -697,7 +697,7 @@ def test_each_op_takes_the_algorithm_it_costs_least_under(engine, tmp_path, monk
                         or real(batch, *a, **k))
     again = tmp_path / "engine-reused"
     nb.prepare(b.model("fp32"), b.calib / "eval.npz", again, rtn, 2, logits=True,
-               algorithms={int(w): a for w, a in choice["chosen"].items()}, reuse=nb.reuse_of(kept, b.model("fp32")))
+               how=nb.Quantizing({int(w): a for w, a in choice["chosen"].items()}, reuse=nb.reuse_of(kept, b.model("fp32"))))
     assert sorted(quantized) == sorted(op for c in choice["chosen"].values() for op in c)  # the rtn ones taken
     for q in ("q4.onnx", "q8.onnx"):
         got, want = _packed(again / q), _packed(eng / q)
@@ -744,13 +744,13 @@ def test_gptq_is_chosen_per_op_on_the_calibration_split_and_its_plans_rebuild_on
     read = gptq.Calibration(calib, gptq.Store(store, b.model("fp32"), calib))
     eng = tmp_path / "engine"
     nb.prepare(b.model("fp32"), evaluation, eng, kq, 2, logits=True,
-               algorithms={int(w): a for w, a in choice["chosen"].items()}, calibration=read)
+               how=nb.Quantizing({int(w): a for w, a in choice["chosen"].items()}, read))
     meta = nb.Prepared(eng).meta
     assert meta["calibration"]["sha256"] == file_sha256(calib) == fr.calibration_of(meta)
     again = tmp_path / "engine-reused"  # its k_quant MatMuls taken from the default's engine: the same models
     nb.prepare(b.model("fp32"), evaluation, again, kq, 2, logits=True,
-               algorithms={int(w): a for w, a in choice["chosen"].items()}, calibration=read,
-               reuse=nb.reuse_of(tmp_path / "work" / "k_quant", b.model("fp32")))
+               how=nb.Quantizing({int(w): a for w, a in choice["chosen"].items()}, read,
+                                 nb.reuse_of(tmp_path / "work" / "k_quant", b.model("fp32"))))
     for q in ("q4.onnx", "q8.onnx"):
         got, want = _packed(again / q), _packed(eng / q)
         assert got.keys() == want.keys() and all(np.array_equal(x, y) for op in got

@@ -247,10 +247,9 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
                                              threads, logits=True, calibration=calibration,
                                              scoring=nbits.Scoring(params["suffix_cuts"], params.get("measured")))
             reuse = nbits.reuse_of(Path(work) / settings.algorithm, inputs["model"])  # the default's MatMuls
+        chosen = {int(w): a for w, a in choice["chosen"].items()} if choice else None
         nbits.prepare(inputs["model"], outputs["feeds"], engine, settings, threads, logits=True,
-                      suffix_cuts=params["suffix_cuts"],
-                      algorithms={int(w): a for w, a in choice["chosen"].items()} if choice else None,
-                      calibration=calibration, reuse=reuse)
+                      suffix_cuts=params["suffix_cuts"], how=nbits.Quantizing(chosen, calibration, reuse))
     summary = nbits.sensitivity(outputs["engine"], outputs["feeds"], outputs["csv"], outputs["summary"], threads,
                                 measured=params.get("measured"))
     if choice:

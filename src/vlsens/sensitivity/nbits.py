@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -328,18 +329,25 @@ class Prepared:
         return ReferenceStore(self.folder / FILES["reference"])
 
 
-def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path, settings: NBitsSettings,
-            threads: int = 0, *, logits: bool, suffix_cuts: int = 32,
-            algorithms: Mapping[int, Mapping[str, str]] | None = None, calibration: str | Path | None = None,
-            reuse=None) -> dict:
-    """Engine folder of ``base_model``: the float model, the all-INT4 and all-INT8 models, the
-    switch model (segmented for the suffix engine when ``suffix_cuts`` > 0, its probe beside it),
-    the float reference on the evaluation set; ``engine.json`` written last. ``algorithms``: per
-    width (4, 8) the MatMuls quantized by another algorithm than ``settings.algorithm``
-    (:func:`vlsens.quantize.nbits.quantize`), recorded in ``engine.json``; ``calibration``: the
+@dataclass(frozen=True)
+class Quantizing:
+    """How an engine's all-INT4 and all-INT8 models are quantized beside its settings:
+    ``algorithms`` per width (4, 8) the MatMuls by another algorithm than ``settings.algorithm``
+    (:func:`vlsens.quantize.nbits.quantize`), recorded in ``engine.json``; ``calibration`` the
     float model's calibration samples a data-aware algorithm reads (its SHA-256 recorded);
-    ``reuse``: a :class:`vlsens.quantize.nbits.Reuse` (:func:`reuse_of` another engine of the same
+    ``reuse`` a :class:`vlsens.quantize.nbits.Reuse` (:func:`reuse_of` another engine of the same
     float weights and settings) whose data-free MatMuls are taken instead of quantized again."""
+
+    algorithms: Mapping[int, Mapping[str, str]] | None = None
+    calibration: object = None
+    reuse: object = None
+
+
+def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path, settings: NBitsSettings,
+            threads: int = 0, *, logits: bool, suffix_cuts: int = 32, how: Quantizing = Quantizing()) -> dict:
+    """Engine folder of ``base_model``: the float model, the all-INT4 and all-INT8 models (quantized
+    as ``how`` says), the switch model (segmented for the suffix engine when ``suffix_cuts`` > 0,
+    its probe beside it), the float reference on the evaluation set; ``engine.json`` written last."""
     from vlsens.core.artifacts import verify
     from vlsens.core.fsutil import savez_stream, write_json
     from vlsens.data.samples import Samples
@@ -356,8 +364,9 @@ def prepare(base_model: str | Path, eval_npz: str | Path, engine_dir: str | Path
     names = [o["name"] for o in ops]
     log.info("quantizing all %d weight MatMuls to %s bits (%s, block %d)", len(names), " and ".join(map(str, BITS)),
              settings.algorithm, settings.block_size)
+    algorithms, calibration = how.algorithms, how.calibration
     paths = {b: quantize(fl, d / FILES[f"q{b}"], dict.fromkeys(names, b), settings, algorithms=(algorithms or {}).get(b),
-                         calibration=calibration, threads=threads, reuse=reuse) for b in BITS}
+                         calibration=calibration, threads=threads, reuse=how.reuse) for b in BITS}
     t_q = time.perf_counter()
     log.info("quantized in %.0f s; building the switch model", t_q - t0)
     nodes = {b: quantized_nodes(p) for b, p in paths.items()}
@@ -551,8 +560,6 @@ def keep_quantized(engine_dir: str | Path) -> None:
     """Leave of a prepared engine folder only what :func:`reuse_of` reads (``engine.json`` and the
     all-INT4 and all-INT8 models with their data files): the float copy, the switch model, the
     reference and the caches go (at 36 layers of 3B the float copy alone is 12.4 GB)."""
-    import shutil
-
     from vlsens.core.onnxutil import data_path
 
     d = Path(engine_dir)
@@ -583,14 +590,11 @@ def choose_algorithms(base_model: str | Path, eval_npz: str | Path, settings: NB
     samples, not the evaluation set it is scored on), at
     :data:`~vlsens.quantize.nbits.DATA_AWARE_BITS` only. A candidate takes ops at a width only where
     every op at that width by it costs no more than every op by the default (``uniform``): errors
-    alone do not add up. The default's engine is left in ``work`` with its quantized models alone
-    (:func:`keep_quantized`): a data-aware candidate takes its other widths' MatMuls from them, and
-    so can the engine built with the choice (:func:`reuse_of` on ``work / settings.algorithm``:
-    data-free algorithms quantize each MatMul on its own, so they are the MatMuls it would write).
+    alone do not add up. The default's quantized models stay in ``work`` (:func:`keep_quantized`):
+    the candidates' other widths and the engine built with the choice take their MatMuls from them.
     ``{"candidates", "chosen": {width: {op: algorithm}} (only where not settings.algorithm),
     "errors": {algorithm: {op: {"4", "8"}}}, "uniform": {algorithm: {"4", "8"}}, "allowed":
     {width: [algorithm]}}``."""
-    import shutil
     from dataclasses import replace
 
     default = settings.algorithm
@@ -603,10 +607,10 @@ def choose_algorithms(base_model: str | Path, eval_npz: str | Path, settings: NB
     for algo in order:
         d = Path(work) / algo
         widths = DATA_AWARE_BITS if algo in DATA_AWARE else BITS
-        if algo in DATA_AWARE:  # per MatMul only: every one the default's engine holds, at its widths
-            prepare(base_model, eval_npz, d, settings, threads, logits=logits, suffix_cuts=scoring.suffix_cuts,
-                    algorithms={b: dict.fromkeys(errors[default], algo) for b in widths}, calibration=calibration,
-                    reuse=reuse_of(Path(work) / default, base_model))  # its other widths: the default's MatMuls
+        if algo in DATA_AWARE:  # per MatMul only: every one the default's engine holds, at its widths (the rest its)
+            how = Quantizing({b: dict.fromkeys(errors[default], algo) for b in widths}, calibration,
+                             reuse_of(d.parent / default, base_model))
+            prepare(base_model, eval_npz, d, settings, threads, logits=logits, suffix_cuts=scoring.suffix_cuts, how=how)
         else:
             prepare(base_model, eval_npz, d, replace(settings, algorithm=algo), threads, logits=logits,
                     suffix_cuts=scoring.suffix_cuts)
@@ -620,10 +624,7 @@ def choose_algorithms(base_model: str | Path, eval_npz: str | Path, settings: NB
                             for o in eng_dir.meta["ops"]}
         uniform[algo] = {str(b): error(eng.evaluate(dict.fromkeys(errors[algo], b), ref), eng.logits) for b in widths}
         del eng, ref
-        if algo == default:
-            keep_quantized(d)  # for the candidates' other widths and the engine built with the choice
-        else:
-            shutil.rmtree(d, ignore_errors=True)
+        keep_quantized(d) if algo == default else shutil.rmtree(d, ignore_errors=True)  # the default's: reused
         log.info("algorithm %s: every op alone scored at %s bits", algo, "/".join(map(str, widths)))
     allowed = {str(b): [a for a in order if str(b) in uniform[a] and uniform[a][str(b)] <= uniform[default][str(b)]]
                for b in BITS}
