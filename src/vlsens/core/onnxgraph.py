@@ -67,6 +67,20 @@ def topological_order(nodes, producer: dict[str, int] | None = None) -> list[int
     return order
 
 
+def gather_rows_before(model, head, positions: str):
+    """Make ``head`` (a node of ``model``, in place) read ``Gather(x, positions, axis=1)`` of its
+    first input ``x`` instead of ``x``: the rows of a (batch 1) sequence at the int64 graph input
+    ``positions``, which the caller feeds. Returns the input's value info (for the graph's inputs)."""
+    from onnx import TensorProto, helper
+
+    rows = f"{head.input[0]}__vlsens_read"
+    at = list(model.graph.node).index(head)
+    model.graph.node.insert(at, helper.make_node("Gather", [head.input[0], positions], [rows],
+                                                 name="vlsens_read_rows_Gather", axis=1))
+    head.input[0] = rows
+    return helper.make_tensor_value_info(positions, TensorProto.INT64, ["read_positions"])
+
+
 def tensor_bytes(t) -> int:
     """Bytes of a tensor's data (graph only: its weights need not be loaded): the length its
     external data reference states, else its inline bytes, else element count x element size

@@ -114,17 +114,12 @@ def gather_read_rows(fm, ops: Sequence[str]) -> list:
     lm_head over a 3B decoder's vocabulary is about a tenth of a forward, spent on positions no
     one reads when only the answer's are scored (:attr:`Samples.read_only
     <vlsens.data.samples.Samples.read_only>`). Returns the input's value info (for the graph's inputs)."""
-    from onnx import TensorProto, helper
+    from vlsens.core.onnxgraph import gather_rows_before
 
     head = next((n for n in fm.graph.node if fm.graph.output[0].name in n.output), None)
     if head is None or head.op_type != "MatMul" or head.name not in set(ops):
         raise ValueError(f"the first output ({fm.graph.output[0].name}) is not written by a weight MatMul of the engine")
-    rows = f"{head.input[0]}__vlsens_read"
-    gather = helper.make_node("Gather", [head.input[0], POSITIONS_INPUT], [rows], name="vlsens_read_rows_Gather", axis=1)
-    at = list(fm.graph.node).index(head)
-    head.input[0] = rows
-    fm.graph.node.insert(at, gather)
-    return [helper.make_tensor_value_info(POSITIONS_INPUT, TensorProto.INT64, ["read_positions"])]
+    return [gather_rows_before(fm, head, POSITIONS_INPUT)]
 
 
 def at_read_rows(samples):

@@ -259,8 +259,8 @@ def read_rows_session(decoder: str | Path, threads: int = 0):
     case's prefill while the measure reads its answer's (192 of 2 637 positions on the default
     cases). ``(session of the graph as it is, False)`` where the logits are written by another node."""
     import onnx
-    from onnx import TensorProto, helper
 
+    from vlsens.core.onnxgraph import gather_rows_before
     from vlsens.core.onnxutil import make_session
 
     decoder = Path(decoder)
@@ -269,12 +269,7 @@ def read_rows_session(decoder: str | Path, threads: int = 0):
     head = next((n for n in m.graph.node if logits.name in n.output), None)
     if head is None or head.op_type not in ("MatMul", "MatMulNBits"):
         return make_session(decoder, threads=threads), False
-    rows = f"{head.input[0]}__vlsens_read"
-    at = list(m.graph.node).index(head)
-    m.graph.node.insert(at, helper.make_node("Gather", [head.input[0], READ_POSITIONS], [rows],
-                                             name="vlsens_read_rows_Gather", axis=1))
-    head.input[0] = rows
-    m.graph.input.append(helper.make_tensor_value_info(READ_POSITIONS, TensorProto.INT64, ["read_positions"]))
+    m.graph.input.append(gather_rows_before(m, head, READ_POSITIONS))
     dims = logits.type.tensor_type.shape.dim
     if len(dims) == 3:
         dims[1].Clear()
