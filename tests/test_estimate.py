@@ -178,3 +178,56 @@ def test_algorithms_are_chosen_by_output_error_when_estimating(engine, tmp_path)
     # k_quant fits each block's scale to its weights: its output error is below round to nearest's on most ops
     assert sum(errors["k_quant"][op]["4"] < errors["rtn"][op]["4"] for op in errors["k_quant"]) > len(errors["rtn"]) // 2
     assert set(choice["uniform"]) == {"k_quant", "rtn"} and all(choice["uniform"][a]["4"] > 0 for a in ("k_quant", "rtn"))
+
+
+def test_the_engine_built_with_the_choice_takes_its_output_errors_from_it(engine, tmp_path, monkeypatch):
+    """``budget_nbits`` with ``plan.algorithms: [gptq]`` and ``plan.decoder_measured``: the choice
+    scores each MatMul by its output error; the engine built with the choice (the default's
+    MatMuls reused, GPTQ's read from the store) writes the same table when it takes those errors
+    (:func:`chosen_errors`, no capture or error pass of its own) as when it computes them again.
+    Errors that do not match the engine are refused."""
+    import pandas as pd
+
+    from vlsens.core import records
+    from vlsens.quantize import gptq
+
+    b, folder = engine
+    fp32, calib, evaluation = b.model("fp32"), b.calib / "calib.npz", b.calib / "eval.npz"
+    kq, store, work = NBitsSettings(algorithm="k_quant", block_size=32, accuracy_level=4), tmp_path / "gptq", \
+        tmp_path / "work"
+    choice = nb.choose_algorithms(fp32, evaluation, kq, ["gptq"], work, 2, logits=True, scoring=nb.Scoring(measured=9),
+                                  calibration=gptq.Calibration(calib, gptq.Store(store, fp32, calib, True)))
+    assert choice["scored_by"] == "output error" and choice["chosen"].get("4"), choice["chosen"]
+    eng = tmp_path / "engine"
+    nb.prepare(fp32, evaluation, eng, kq, 2, logits=True,
+               how=nb.Quantizing({int(w): a for w, a in choice["chosen"].items()},
+                                 gptq.Calibration(calib, gptq.Store(store, fp32, calib)), nb.reuse_of(work / "k_quant", fp32)))
+    (tmp_path / "computed").mkdir(), (tmp_path / "taken").mkdir()
+    computed = nb.sensitivity(eng, evaluation, tmp_path / "computed" / "nbits.csv", tmp_path / "computed" / "nbits.json",
+                              2, measured=9)
+    errors = nb.chosen_errors(choice, eng)
+    monkeypatch.setattr(nb, "_output_errors", lambda *a, **k: pytest.fail("output errors computed a second time"))
+    taken = nb.sensitivity(eng, evaluation, tmp_path / "taken" / "nbits.csv", tmp_path / "taken" / "nbits.json", 2,
+                           measured=9, errors=errors)
+    assert computed["output_errors"] == "computed" and taken["output_errors"] == "from the algorithm choice"
+    want, got = (pd.read_csv(tmp_path / d / "nbits.csv").set_index("op") for d in ("computed", "taken"))
+    assert list(got.index) == list(want.index) and list(got.columns) == list(want.columns)
+    for col in ("output_error_int4", "output_error_int8", "measured", "rank"):
+        assert (got[col] == want[col]).all(), col  # the very values: same inputs, same quantized MatMuls
+    for col in got.columns.drop(["role"]):
+        assert np.allclose(got[col], want[col], rtol=1e-7, atol=0, equal_nan=True), col
+    # the GPTQ MatMuls' errors are GPTQ's, the others the default's
+    at4 = choice["chosen"]["4"]
+    assert all(errors[op]["4"] == choice["errors"]["gptq"][op]["4"] for op in at4)
+    assert all(errors[op]["4"] == choice["errors"]["k_quant"][op]["4"] for op in errors if op not in at4)
+    assert records.errors(tmp_path / "taken" / "nbits.json") == []
+    # errors that are not this engine's: refused, not used
+    with pytest.raises(ValueError, match="not built with the algorithm choice"):
+        nb.chosen_errors(choice, folder)  # the k_quant engine: no op by GPTQ
+    short = {op: v for op, v in errors.items() if op != "/lm_head/MatMul"}
+    with pytest.raises(ValueError, match=r"missing \['/lm_head/MatMul'\]"):
+        nb.sensitivity(eng, evaluation, tmp_path / "x.csv", tmp_path / "x.json", 2, measured=9, errors=short)
+    with pytest.raises(ValueError, match="price_on"):
+        nb.sensitivity(eng, evaluation, tmp_path / "x.csv", tmp_path / "x.json", 2, measured=9, errors=errors,
+                       price_on=["x"])
+    assert nb.chosen_errors({**choice, "scored_by": "measured error"}, eng) is None

@@ -226,7 +226,8 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
     many MatMuls measured, the rest estimated from their output errors
     (:func:`vlsens.sensitivity.nbits.sensitivity`). The engine takes its data-free MatMuls from
     the choice's engine of the settings' algorithm instead of quantizing them a third time (the same
-    MatMuls, ``tests/test_budget.py``)."""
+    MatMuls, ``tests/test_budget.py``), and its estimate the output errors the choice scored the
+    MatMuls by (:func:`vlsens.sensitivity.nbits.chosen_errors`: the same CSV, ``tests/test_estimate.py``)."""
     from vlsens.core.fsutil import write_json
     from vlsens.data.inputs import checkpoint_dir
     from vlsens.deploy.cases import load_cases
@@ -250,8 +251,9 @@ def nbits_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int =
         chosen = {int(w): a for w, a in choice["chosen"].items()} if choice else None
         nbits.prepare(inputs["model"], outputs["feeds"], engine, settings, threads, logits=True,
                       suffix_cuts=params["suffix_cuts"], how=nbits.Quantizing(chosen, calibration, reuse))
+    errors = nbits.chosen_errors(choice, engine) if choice else None  # not computed a second time
     summary = nbits.sensitivity(outputs["engine"], outputs["feeds"], outputs["csv"], outputs["summary"], threads,
-                                measured=params.get("measured"))
+                                measured=params.get("measured"), errors=errors)
     if choice:
         summary["algorithms"] = choice
         write_json(outputs["summary"], summary)

@@ -426,7 +426,8 @@ def calibration_record(calibration) -> dict:
 
 
 def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Path, out_json: str | Path,
-                threads: int = 0, measured: int | None = None, price_on: Sequence[str] | None = None) -> dict:
+                threads: int = 0, measured: int | None = None, price_on: Sequence[str] | None = None,
+                errors: Mapping[str, Mapping[str, float]] | None = None) -> dict:
     """One row per weight MatMul: its error with only it at INT4, and at INT8 (the rest float),
     ranked by the INT4 error (KL per real token for logits, else 1 - cosine); plus the all-INT4
     and all-INT8 models' metrics in the sidecar JSON. ``measured`` below the MatMuls' number:
@@ -437,18 +438,24 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
     ``priced_on``). Not a setting of the workflow: on the 36-layer tiny checkpoint a subset
     misranks the MatMuls enough that the search's curve loses 1.2-4.5x in KL
     (``bench/bench_decoder_estimate.py --price-cases``; docs/plan.md, "Pricing on fewer cases does
-    not pay")."""
+    not pay"). ``errors``: the output errors the estimate reads, already computed on the whole
+    evaluation set for this engine's weights (:func:`chosen_errors`), instead of a capture pass and
+    an error pass of its own (JSON ``output_errors``)."""
     from vlsens.core.fsutil import staging_dir, write_csv, write_json
 
     eng_dir = Prepared(engine_dir)
     estimating = measured is not None and measured < len(eng_dir.ops)
+    if errors is not None:
+        _check_errors(errors, eng_dir, price_on)
     with staging_dir(out_csv) as scratch:  # the suffix cache: private to this job, removed after
         t0 = time.perf_counter()
         eng = eng_dir.session(eval_npz, threads, cache_dir=scratch)
         setup = time.perf_counter() - t0
         cases = eng.indices(price_on)
         feeds = eng.samples.feeds if cases is None else [eng.samples.feeds[i] for i in cases]
-        errors = _output_errors(eng_dir, feeds, scratch, threads) if estimating else None
+        given = errors is not None
+        if estimating and not given:
+            errors = _output_errors(eng_dir, feeds, scratch, threads)
         rows, per_op, totals = _score(eng_dir, eng, eng_dir.reference(), measured if estimating else None, errors,
                                       cases)
         priced_on = _priced_on(eng.samples, cases) if cases is not None else None
@@ -466,6 +473,7 @@ def sensitivity(engine_dir: str | Path, eval_npz: str | Path, out_csv: str | Pat
         "suffix": bool(eng_dir.meta.get("suffix") and eng_dir.meta["suffix"]["segments"]),
         "setup_seconds": setup,
         **({"priced_on": priced_on} if priced_on else {}),
+        **({"output_errors": "from the algorithm choice" if given else "computed"} if estimating else {}),
         "most_sensitive": [r["op"] for r in rows[:5]],
     }
     write_json(out_json, summary)
@@ -482,6 +490,36 @@ def _output_errors(eng_dir: Prepared, feeds, scratch: str | Path, threads: int) 
     log.info("output errors of %d MatMuls at %s bits (%.0f s)", len(errors), "/".join(map(str, BITS)),
              time.perf_counter() - t0)
     return errors
+
+
+def _check_errors(errors: Mapping[str, Mapping[str, float]], eng_dir: Prepared, price_on) -> None:
+    """Given output errors must price every MatMul of the engine at every width, on the whole set."""
+    if price_on is not None:
+        raise ValueError("errors= are taken on the whole evaluation set: they cannot be priced on a subset (price_on)")
+    names = [o["name"] for o in eng_dir.meta["ops"]]
+    short = [n for n in names if set(map(str, BITS)) - set(errors.get(n, {}))]
+    if short or set(errors) - set(names):
+        raise ValueError(f"errors= do not match the engine {eng_dir.folder}'s MatMuls at {BITS} bits: "
+                         f"missing {short[:5]}, not in it {sorted(set(errors) - set(names))[:5]}")
+
+
+def chosen_errors(choice: Mapping, engine_dir: str | Path) -> dict[str, dict[str, float]] | None:
+    """Each MatMul's output error at each width in the engine built with ``choice``
+    (:func:`choose_algorithms` scored by output error): the chosen algorithm's own, computed there
+    on the same float inputs (the whole evaluation set) and the same quantized MatMuls (the
+    default's reused, a data-aware one's read from its store), so :func:`sensitivity` need not
+    capture and compute them again. None where the choice was scored by measured error. Raises
+    where the engine was not prepared from the choice's float weights or with its algorithms."""
+    if choice.get("scored_by") != "output error":
+        return None
+    eng = Prepared(engine_dir)
+    default, errors = choice["candidates"][0], choice["errors"]
+    built = {str(b): dict(a) for b, a in eng.meta.get("algorithms", {}).items() if a}
+    if built != {str(b): dict(a) for b, a in choice["chosen"].items() if a} or eng.settings.algorithm != default:
+        raise ValueError(f"engine {engine_dir} was not built with the algorithm choice ({default}, "
+                         f"{ {b: len(a) for b, a in choice['chosen'].items()} } ops by another): its output errors differ")
+    return {op: {str(b): float(errors[choice["chosen"].get(str(b), {}).get(op, default)][op][str(b)]) for b in BITS}
+            for op in errors[default]}
 
 
 def _priced_on(samples, cases: Sequence[int]) -> dict:
