@@ -20,6 +20,10 @@ edit to preset code re-runs nothing of a user's own checkpoint.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from vlsens.core.errors import ConfigError
+
 #: The family every preset is built as.
 MODEL_TYPE = "qwen2_5_vl"
 #: preset -> the family (model_type) it is built as.
@@ -30,6 +34,35 @@ PRESETS = tuple(PRESET_FAMILY)
 
 
 TINY_PRESETS = tuple(p for p in PRESETS if p.startswith("tiny"))
+
+
+#: Presets vlsens ships trained weights for (:mod:`vlsens.task.train`): the seed and decoder depth
+#: they were trained at. Their files are in ``trained/<preset>/`` beside this module.
+TRAINED = {"tiny": {"seed": 0, "text_layers": 2}}
+
+
+def trained_dir(preset: str) -> Path:
+    """The folder of the trained checkpoint vlsens ships for ``preset``."""
+    return Path(__file__).resolve().parent / "trained" / preset
+
+
+def uses_trained(preset: str | None, tiny: dict) -> bool:
+    """Whether ``preset`` is built from its shipped trained weights (``model.tiny.weights``:
+    ``trained``, ``random``, or ``auto``: trained where vlsens ships them for this seed and depth).
+    A ConfigError when ``trained`` is asked of a preset, seed or depth that has none."""
+    weights = tiny.get("weights", "auto")
+    if preset is None or weights == "random":
+        return False
+    spec = TRAINED.get(preset)
+    ships = (spec is not None and int(tiny.get("seed", 0)) == spec["seed"]
+             and int(tiny.get("text_layers") or spec["text_layers"]) == spec["text_layers"]
+             and (trained_dir(preset) / "model.safetensors").is_file())
+    if weights == "trained" and not ships:
+        have = ", ".join(f"{p} (seed {v['seed']}, {v['text_layers']} decoder layers)" for p, v in TRAINED.items())
+        raise ConfigError(f"model.tiny.weights: trained, but vlsens ships trained weights only for {have}; "
+                          f"'{preset}' with seed {tiny.get('seed', 0)} and {tiny.get('text_layers') or 2} decoder "
+                          "layers has none (use weights: random or auto)")
+    return ships
 
 
 def rule_names(kind: str, preset: str | None, model: str) -> str:

@@ -8,14 +8,17 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from vlsens.core.fsutil import atomic_dir
+from vlsens.core.fsutil import atomic_dir, copy_file
 from vlsens.model.family import get
-from vlsens.model.presets import MODEL_TYPE, PRESET_FAMILY
+from vlsens.model.presets import MODEL_TYPE, PRESET_FAMILY, trained_dir
 from vlsens.model.presets.plant import plant_text_outlier, plant_vision_outlier
 from vlsens.model.presets.tables import REAL_3B_TEXT, REAL_3B_VISION, TINY_ARCH, TINY_TEXT
 from vlsens.model.presets.tokenizer import SPECIAL_TOKENS, build_tiny_tokenizer
 
 log = logging.getLogger(__name__)
+
+#: The training record beside a trained preset's weights (:mod:`vlsens.task.train`).
+TRAINING_RECORD = "training.json"
 
 
 def vl_config(tokenizer, vision: dict, text: dict, family: str = MODEL_TYPE, **top) -> Any:
@@ -87,6 +90,26 @@ def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | N
     torch.manual_seed(seed)
     model = get(family).transformers_class()(config).eval()
     init_weights_numpy(model, seed)
+    _plant(model, outlier, text_outlier)
+    return model, tokenizer
+
+
+
+def load_trained(preset: str, outlier: dict | None = None, text_outlier: dict | None = None):
+    """(model, tokenizer): the trained weights vlsens ships for ``preset`` (safetensors, read by
+    transformers' own loader; :mod:`vlsens.task.train` made them), with the planted outliers
+    applied to them (function-preserving: the trained model answers as before)."""
+    from transformers import AutoTokenizer
+
+    src = trained_dir(preset)
+    model = get(PRESET_FAMILY[preset]).transformers_class().from_pretrained(
+        str(src), local_files_only=True, trust_remote_code=False, use_safetensors=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(src), local_files_only=True, trust_remote_code=False)
+    _plant(model, outlier, text_outlier)
+    return model, tokenizer
+
+
+def _plant(model, outlier: dict | None, text_outlier: dict | None) -> None:
     if outlier:
         plant_vision_outlier(model, int(outlier["block"]), int(outlier.get("channels", 2)),
                              float(outlier.get("scale", 1000.0)), float(outlier.get("gain", 1.0)),
@@ -94,24 +117,31 @@ def make_tiny_model(seed: int = 0, outlier: dict | None = None, vision: dict | N
     if text_outlier:
         plant_text_outlier(model, int(text_outlier["layer"]), int(text_outlier.get("channels", 2)),
                            float(text_outlier.get("scale", 1000.0)))
-    return model, tokenizer
-
 
 
 def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, outlier: dict | None = None,
                           vision: dict | None = None, text_outlier: dict | None = None,
-                          preset: str = "tiny", tied: bool = False, text_layers: int | None = None) -> Path:
+                          preset: str = "tiny", tied: bool = False, text_layers: int | None = None,
+                          trained: bool = False) -> Path:
     """Write a tiny preset (``tiny``, ``tiny-qwen2vl``, ``tiny-qwen3vl``) as a complete HF
     checkpoint into ``out_dir`` (atomically); ``tied``: with ``tie_word_embeddings``;
-    ``text_layers``: decoder layers other than the preset's 2."""
+    ``text_layers``: decoder layers other than the preset's 2; ``trained``: from the weights
+    vlsens ships for the preset (:func:`load_trained`; its training record copied beside them)
+    instead of random ones."""
     out_dir = Path(out_dir)
     family = PRESET_FAMILY[preset]
-    model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier, family, tied, text_layers)
+    if trained:
+        model, tokenizer = load_trained(preset, outlier, text_outlier)
+    else:
+        model, tokenizer = make_tiny_model(seed, outlier, vision, text_outlier, family, tied, text_layers)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         save_processor(tmp, tokenizer, family)
+        if trained:
+            copy_file(trained_dir(preset) / TRAINING_RECORD, tmp / TRAINING_RECORD)
         (tmp / "vlsens_preset.json").write_text(json.dumps({"preset": preset, "seed": seed, "outlier": outlier,
                                                                 "text_outlier": text_outlier,
+                                                                "weights": "trained" if trained else "random",
                                                                 **({"text_layers": text_layers} if text_layers else {})})
                                                     + "\n")
     log.info("tiny checkpoint written to %s (%d parameters)", out_dir, model.num_parameters())

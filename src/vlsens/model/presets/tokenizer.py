@@ -54,8 +54,10 @@ over the lazy dog. Read the text in the image. Where is the person looking? Is i
 """
 
 
-def build_tiny_tokenizer(vocab_size: int = 512, model_max_length: int = 4096):
-    """A byte-level BPE tokenizer with the Qwen special tokens, trained offline on a shipped text."""
+def build_tiny_tokenizer(vocab_size: int = 512, model_max_length: int = 4096, corpus: str | None = None):
+    """A byte-level BPE tokenizer with the Qwen special tokens, trained offline on a shipped text
+    (``corpus``: another text to learn the merges from; the trained preset's is the task's,
+    :func:`vlsens.task.vocabulary.corpus`, so that every answer is one token)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -68,7 +70,7 @@ def build_tiny_tokenizer(vocab_size: int = 512, model_max_length: int = 4096):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator([_TOKENIZER_CORPUS] * 4, trainer)
+    tok.train_from_iterator([_TOKENIZER_CORPUS] * 4 if corpus is None else [corpus], trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
