@@ -9,6 +9,7 @@ rule tiny_checkpoint:
         model=PRESET_NAMES["tiny"],
     params:
         **tiny_text_layers(),
+        **tiny_weights(),
         preset=config["model"]["checkpoint"],
         seed=config["model"]["tiny"]["seed"],
         outlier=canonical(config["model"]["tiny"]["outlier"]),

@@ -30,10 +30,15 @@ from vlsens.config import (
 from vlsens.core.device import gpu_present
 from vlsens.core.errors import ConfigError
 from vlsens.dag.plan import configure, lm_config
+from vlsens.task.files import resolve as _task_files
 from vlsens.data.inputs import os_error_message as _os_error_message, write_manifests
 from vlsens.quantize.nbits import NBitsSettings, data_aware
 from vlsens.precision.weight_only import PER_CHANNEL
-from vlsens.model.presets import rule_names as _preset_rule_names
+from vlsens.model.presets import (
+    rule_names as _preset_rule_names,
+    trained_dir as _trained_dir,
+    uses_trained as _uses_trained,
+)
 from vlsens.quantize.target import check_profile_objective as _check_objective, resolve as _resolve_quant
 from vlsens.dag.resources import cluster_value, compute_threads, job_cores
 from vlsens.dag.targets import all_targets, toolchain_files
@@ -47,6 +52,10 @@ except WorkflowError:
     # Snakemake's message buries the key in a dump of the whole schema: name it first, one line each.
     raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
 apply_goal(config)  # goal: deploy-int4 narrows deploy.precisions (vlsens.config.GOALS)
+try:  # "task": the visual question task's splits, written once in the results folder (vlsens.task.files)
+    _task_files(config, paths.RESULTS)
+except ConfigError as e:
+    raise WorkflowError(f"invalid configuration: {e}") from None
 try:
     PLAN, TOWERS = configure(config, workdir=Path.cwd())
     RUN_DIR = paths.fill(paths.MODEL, model=PLAN.model)  # the model's run folder
@@ -139,6 +148,27 @@ def deploy_folders():
     return list(config["deploy"]["precisions"]) + [_deploy.PEER_PREFIX + p for p in config["deploy"]["peers"]]
 
 
+# The task's evaluation questions every folder answers (deploy.measure.prompts: task), else None.
+TASK_QUESTIONS = config["deploy"]["measure"]["prompts"] if config["deploy"]["measure"]["prompts"] != "builtin" else None
+
+
+def answered_folders(wildcards):
+    """Every folder's answers to the task's questions, fp32's and the plans' among them, and the
+    budget's measured front (the plans' anchors; rules/deploy.smk: accuracy)."""
+    names = deploy_folders() + ([f"plan-{p}" for p in searched_plans(wildcards)] if PLAN_ON else [])
+    out = {n: paths.fill(paths.MEASURE_ANSWERS, model=wildcards.model, precision=n) for n in names}
+    if PLAN_ON:
+        out["measured"] = paths.fill(paths.BUDGET_MEASURED["json"], model=wildcards.model)
+    return out
+
+
+def accuracy_targets():
+    """The accuracy table, where the run measures folders on the task."""
+    if not TASK_QUESTIONS or not deploy_folders() or config["goal"] == "deploy-int4":
+        return []
+    return [paths.fill(f, model=PLAN.model) for f in paths.MEASURE_ACCURACY.values()]
+
+
 def measured_folders(wildcards):
     """The measure record of every deploy folder but the fp32 one, the reference (rules/deploy.smk:
     measure_compare)."""
@@ -206,6 +236,16 @@ def tiny_text_layers():
     return {} if n == 2 else {"text_layers": int(n)}
 
 
+def tiny_weights():
+    """tiny_checkpoint's ``trained`` param where the preset is built from the weights vlsens ships
+    (model.tiny.weights), with their digest: shipping retrained weights rebuilds the checkpoint."""
+    if not _uses_trained(PLAN.preset, config["model"].get("tiny") or {}):
+        return {}
+    from vlsens.core.fsutil import file_sha256
+
+    return {"trained": file_sha256(_trained_dir(PLAN.preset) / "model.safetensors")}
+
+
 def decoder_measured():
     """budget_nbits' ``measured`` param (plan.decoder_measured), only where not ``all``: a run that
     measures every MatMul keeps its params, so it does not run again."""
@@ -271,6 +311,7 @@ def recommend_items(wildcards):
             ]
         if PLAN_ON:
             out.append(("measured", "front", paths.fill(paths.BUDGET_MEASURED["json"], model=m)))
+        out += [("accuracy", "table", path) for path in accuracy_targets() if path.endswith(".json")]
     if "npu" in builds:
         for g, t in TOWERS.items():
             for v in t.parts_variants():
@@ -332,6 +373,7 @@ def get_final_output():
         + int4
         + measure
         + ([paths.fill(f, model=PLAN.model) for f in paths.BUDGET_MEASURED.values()] if PLAN_ON else [])
+        + accuracy_targets()
     )
 
 

@@ -158,6 +158,7 @@ rule deploy_int4:
 rule measure_cases:
     input:
         images=INPUTS["calibration_images"],
+        questions=TASK_QUESTIONS or [],
     output:
         directory(paths.MEASURE_CASES),
     params:
@@ -240,3 +241,45 @@ rule measure_compare:
         **cluster("measure_compare", gpu=False),
     script:
         "../workflow/scripts/measure_compare.py"
+
+
+# The task's evaluation questions answered by every folder (greedy, through onnxruntime-genai), and
+# every folder's accuracy paired with fp32's (vlsens.deploy.accuracy).
+rule answers:
+    input:
+        folder=DEPLOY,
+        questions=TASK_QUESTIONS or [],
+    output:
+        paths.MEASURE_ANSWERS,
+    params:
+        provenance=provenance("deploy", "answers.py"),
+    log:
+        f"{paths.MODEL}/logs/measure/answers-{{precision}}.log",
+    benchmark:
+        f"{paths.MODEL}/benchmarks/measure/answers-{{precision}}.tsv"
+    conda:
+        "../envs/torch.yaml"
+    threads: cores(config["threads"])
+    resources:
+        **cluster("answers", threads=config["threads"]),
+    script:
+        "../workflow/scripts/answers.py"
+
+
+rule accuracy:
+    input:
+        unpack(answered_folders),
+    output:
+        **paths.MEASURE_ACCURACY,
+    params:
+        provenance=provenance("compare", "accuracy.py"),
+    log:
+        paths.model_log("accuracy"),
+    benchmark:
+        paths.model_benchmark("accuracy")
+    conda:
+        "../envs/onnx.yaml"
+    resources:
+        **cluster("accuracy", gpu=False),
+    script:
+        "../workflow/scripts/accuracy.py"

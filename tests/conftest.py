@@ -19,6 +19,8 @@ TOL_FP16 = {"min_cosine": 0.999, "max_rel_error": 2e-2}
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The hash cache of copied deploy folders (vlsens.data.inputs.user_cache) stays out of the user's own.
 os.environ.setdefault("VLSENS_CACHE_DIR", tempfile.mkdtemp(prefix="vlsens-test-cache-"))
+# The task's split files (vlsens.task.files), written once for the whole session, not once per run folder.
+os.environ.setdefault("VLSENS_TASK_DIR", tempfile.mkdtemp(prefix="vlsens-test-task-"))
 
 #: The planted INT8 sensitivity of the tiny preset's tests (function-preserving outlier).
 PLANT = {"block": 2, "channels": 2, "scale": 1000.0}

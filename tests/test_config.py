@@ -28,7 +28,11 @@ def test_default_config_plan():
     assert plan.checkpoint == "results/tiny/checkpoint"
     assert list(towers) == ["vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/224x224-t2",
                             "vision/dynamic", "text", "decoder"]
+    # the trained preset's gates and calibration read the task's calibration split (parity.images: auto)
+    assert [r.name for r in plan.parity_images] == ["calib-0001-0.png", "calib-0002-0.png"]
+    plan, _ = make_plan(_cfg(model__tiny__weights="random"))
     assert [r.name for r in plan.parity_images] == ["astronaut.png", "coffee.png"]
+    plan, towers = make_plan(_cfg())
     targets = all_targets(plan, towers.values())
     assert "results/tiny/vision/224x336/fp16-sim/model.onnx" in targets
     assert len([t for t in targets if t.startswith("results/tiny/vision/224x")
@@ -94,8 +98,8 @@ def test_local_checkpoint_gets_its_directory_name(tiny_ckpt):
 def test_parity_images_errors(tmp_path):
     with pytest.raises(ConfigError, match="parity.images: .*not 'builtin'"):
         make_plan(_cfg(parity__images=str(tmp_path / "none*.png")))
-    with pytest.raises(ConfigError, match="parity.num_images: 50"):
-        make_plan(_cfg(parity__num_images=50))
+    with pytest.raises(ConfigError, match="parity.num_images: 500"):
+        make_plan(_cfg(parity__num_images=500))
 
 
 def test_tolerance_range():
@@ -141,8 +145,8 @@ def test_text_keys_are_checked():
         make_plan(_cfg(text__variants=["fp32"]))
     with pytest.raises(ConfigError, match=r"model\.tiny\.text_outlier\.layer: 5"):
         make_plan(_cfg(model__tiny__text_outlier={"layer": 5, "channels": 2, "scale": 10.0}))
-    with pytest.raises(ConfigError, match=r"text\.calibration\.num_calib \+ num_eval = 40"):
-        make_plan(_cfg(text__calibration__num_calib=30, text__calibration__num_eval=10))
+    with pytest.raises(ConfigError, match=r"text\.calibration\.num_calib \+ num_eval = 70"):
+        make_plan(_cfg(text__calibration__num_calib=60, text__calibration__num_eval=10))
     plan, towers = make_plan(_cfg(text__enabled=False))
     assert "text" not in towers and not any("/text/" in t for t in all_targets(plan, towers.values()))
 

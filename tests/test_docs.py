@@ -260,7 +260,25 @@ def _scale_int8_vision() -> bool:
 
 #: (phrase: a regular expression over a doc's text with whitespace runs made one space, what the
 #: phrase says is missing, whether it exists now).
+def _trained_reaches_goal() -> bool:
+    """The shipped trained preset answers at least 90 % of each modality (its training record)."""
+    import json
+
+    acc = json.loads((REPO / "src/vlsens/model/presets/trained/tiny/training.json").read_text())["accuracy"]
+    return all(v["accuracy"] >= 0.9 for v in acc["modalities"].values())
+
+
+def _family_ships(family: str) -> bool:
+    from vlsens.model.family import get
+
+    return bool(get(family).deploy)
+
+
 CLAIMS = [
+    (r"The trained preset does not yet reach the 90 % per modality", "the trained preset at 90 % per modality",
+     _trained_reaches_goal),
+    (r"so vlsens writes no deploy folder for them yet", "deploy folders for Qwen2-VL and Qwen3-VL",
+     lambda: _family_ships("qwen2_vl") and _family_ships("qwen3_vl")),
     (r"not there yet\b[^.]*video in the text graphs", "video in the text graphs",
      lambda: "def video_inputs(" in _source("vlsens.export.towers.prompts")),
     (r"not there yet\b[^.]*per-temporal-step fixed-size graph", "the per-temporal-step vision graph",

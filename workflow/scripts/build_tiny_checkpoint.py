@@ -6,4 +6,5 @@ from vlsens.model.presets.build import build_tiny_checkpoint
 
 run(snakemake, lambda sm: build_tiny_checkpoint(  # noqa: F821
     sm.output.checkpoint, seed=sm.params.seed, outlier=sm.params.outlier, text_outlier=sm.params.text_outlier,
-    preset=sm.params.preset, text_layers=dict(sm.params.items()).get("text_layers")))
+    preset=sm.params.preset, text_layers=dict(sm.params.items()).get("text_layers"),
+    trained=bool(dict(sm.params.items()).get("trained"))))

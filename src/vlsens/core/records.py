@@ -21,6 +21,8 @@ record                 where                                                 sch
 ``manifest.json``      ``calib/<graph>/parts-<variant>/``                    ``parts_calibration``
 ``<folder>.json``      ``measure/`` (one per deploy folder but fp32)         ``measure``
 ``compare.json``       ``measure/``                                          ``measure_compare``
+``accuracy.json``      ``measure/``                                          ``measure_accuracy``
+``<folder>.json``      ``measure/answers/`` (one per deploy folder)          ``measure_answers``
 ``cases.json``         ``measure/cases/``                                    ``measure_cases``
 ``components.json``    ``budget/``                                           ``budget_components``
 ``front.json``         ``budget/``                                           ``budget_front``
@@ -58,7 +60,9 @@ def schema_name(path: str | Path) -> str | None:
     """The schema of a record file (None: not a record)."""
     path = Path(path)
     if path.parent.name == "measure" and path.suffix == ".json":
-        return "measure_compare" if path.name == "compare.json" else "measure"
+        return {"compare.json": "measure_compare", "accuracy.json": "measure_accuracy"}.get(path.name, "measure")
+    if path.parent.name == "answers" and path.parent.parent.name == "measure" and path.suffix == ".json":
+        return "measure_answers"
     if path.name == "cases.json" and path.parent.name == "cases" and path.parent.parent.name == "measure":
         return "measure_cases"
     if path.parent.name == "budget" and path.name in BUDGET:
@@ -150,6 +154,11 @@ def invariants(path: str | Path, data: dict) -> list[str]:
         rows = _csv_rows(path.with_suffix(".csv"))
         if int(data["ops"]) != rows:
             out.append(f"ops: {data['ops']}, but {path.with_suffix('.csv').name} beside it has {rows} rows")
+    if name == "measure_answers":
+        right = data["correct"].count("1")
+        if len(data["correct"]) != data["count"] or right != data["accuracy"]["correct"]:
+            out.append(f"accuracy.correct: {data['accuracy']['correct']}, but {right} of its {len(data['correct'])} "
+                       f"answers are marked right ({data['count']} questions)")
     if name == "measure" and data["cases"]:
         mean = sum(float(c["kl"]) for c in data["cases"]) / len(data["cases"])
         if abs(mean - float(data["mean_kl"])) > 1e-9 * max(abs(mean), 1e-30) + 1e-18:

@@ -19,8 +19,9 @@ from vlsens.core.errors import CheckpointError, ConfigError
 from vlsens.data.images import ImageRef
 from vlsens.export import towers as towers_registry
 from vlsens.model.checkpoint import check_checkpoint_dir
-from vlsens.model.presets import PRESET_FAMILY, PRESETS
+from vlsens.model.presets import PRESET_FAMILY, PRESETS, trained_dir, uses_trained
 from vlsens.model.presets.tables import REAL_3B_TEXT, TINY_ARCH, check_tiny_outliers
+from vlsens.task.files import resolve as task_files
 
 
 @dataclass
@@ -82,7 +83,9 @@ def lm_config(config: dict) -> dict:
     if ckpt == "3b":
         return {**REAL_3B_TEXT, "num_hidden_layers": int(config["model"]["3b"]["text_layers"]),
                 "tie_word_embeddings": True}
-    if ckpt in PRESET_FAMILY:  # the tiny presets' vocabulary: their tokenizer's (512 and the specials)
+    if ckpt in PRESET_FAMILY and uses_trained(ckpt, config["model"].get("tiny") or {}):
+        ckpt = str(trained_dir(ckpt))  # the shipped trained checkpoint's own config.json
+    elif ckpt in PRESET_FAMILY:  # the tiny presets' vocabulary: their tokenizer's (512 and the specials)
         return {"vocab_size": 1024, **TINY_ARCH[PRESET_FAMILY[ckpt]][1], "tie_word_embeddings": False,
                 **({"num_hidden_layers": int(config["model"]["tiny"]["text_layers"])}
                    if config["model"].get("tiny", {}).get("text_layers") else {})}
@@ -99,7 +102,9 @@ def vision_config(config: dict) -> dict:
     ckpt = str(config["model"]["checkpoint"])
     if ckpt == "3b":
         return dict(REAL_3B_VISION)
-    if ckpt in PRESET_FAMILY:
+    if ckpt in PRESET_FAMILY and uses_trained(ckpt, config["model"].get("tiny") or {}):
+        ckpt = str(trained_dir(ckpt))
+    elif ckpt in PRESET_FAMILY:
         return dict(TINY_ARCH[PRESET_FAMILY[ckpt]][0])
     return dict(json.loads((Path(ckpt) / "config.json").read_text()).get("vision_config") or {})
 
@@ -180,6 +185,7 @@ def configure(config: dict, workdir=".") -> tuple[Plan, dict]:
     if moved:
         raise ConfigError("; ".join(moved))
     config = with_defaults(config)
+    task_files(config, Path(workdir) / paths.RESULTS)  # "task" / "auto" inputs: the task's split files
     plan = make_plan(config, workdir)
     check_size_memory(config)
     towers = towers_registry.active(config)

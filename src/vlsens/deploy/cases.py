@@ -147,3 +147,37 @@ def pricing_cases(cases: list[dict], count: int | str) -> list[str]:
         k = min(len(names), base + (i < extra))
         chosen |= {names[j * len(names) // k] for j in range(k)}
     return [c["name"] for c in cases if c["name"] in chosen]
+
+
+def task_cases(questions: str | Path, out_dir: str | Path, per_modality: int = 8) -> list[dict]:
+    """The measure's cases from the task's evaluation questions (a ``questions.jsonl``): the first
+    ``per_modality`` of each modality, each image copied beside ``cases.json`` at its own size, the
+    question's answer kept (``answer``). Written as :func:`folder_cases` writes its cases."""
+    from PIL import Image
+
+    from vlsens.core.fsutil import copy_file, write_json
+    from vlsens.task.questions import read_split
+
+    if per_modality < 2:
+        raise VlsensError(f"per_modality={per_modality}: a spread per modality needs at least two cases")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = read_split(questions)
+    cases, sizes = [], []
+    for m in MODALITIES:
+        chosen = [r for r in records if r["modality"] == m][:per_modality]
+        if len(chosen) < per_modality:
+            raise VlsensError(f"{questions}: {len(chosen)} {m} questions, the measure takes {per_modality}")
+        for k, r in enumerate(chosen):
+            entries = []
+            for path in r["images"]:
+                with Image.open(path) as im:
+                    size = [im.height, im.width]
+                copy_file(path, out_dir / Path(path).name)
+                entries.append({"file": Path(path).name, "source": Path(path).name, "size": size})
+                sizes += [size] if size not in sizes else []
+            cases.append({"name": f"{m}-{k + 1:02d}", "modality": m, "prompt": r["prompt"], "images": entries,
+                          "answer": r["answer"], "kind": r["kind"]})
+    write_json(out_dir / CASES_FILE, {"per_modality": per_modality, "seed": 0, "sizes": sizes,
+                                      "questions": str(questions), "cases": cases})
+    return load_cases(out_dir)

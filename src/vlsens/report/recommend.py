@@ -80,21 +80,44 @@ def folder_facts(name: str, folder: str | Path, measure: str | Path | None = Non
     return out
 
 
+def add_accuracy(facts: list[dict], table: dict | None) -> None:
+    """Each folder's task accuracy (``measure/accuracy.json``, :mod:`vlsens.deploy.accuracy`) in its
+    facts: overall and per modality with the Wilson interval, its paired drop against fp32 and
+    whether that drop is resolved (``below_fp32``)."""
+    if not table:
+        return
+    for f in facts:
+        row = table["rows"].get(f["folder"])
+        if row is None:
+            continue
+        pair = row.get("vs_fp32")
+        f["accuracy"] = {"all": row["accuracy"], "modalities": row["modalities"], "questions": table["count"],
+                         "drop": pair["all"] if pair else None, "below_fp32": bool(row.get("below_fp32"))}
+
+
 def pick(facts: list[dict], device: str, kl_budget: float) -> dict:
-    """The shippable folder for ``device`` with the fewest bytes, and why; or why there is none."""
+    """The shippable folder for ``device`` with the fewest bytes, and why; or why there is none.
+    Shippable: its gate passed, its KL is within the budget and, where the run scored the task's
+    answers, its accuracy is not resolved below fp32's (paired, overall and per modality)."""
     mine = [f for f in facts if f["provider"] == device]
     if not mine:
         return {"folder": None, "why": f"no folder of this run is written for {device} "
                                        f"(deploy.provider: {device} writes them)"}
-    ok = [f for f in mine if f["gate"] != "failed" and f["kl"] <= kl_budget]
+    scored = all("accuracy" in f for f in mine)
+    ok = [f for f in mine if f["gate"] != "failed" and f["kl"] <= kl_budget
+          and not (scored and f["accuracy"]["below_fp32"])]
+    what = ("whose accuracy on the task is not resolved below fp32's and " if scored else "")
     if not ok:
-        return {"folder": None, "why": f"none of the {len(mine)} {device} folders passed its gate within the KL "
+        return {"folder": None, "why": f"none of the {len(mine)} {device} folders passed its gate {what}within the KL "
                                        f"budget {kl_budget:g}"}
     best = min(ok, key=lambda f: (f["bytes"], -(f["tokens_per_second"] or 0)))
-    return {"folder": best["folder"], "path": best["path"], "bytes": best["bytes"], "kl": best["kl"],
-            "why": f"the fewest bytes of the {len(ok)} of {len(mine)} {device} folders whose vision graph passed its gate "
-                   f"and whose mean KL per generated step against the fp32 folder is within the budget {kl_budget:g} "
-                   f"({best['source']}, {best['cases']} cases)"}
+    out = {"folder": best["folder"], "path": best["path"], "bytes": best["bytes"], "kl": best["kl"],
+           "why": f"the fewest bytes of the {len(ok)} of {len(mine)} {device} folders whose vision graph passed its gate, "
+                  f"{what}whose mean KL per generated step against the fp32 folder is within the budget "
+                  f"{kl_budget:g} ({best['source']}, {best['cases']} cases)"}
+    if scored:
+        out["accuracy"] = best["accuracy"]["all"]["accuracy"]
+    return out
 
 
 def npu_facts(entries: dict[str, dict]) -> list[dict]:
@@ -150,10 +173,12 @@ def missed(facts: list[dict], npu: list[dict], measured: dict | None) -> list[st
 
 def recommend(folders: dict[str, str], measures: dict[str, str], kl_budget: float,
               npu: dict[str, dict] | None = None, measured: str | None = None,
-              toolchains: list[str] | None = None) -> dict:
+              toolchains: list[str] | None = None, accuracy: str | None = None) -> dict:
     """The record: every candidate's facts, the pick per device, what was missed; ``toolchains``:
-    toolchain folders of profiled variants that are not cut into parts."""
+    toolchain folders of profiled variants that are not cut into parts; ``accuracy``: the folders'
+    task accuracy table (``measure/accuracy.json``)."""
     facts = [folder_facts(n, f, measures.get(n)) for n, f in folders.items()]
+    add_accuracy(facts, _json(accuracy) if accuracy else None)
     npu_rows = npu_facts(npu or {})
     front = _json(measured) if measured else None
     devices = {d: pick(facts, d, kl_budget) for d in ("cpu", "cuda")}
@@ -174,6 +199,26 @@ def recommend(folders: dict[str, str], measures: dict[str, str], kl_budget: floa
             "folders": facts, "npu": npu_rows, "devices": devices, "missed": missed(facts, npu_rows, front)}
 
 
+def accuracy_cell(f: dict) -> str:
+    """``91.5 % [88.9, 93.5]`` and the paired drop against fp32, or ``-`` where not scored."""
+    a = f.get("accuracy")
+    if not a:
+        return "-"
+    acc, d = a["all"], a["drop"]
+    cell = f"{100 * acc['accuracy']:.1f} % [{100 * acc['low']:.1f}, {100 * acc['high']:.1f}]"
+    if d:
+        cell += f", {100 * d['difference']:+.1f} pt vs fp32 ({'resolved below' if a['below_fp32'] else d['resolved']})"
+    return cell
+
+
+def _modality_accuracy(f: dict) -> str:
+    a = f.get("accuracy")
+    if not a:
+        return "-"
+    return " / ".join(f"{100 * a['modalities'][m]['accuracy']:.1f}" if m in a["modalities"] else "-"
+                      for m in MODALITIES)
+
+
 def _kl_cell(f: dict) -> str:
     mods = f["modalities"]
     return " / ".join(f"{mods[m]['kl']:.3g}" if m in mods else "-" for m in MODALITIES)
@@ -190,7 +235,9 @@ def device_lines(rec: dict, ship=lambda device, path: f"**{device}: ship {path}*
         if r.get("folder"):
             f = facts[r["folder"]]
             speed = f"; about {f['tokens_per_second']:.0f} tokens/s in its check" if f.get("tokens_per_second") else ""
-            lines.append(f"- {ship(d.upper(), r['path'])} ({f['bytes'] / 1e6:.2f} MB, KL per step {f['kl']:.3g}; "
+            acc = (f"task accuracy {accuracy_cell(f)}, text / one image / two images {_modality_accuracy(f)} %; "
+                   if f.get("accuracy") else "")
+            lines.append(f"- {ship(d.upper(), r['path'])} ({f['bytes'] / 1e6:.2f} MB, {acc}KL per step {f['kl']:.3g}; "
                          f"text / one image / two images {_kl_cell(f)}; top-1 {f['top1']:.2f}{speed}; vision gate "
                          f"{f['gate']}): {r['why']}.")
         else:
@@ -206,11 +253,13 @@ def markdown(rec: dict) -> str:
     lines = device_lines(rec)
     if rec["missed"]:
         lines += ["", f"WARNING: {len(rec['missed'])} target(s) missed:"] + [f"- {m}" for m in rec["missed"]]
-    lines += ["", "| folder | device | MB | KL per step | text / image / images | top-1 | check tok/s | gate | from |",
-              "| --- | --- | ---: | ---: | --- | ---: | ---: | --- | --- |"]
+    lines += ["", "| folder | device | MB | task accuracy [95 % interval], paired drop | text / image / images % "
+                  "| KL per step | text / image / images | top-1 | check tok/s | gate | from |",
+              "| --- | --- | ---: | --- | --- | ---: | --- | ---: | ---: | --- | --- |"]
     for f in sorted(rec["folders"], key=lambda x: x["bytes"]):
         tps = f"{f['tokens_per_second']:.0f}" if f.get("tokens_per_second") else "-"
-        lines.append(f"| {f['folder']} | {f['provider']} | {f['bytes'] / 1e6:.3f} | {f['kl']:.3g} | {_kl_cell(f)} | "
+        lines.append(f"| {f['folder']} | {f['provider']} | {f['bytes'] / 1e6:.3f} | {accuracy_cell(f)} | "
+                     f"{_modality_accuracy(f)} | {f['kl']:.3g} | {_kl_cell(f)} | "
                      f"{f['top1']:.2f} | {tps} | {f['gate']} | {f['source']}, "
                      f"{f['cases']} cases |")
     lines += ["", "check tok/s: the deploy check's one pass over its cases (first call included): a rough figure. "
@@ -226,7 +275,11 @@ def write(rec: dict, json_path: str | Path, md_path: str | Path) -> None:
         log.warning("%s", m)
     write_json(json_path, rec)
     with atomic_file(md_path) as tmp:
-        tmp.write_text(f"# Which folder to ship\n\nKL budget {rec['kl_budget']:g} per generated step, against "
+        scored = any("accuracy" in f for f in rec["folders"])
+        first = ("Task accuracy first: greedy answers to the task's evaluation questions through onnxruntime-genai, "
+                 "each folder paired with fp32 on the same questions (measure/accuracy.md); a folder whose accuracy is "
+                 "resolved below fp32's is not recommended. Then the " if scored else "")
+        tmp.write_text(f"# Which folder to ship\n\n{first}KL budget {rec['kl_budget']:g} per generated step, against "
                        f"{rec['reference']}.\n\n" + markdown(rec))
 
 
@@ -242,6 +295,8 @@ def recommend_job(sources: dict[str, dict[str, str]], kl_budget: float, json_pat
     extra = [e["toolchain"] for e in npu.values() if "parts" not in e and e.get("toolchain")]
     npu = {k: e for k, e in npu.items() if "parts" in e}
     measured = next(iter((sources.get("measured") or {}).values()), None)
-    rec = recommend(sources.get("folder") or {}, sources.get("measure") or {}, kl_budget, npu, measured, extra)
+    accuracy = next(iter((sources.get("accuracy") or {}).values()), None)
+    rec = recommend(sources.get("folder") or {}, sources.get("measure") or {}, kl_budget, npu, measured, extra,
+                    accuracy)
     write(rec, json_path, md_path)
     return rec

@@ -1,0 +1,115 @@
+"""Every folder's task accuracy side by side, each paired with the fp32 folder's on the same
+questions: ``measure/accuracy.json`` and ``accuracy.md``.
+
+A folder's accuracy is reported per modality with its Wilson interval; its drop against fp32 is
+the paired difference (questions fp32 gets right and the folder wrong, and the reverse) with
+McNemar's exact test: ``worse`` when the drop is resolved at the 95 % level, ``not resolved``
+otherwise. A plan folder built at an anchor's bytes (``at-<anchor>``, or the plan the budget
+report names for that anchor) is also paired with that anchor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from vlsens.deploy.genai.answers import right_answers
+from vlsens.task.questions import MODALITIES
+from vlsens.task.score import mcnemar
+
+REFERENCE = "fp32"
+
+
+def _by_modality(record: dict) -> dict[str, list[bool]]:
+    right = right_answers(record)
+    return {m: [x for x, q in zip(right, record["modality"]) if q == m] for m in MODALITIES}
+
+
+def paired(reference: dict, other: dict) -> dict:
+    """``other`` against ``reference`` (answers records of the same questions): McNemar overall
+    and per modality."""
+    if reference["questions"] != other["questions"] or reference["count"] != other["count"]:
+        raise ValueError(f"{other['folder']} and {reference['folder']} answered different questions "
+                         f"({other['questions']} and {reference['questions']})")
+    a, b = _by_modality(reference), _by_modality(other)
+    return {"all": mcnemar(right_answers(reference), right_answers(other)),
+            "modalities": {m: mcnemar(a[m], b[m]) for m in MODALITIES if a[m]}}
+
+
+def resolved_worse(pair: dict) -> bool:
+    """Whether a pairing resolves the folder below its reference, overall or in a modality."""
+    return pair["all"]["resolved"] == "worse" or any(v["resolved"] == "worse" for v in pair["modalities"].values())
+
+
+def table(records: Mapping[str, dict], anchors: Mapping[str, str] | None = None) -> dict:
+    """The comparison of every folder's answers record (``{folder: record}``, fp32's among them);
+    ``anchors``: ``{plan folder: anchor folder}`` pairs to compare as well."""
+    if REFERENCE not in records:
+        raise ValueError("the fp32 folder's answers are missing: every folder is paired with them")
+    ref = records[REFERENCE]
+    rows = {}
+    for name, rec in sorted(records.items()):
+        row = {"accuracy": rec["accuracy"], "modalities": rec["modalities"]}
+        if name != REFERENCE:
+            row["vs_fp32"] = paired(ref, rec)
+            row["below_fp32"] = resolved_worse(row["vs_fp32"])
+        rows[name] = row
+    pairs = {plan: {"anchor": anchor, **paired(records[anchor], records[plan]),
+                    "drops": {"anchor": rows[anchor]["vs_fp32"]["all"]["difference"],
+                              "plan": rows[plan]["vs_fp32"]["all"]["difference"]}}
+             for plan, anchor in sorted((anchors or {}).items()) if plan in records and anchor in records}
+    return {"reference": REFERENCE, "questions": ref["questions"], "count": ref["count"], "rows": rows,
+            "plans_vs_anchors": pairs}
+
+
+def _cell(acc: dict) -> str:
+    return f"{100 * acc['accuracy']:.1f} [{100 * acc['low']:.1f}, {100 * acc['high']:.1f}]"
+
+
+def _drop(pair: dict) -> str:
+    d = pair["all"]
+    return (f"{100 * d['difference']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}], "
+            f"{d['lost']} lost / {d['gained']} gained, p={d['p']:.2g}: {d['resolved']}")
+
+
+def markdown(t: dict) -> str:
+    head = ("| folder | accuracy % [95 % Wilson] | text | one image | two images | against fp32 (paired, points) |\n"
+            "| --- | --- | --- | --- | --- | --- |\n")
+    lines = []
+    for name, row in t["rows"].items():
+        mods = [_cell(row["modalities"][m]) if m in row["modalities"] else "-" for m in MODALITIES]
+        against = "reference" if name == t["reference"] else _drop(row["vs_fp32"])
+        lines.append(f"| {name} | {_cell(row['accuracy'])} | {' | '.join(mods)} | {against} |")
+    out = [f"# Task accuracy: {t['count']} evaluation questions, greedy answers through onnxruntime-genai\n",
+           head + "\n".join(lines) + "\n",
+           "Each folder's drop is paired with fp32 on the same questions (McNemar's exact test at 95 %): "
+           "'worse' only when the questions it loses outnumber those it gains beyond chance.\n"]
+    if t["plans_vs_anchors"]:
+        out.append("\n## Plans against the anchor at their bytes\n\n| plan | anchor | anchor's drop | plan's drop |"
+                   " plan against anchor |\n| --- | --- | ---: | ---: | --- |\n")
+        for plan, p in t["plans_vs_anchors"].items():
+            out.append(f"| {plan} | {p['anchor']} | {100 * p['drops']['anchor']:+.1f} | "
+                       f"{100 * p['drops']['plan']:+.1f} | {_drop(p)} |\n")
+    return "".join(out)
+
+
+def plan_anchors(measured: dict) -> dict[str, str]:
+    """``{plan folder: anchor}`` of the budget's measured front (``budget/measured.json``): the best
+    plan within each anchor's bytes."""
+    return {f"plan-{v['plan']}": v["anchor"] for v in measured.get("versus", []) if v and v.get("plan")}
+
+
+def write(answers: Mapping[str, str], out_json, out_md, measured: str | None = None) -> dict:
+    """Read the folders' answers records (``{folder: path}``; ``measured``: the budget's measured
+    front, for the plans' anchors) and write the comparison as JSON and Markdown."""
+    import json
+    from pathlib import Path
+
+    from vlsens.core.fsutil import atomic_file, write_json
+
+    records = {name: json.loads(Path(p).read_text()) for name, p in answers.items()}
+    anchors = plan_anchors(json.loads(Path(measured).read_text())) if measured else {}
+    t = table(records, anchors)
+    write_json(out_json, t)
+    with atomic_file(out_md, suffix=".md") as tmp:
+        Path(tmp).write_text(markdown(t))
+    return t
