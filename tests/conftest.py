@@ -31,17 +31,23 @@ GRAPHS = ["vision/224x224", "vision/224x224-u8", "vision/224x224-t2", "vision/dy
 
 
 def default_config(**changes) -> dict:
-    """The default config with its schema defaults filled, ``changes`` given as dotted keys."""
+    """The default config with its schema defaults filled, ``changes`` given as dotted keys. The
+    unit tests run on the random tiny preset (``model.tiny.weights: random``, unless ``changes``
+    say otherwise), so ``auto`` inputs resolve (:func:`vlsens.task.files.resolve`) to ``builtin``."""
     from vlsens.config import with_defaults
+    from vlsens.task.files import resolve
 
     cfg = copy.deepcopy(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    cfg.setdefault("model", {}).setdefault("tiny", {})["weights"] = "random"
     for dotted, value in changes.items():
         cur = cfg
         *parents, last = dotted.split(".")
         for p in parents:
             cur = cur.setdefault(p, {})  # a section config.yaml leaves to the schema's defaults
         cur[last] = value
-    return with_defaults(cfg)
+    cfg = with_defaults(cfg)
+    resolve(cfg, os.environ["VLSENS_TASK_DIR"])
+    return cfg
 
 
 def run_settings(**changes):

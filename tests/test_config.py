@@ -23,7 +23,7 @@ def make_plan(cfg, workdir=REPO):
 
 
 def test_default_config_plan():
-    plan, towers = make_plan(_cfg())
+    plan, towers = make_plan(_cfg(model__tiny__weights="auto"))  # config.yaml's own value
     assert plan.model == "tiny" and plan.preset == "tiny"
     assert plan.checkpoint == "results/tiny/checkpoint"
     assert list(towers) == ["vision/224x224", "vision/224x336", "vision/224x224-u8", "vision/224x224-t2",
