@@ -162,6 +162,17 @@ def answered_folders(wildcards):
     return out
 
 
+def task_answers(wildcards, names):
+    """The answers records of ``names`` and of fp32 (the reference every folder is paired with), as
+    ``answers_<folder>``, where the run scores its folders on the task (else none)."""
+    if not accuracy_targets():
+        return {}
+    return {
+        f"answers_{n}": paths.fill(paths.MEASURE_ANSWERS, model=wildcards.model, precision=n)
+        for n in dict.fromkeys(["fp32", *names])
+    }
+
+
 def accuracy_targets():
     """The accuracy table, where the run measures folders on the task."""
     if not TASK_QUESTIONS or not deploy_folders() or config["goal"] == "deploy-int4":
@@ -172,9 +183,10 @@ def accuracy_targets():
 def measured_folders(wildcards):
     """The measure record of every deploy folder but the fp32 one, the reference (rules/deploy.smk:
     measure_compare)."""
-    return {
+    out = {
         p: paths.fill(paths.MEASURE_FOLDER, model=wildcards.model, precision=p) for p in deploy_folders() if p != "fp32"
     }
+    return {**out, **task_answers(wildcards, list(out))}
 
 
 # --- the whole-VLM plan (rules/budget.smk) -------------------------------------------------
@@ -293,7 +305,8 @@ def budget_measures(wildcards):
     and the anchors and int4-mixed."""
     names = [f"plan-{p}" for p in searched_plans(wildcards)]
     names += [p for p in deploy_folders() if p in anchors() or p == "int4-mixed"]
-    return {n: paths.fill(paths.MEASURE_FOLDER, model=wildcards.model, precision=n) for n in names}
+    out = {n: paths.fill(paths.MEASURE_FOLDER, model=wildcards.model, precision=n) for n in names}
+    return {**out, **task_answers(wildcards, names)}
 
 
 def recommend_items(wildcards):

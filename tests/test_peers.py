@@ -136,3 +136,73 @@ def test_the_measured_front_holds_each_anchor_against_the_best_plan_within_its_b
     assert "not met" not in markdown(result).split("peer-small")[0].split("int4-k_quant_mixed")[-1]
     figure(result, tmp_path / "front.png")
     assert (tmp_path / "front.png").stat().st_size > 10_000
+
+
+def _answers(tmp_path, right: dict[str, list[bool]]) -> dict[str, str]:
+    """Answers records of 60 questions (text, one image, two images in turn) per folder."""
+    from vlsens.deploy.genai.answers import summarize
+
+    mods = ["text", "image", "images"] * 20
+    questions = [{"modality": m, "kind": "k", "answer": "red"} for m in mods]
+    records = {n: summarize(n, questions, ["red" if c else "blue" for c in r], "questions.jsonl")
+               for n, r in right.items()}
+    (tmp_path / "answers").mkdir(exist_ok=True)
+    return _write(tmp_path / "answers", records)
+
+
+def test_compare_md_shows_each_folders_accuracy_first_paired_with_fp32(tmp_path):
+    """With the task's answers, measure/compare.md opens every row on the folder's accuracy and its
+    paired drop against fp32 (the numbers measure/accuracy.md prints), before the KL columns."""
+    from vlsens.deploy.accuracy import table as accuracy_table
+    from vlsens.deploy.peers import markdown, table
+
+    rng = np.random.default_rng(3)
+    base = {m: list(rng.uniform(1e-4, 5e-3, 6)) for m in ("text", "image", "images")}
+    measures = {"int4-mixed": _measure("int4-mixed", base, 1000), "int4-rtn": _measure("int4-rtn", base, 1000)}
+    answers = _answers(tmp_path, {"fp32": [True] * 60, "int4-mixed": [i != 4 for i in range(60)],
+                                  "int4-rtn": [i % 3 != 1 for i in range(60)]})
+    result = table(_write(tmp_path, measures), answers)
+    md = markdown(result)
+    head, fp32, *_ = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line]
+    assert head.startswith("| folder | accuracy % [95 %] | against fp32, points | MB |")
+    assert fp32.startswith("| fp32 | 100.0 [") and "| reference |" in fp32
+    rtn = next(line for line in md.splitlines() if line.startswith("| int4-rtn |"))
+    ref = accuracy_table({n: json.loads(open(p).read()) for n, p in answers.items()})["rows"]["int4-rtn"]
+    assert rtn.split(" | ")[1] == f"{100 * ref['accuracy']['accuracy']:.1f} [{100 * ref['accuracy']['low']:.1f}, " \
+                                  f"{100 * ref['accuracy']['high']:.1f}]"
+    assert "-33.3 [" in rtn and "worse" in rtn  # every one-image question lost: resolved
+    assert "not resolved" in next(line for line in md.splitlines() if line.startswith("| int4-mixed |"))
+    assert "McNemar" in md
+    assert "accuracy" not in markdown(table(_write(tmp_path, measures)))  # no answers: KL alone, as before
+
+
+def test_measured_md_takes_accuracy_and_the_recommendation_skips_a_plan_below_fp32(tmp_path):
+    """The measured front with the task's answers: accuracy first for plans and anchors, each plan
+    paired with its anchor on the same questions; the smallest plan meeting the KL budget is passed
+    over when its accuracy is resolved below fp32's."""
+    from vlsens.budget.report import markdown, table
+
+    rng = np.random.default_rng(4)
+    base = {m: list(rng.uniform(1e-4, 5e-3, 6)) for m in ("text", "image", "images")}
+    scaled = lambda f: {m: [k * f for k in ks] for m, ks in base.items()}  # noqa: E731
+    measures = {"plan-p1": _measure("plan-p1", scaled(0.2), 800), "plan-p2": _measure("plan-p2", scaled(0.3), 1000),
+                "int4-rtn": _measure("int4-rtn", scaled(1.0), 1010)}
+    mean = lambda f: float(np.mean([k * f for ks in base.values() for k in ks]))  # noqa: E731
+    picked = [{"name": n, "vision": "int4", "embedding": "int4", "int4": 15, "int8": 0, "float": 0, "bytes": b,
+               "kl": mean(f)} for n, b, f in (("p1", 800, 0.2), ("p2", 1000, 0.3))]
+    right = {"fp32": [True] * 60, "plan-p1": [i % 3 != 2 for i in range(60)],  # loses every two-image question
+             "plan-p2": [True] * 60, "int4-rtn": [i % 3 != 1 for i in range(60)]}
+    files = _write(tmp_path, measures)
+    plain = table({"picked": picked}, files, kl_budget=mean(0.5))
+    assert plain["recommended"]["folder"] == "plan-p1"  # KL alone: the smallest within the budget
+    result = table({"picked": picked}, files, kl_budget=mean(0.5), answers=_answers(tmp_path, right))
+    assert result["recommended"]["folder"] == "plan-p2" and "not resolved below fp32" in result["recommended"]["why"]
+    assert result["recommended"]["accuracy"]["accuracy"] == 1.0
+    v = next(v for v in result["versus"] if v["anchor"] == "int4-rtn")
+    assert v["plan"] == "p1" and v["accuracy"]["all"]["gained"] == 20 == v["accuracy"]["all"]["lost"]  # lowest KL
+    md = markdown(result)
+    assert md.startswith("| plan | accuracy % [95 %] | against fp32, points | vision |")
+    assert "| anchor | accuracy % [95 %] | against fp32, points | MB |" in md
+    anchor_row = next(line for line in md.split("| anchor |")[1].splitlines() if line.startswith("| int4-rtn |"))
+    assert "-33.3 [" in anchor_row and "| +0.0 [" in anchor_row  # its drop; the plan against it, paired
+    assert "accuracy 100.0 %" in md.split("Recommended:")[1]

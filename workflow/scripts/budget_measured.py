@@ -6,12 +6,13 @@ import _vlsens  # noqa: F401  (first: src/ on sys.path, the job's thread environ
 
 from vlsens.budget.report import write
 from vlsens.core.scripting import run
+from vlsens.deploy.accuracy import split_inputs
 
 
 def main(sm):
-    measures = {k: v for k, v in sm.input.items() if k not in ("front", "components", "latency")}
-    write(json.loads(open(sm.input.front).read()), measures, sm.output.json, sm.output.md, sm.output.png,
-          kl_budget=sm.params.kl_budget, latency=json.loads(open(sm.input.latency).read()))
+    inputs, answers = split_inputs({k: v for k, v in sm.input.items() if k not in ("front", "components", "latency")})
+    write(json.loads(open(sm.input.front).read()), inputs, sm.output.json, sm.output.md, sm.output.png,
+          kl_budget=sm.params.kl_budget, latency=json.loads(open(sm.input.latency).read()), answers=answers or None)
 
 
 run(snakemake, main)  # noqa: F821

@@ -69,27 +69,55 @@ def _versus(plans: list[dict], measures: dict[str, dict], anchor: str) -> dict |
     return out
 
 
+def _add_accuracy(plans: list[dict], anchors: dict[str, dict], versus: list[dict | None], answers) -> None:
+    """Each plan's and anchor's task accuracy with its paired drop against fp32, and each plan held
+    against its anchor on the same questions (:mod:`vlsens.deploy.accuracy`)."""
+    from vlsens.deploy import accuracy
+
+    records = accuracy.read(answers)
+    scored = accuracy.table(records)["rows"]
+    for p in plans:
+        p["accuracy"] = scored.get(PLAN_PREFIX + p["plan"])
+    for name, a in anchors.items():
+        a["accuracy"] = scored.get(name)
+    for v in versus:
+        plan = v and v.get("plan") and PLAN_PREFIX + v["plan"]
+        if plan in records and v["anchor"] in records:
+            v["accuracy"] = accuracy.paired(records[v["anchor"]], records[plan])
+
+
+def _below_fp32(p: dict) -> bool:
+    return bool(p.get("accuracy") and p["accuracy"].get("below_fp32"))
+
+
 def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | None = None,
-          latency: dict | None = None) -> dict:
+          latency: dict | None = None, answers: dict[str, str | Path] | None = None) -> dict:
     """The record: plans (estimate and measure; with ``latency``, budget/latency.json, their decode
-    step too), anchors, the comparisons, the recommendation."""
+    step too), anchors, the comparisons, the recommendation; with ``answers`` (``{folder: answers
+    record}``, fp32's among them) every folder's task accuracy, and the recommendation the smallest
+    plan whose accuracy is not resolved below fp32's and whose KL meets the budget."""
     measures = {n: json.loads(Path(f).read_text()) for n, f in measure_files.items()}
     plans = _plans(front, measures, latency)
     anchors = {n: {"bytes": m["bytes"], "kl": m["mean_kl"], "top1": m["top1"],
                    "modalities": {k: v["mean_kl"] for k, v in m["modalities"].items()}}
                for n, m in measures.items() if not n.startswith(PLAN_PREFIX)}
     versus = [_versus(plans, measures, n) for n in anchors]
-    meeting = [p for p in plans if kl_budget is not None and p["kl"] <= kl_budget]
+    if answers:
+        _add_accuracy(plans, anchors, versus, answers)
+    meeting = [p for p in plans if kl_budget is not None and p["kl"] <= kl_budget and not _below_fp32(p)]
     pick = min(meeting, key=lambda p: p["bytes"]) if meeting else (min(plans, key=lambda p: p["kl"]) if plans else None)
+    why = ("the smallest plan " + ("whose accuracy is not resolved below fp32's and " if answers else "")
+           + f"whose measured KL meets the KL budget {kl_budget:g}") if meeting else \
+        "no plan meets the KL budget" + (" with its accuracy not resolved below fp32's" if answers else "") \
+        + ": the plan of lowest KL"
     within = [abs(p["estimate_error"]) <= ESTIMATE_GOAL for p in plans if p["estimate_error"] is not None]
     requested = _requested(front.get("requested") or {}, {p["plan"]: p for p in plans})
     return {"reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens",
             "plans": plans, "anchors": anchors, "versus": versus,
             "estimate": {"goal": ESTIMATE_GOAL, "within": sum(within), "of": len(within)},
             "recommended": None if pick is None else {
-                "folder": PLAN_PREFIX + pick["plan"], "bytes": pick["bytes"], "kl": pick["kl"],
-                "why": (f"the smallest plan whose measured KL meets the KL budget {kl_budget:g}" if meeting
-                        else "no plan meets the KL budget: the plan of lowest KL")},
+                "folder": PLAN_PREFIX + pick["plan"], "bytes": pick["bytes"], "kl": pick["kl"], "why": why,
+                **({"accuracy": pick["accuracy"]["accuracy"]} if pick.get("accuracy") else {})},
             "requested": requested,
             "latency": None if not latency else {
                 "context": latency["context"], "uniform_ms": {w: t["ms"] for w, t in latency["uniform"].items()},
@@ -123,14 +151,17 @@ def _requested(requested: dict, plans: dict) -> dict:
 
 
 def markdown(result: dict) -> str:
+    from vlsens.deploy import accuracy
     from vlsens.deploy.peers import pair_cell
 
     mods = ("text", "image", "images")
     timed = bool(result.get("latency"))
-    lines = ["| plan | vision | embedding | INT4 / INT8 / float MatMuls | MB | est. KL | KL | est. error | "
+    scored = any("accuracy" in p for p in result["plans"])
+    acc_head, acc_rule = (" | ".join(accuracy.COLUMNS) + " | ", "--- | --- | ") if scored else ("", "")
+    lines = [f"| plan | {acc_head}vision | embedding | INT4 / INT8 / float MatMuls | MB | est. KL | KL | est. error | "
              + " | ".join(f"KL {m}" for m in mods) + " | top-1 |" + (" est. ms | ms [q1, q3] |" if timed else ""),
-             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in mods) + " | ---: |"
-             + (" ---: | ---: |" if timed else "")]
+             f"| --- | {acc_rule}--- | --- | --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in mods)
+             + " | ---: |" + (" ---: | ---: |" if timed else "")]
     for p in result["plans"]:
         err = "noise" if p["estimate_error"] is None else f"{p['estimate_error']:+.0%}"
         step = ""
@@ -138,21 +169,27 @@ def markdown(result: dict) -> str:
             step = (f" {p['estimate_decode_ms']:.3g} | {p['decode_ms']:.3g} [{p['decode_q'][0]:.3g}, {p['decode_q'][1]:.3g}] |"
                     if "decode_ms" in p else " - | - |")
         algos = ", ".join(f"{n} {a}" for a, n in sorted(p.get("algorithms", {}).items()))
-        lines.append(f"| {p['plan']} | {p['vision']} | {p['embedding']} | {p['int4']} / {p['int8']} / {p['float']}"
+        acc = (accuracy.columns(p.get("accuracy")) + " | ") if scored else ""
+        lines.append(f"| {p['plan']} | {acc}{p['vision']} | {p['embedding']} | {p['int4']} / {p['int8']} / {p['float']}"
                      + (f" ({algos})" if algos else "") + " | "
                      f"{p['bytes'] / 1e6:.3f} | {p['estimate_kl']:.3g} | {p['kl']:.3g} | {err} | "
                      + " | ".join(f"{p['modalities'].get(m, float('nan')):.3g}" for m in mods) + f" | {p['top1']:.3f} |"
                      + step)
-    lines += ["", "| anchor | MB | KL | best plan within its bytes | plan / anchor, all prompts | image prompts | goal |",
-              "| --- | ---: | ---: | --- | --- | --- | --- |"]
+    plan_acc = " plan - anchor accuracy, points (paired) |" if scored else ""
+    lines += ["", f"| anchor | {acc_head}MB | KL | best plan within its bytes |{plan_acc} plan / anchor KL, all prompts "
+                  "| image prompts | goal |",
+              f"| --- | {acc_rule}---: | ---: | --- |" + (" --- |" if scored else "") + " --- | --- | --- |"]
     for v in result["versus"]:
         a = result["anchors"][v["anchor"]]
+        acc = (accuracy.columns(a.get("accuracy")) + " | ") if scored else ""
         if v["plan"] is None:
-            lines.append(f"| {v['anchor']} | {a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | - | - | - | {v['note']} |")
+            lines.append(f"| {v['anchor']} | {acc}{a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | - |"
+                         + (" - |" if scored else "") + f" - | - | {v['note']} |")
             continue
         cells = " | ".join(pair_cell(v[k], wins=False) for k in ("all", "image"))
-        lines.append(f"| {v['anchor']} | {a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | {v['plan']} "
-                     f"({v['bytes_ratio']:.2f}x bytes) | {cells} | {'met' if v['met'] else 'not met'} |")
+        against = f" {accuracy.drop_cell(v.get('accuracy'))} |" if scored else ""
+        lines.append(f"| {v['anchor']} | {acc}{a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | {v['plan']} "
+                     f"({v['bytes_ratio']:.2f}x bytes) |{against} {cells} | {'met' if v['met'] else 'not met'} |")
     e, r = result["estimate"], result["recommended"]
     lines += ["", f"KL per generated step against {result['reference']}; ratios with the 95 % paired bootstrap "
                   "interval over the cases (resampled within each modality); goal: at most "
@@ -160,6 +197,8 @@ def markdown(result: dict) -> str:
               "", f"Estimate vs built: {e['within']} of {e['of']} plans within {e['goal']:.0%} of their measured KL "
                   f"(the others' error is printed with its sign); the plans measured below {NOISE_KL:g} per step "
                   "(\"noise\") are at the rounding of two runtimes, where a relative error says nothing."]
+    if scored:
+        lines += ["", accuracy.NOTE + " Plan - anchor: the same, the plan paired with the anchor."]
     if any(p.get("algorithms") for p in result["plans"]):
         lines += ["", "MatMuls \"(N gptq)\": N of the plan's quantized MatMuls take that algorithm instead of the "
                       "run's nbits algorithm (chosen per op, docs/plan.md)."]
@@ -179,7 +218,8 @@ def markdown(result: dict) -> str:
             got += f", decode step {q['decode_ms']:.3g} ms"
         lines += ["", f"Requested `plan-{name}` ({asked}): {got}: {'met' if q['met'] else 'NOT met'}."]
     if r:
-        lines += ["", f"Recommended: `{r['folder']}` ({r['bytes'] / 1e6:.3f} MB, KL {r['kl']:.3g}): {r['why']}."]
+        acc = f", accuracy {100 * r['accuracy']['accuracy']:.1f} %" if "accuracy" in r else ""
+        lines += ["", f"Recommended: `{r['folder']}` ({r['bytes'] / 1e6:.3f} MB{acc}, KL {r['kl']:.3g}): {r['why']}."]
     return "\n".join(lines) + "\n"
 
 
@@ -220,9 +260,10 @@ def figure(result: dict, out: str | Path) -> None:
 
 
 def write(front: dict, measure_files: dict[str, str | Path], out_json, out_md, out_png,
-          kl_budget: float | None = None, latency: dict | None = None) -> dict:
+          kl_budget: float | None = None, latency: dict | None = None,
+          answers: dict[str, str | Path] | None = None) -> dict:
     from vlsens.deploy.compare import write_pair
 
-    result = write_pair(table(front, measure_files, kl_budget, latency), markdown, out_json, out_md)
+    result = write_pair(table(front, measure_files, kl_budget, latency, answers), markdown, out_json, out_md)
     figure(result, out_png)
     return result

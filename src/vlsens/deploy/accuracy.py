@@ -92,6 +92,52 @@ def markdown(t: dict) -> str:
     return "".join(out)
 
 
+#: The prefix of a job's named inputs that are answers records (``answers_<folder>``), beside
+#: its other inputs (rules/common.smk: ``task_answers``).
+INPUT_PREFIX = "answers_"
+
+
+def split_inputs(inputs: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """A job's named inputs as (the others, ``{folder: answers record}``)."""
+    answers = {k.removeprefix(INPUT_PREFIX): v for k, v in inputs.items() if k.startswith(INPUT_PREFIX)}
+    return {k: v for k, v in inputs.items() if not k.startswith(INPUT_PREFIX)}, answers
+
+
+def read(answers: Mapping[str, str]) -> dict[str, dict]:
+    """The answers records ``{folder: path}`` read."""
+    import json
+    from pathlib import Path
+
+    return {name: json.loads(Path(p).read_text()) for name, p in answers.items()}
+
+
+def columns(row: dict | None, reference: bool = False) -> str:
+    """A folder's accuracy and its paired drop against fp32 as two Markdown cells (the other tables
+    that show accuracy first: measure/compare.md, budget/measured.md)."""
+    if row is None:
+        return "- | -"
+    if reference or "vs_fp32" not in row:
+        return f"{_cell(row['accuracy'])} | reference"
+    return f"{_cell(row['accuracy'])} | {drop_cell(row['vs_fp32'])}"
+
+
+def drop_cell(pair: dict | None) -> str:
+    """A paired comparison (:func:`paired`) as one cell: the difference in points, its interval and
+    McNemar's verdict."""
+    if not pair:
+        return "-"
+    d = pair["all"]
+    return f"{100 * d['difference']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] {d['resolved']}"
+
+
+#: The header cells of :func:`columns`.
+COLUMNS = ("accuracy % [95 %]", "against fp32, points")
+#: What :func:`columns` means, for the tables' notes.
+NOTE = ("Accuracy: greedy answers to the task's evaluation questions through onnxruntime-genai, with the 95 % "
+        "Wilson interval; against fp32: the paired difference on the same questions with its 95 % interval, "
+        "'worse' only where McNemar's exact test resolves it (measure/accuracy.md).")
+
+
 def plan_anchors(measured: dict) -> dict[str, str]:
     """``{plan folder: anchor}`` of the budget's measured front (``budget/measured.json``): the best
     plan within each anchor's bytes."""
@@ -106,7 +152,7 @@ def write(answers: Mapping[str, str], out_json, out_md, measured: str | None = N
 
     from vlsens.core.fsutil import atomic_file, write_json
 
-    records = {name: json.loads(Path(p).read_text()) for name, p in answers.items()}
+    records = read(answers)
     anchors = plan_anchors(json.loads(Path(measured).read_text())) if measured else {}
     t = table(records, anchors)
     write_json(out_json, t)

@@ -64,14 +64,23 @@ def _goal(measures: dict[str, dict], best: str | None, image: bool) -> dict | No
             "bytes_ratio": measures[OURS]["bytes"] / measures[best]["bytes"], "met": bool(ok)}
 
 
-def table(measure_files: dict[str, str | Path]) -> dict:
-    """The comparison record of the measured folders (``{folder: measure record path}``)."""
+def table(measure_files: dict[str, str | Path], answers: dict[str, str | Path] | None = None) -> dict:
+    """The comparison record of the measured folders (``{folder: measure record path}``); with
+    ``answers`` (``{folder: answers record path}``, fp32's among them), each folder's task accuracy
+    and its paired drop against fp32 (:mod:`vlsens.deploy.accuracy`) come first."""
+    from vlsens.deploy import accuracy
     from vlsens.deploy.measure import paired
 
     measures = {n: json.loads(Path(f).read_text()) for n, f in measure_files.items()}
     rows = {n: {k: m[k] for k in ("bytes", "mean_kl", "top1", "modalities", "cases")} for n, m in measures.items()}
     out = {"reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens",
            "rows": rows, "ours": OURS if OURS in measures else None, "paired": {}, "goals": []}
+    if answers:
+        scored = accuracy.table(accuracy.read(answers))["rows"]
+        out["accuracy"] = {"reference": scored[accuracy.REFERENCE]}
+        for n, row in rows.items():
+            if n in scored:
+                row["accuracy"] = scored[n]
     if OURS not in measures:
         return out
     for n in anchors(measures):
@@ -102,14 +111,23 @@ def pair_cell(p: dict, wins: bool = True) -> str:
 
 
 def markdown(result: dict) -> str:
+    from vlsens.deploy import accuracy
+
     mods = list(MODALITY_TITLES)
-    lines = ["| folder | MB | mean KL | " + " | ".join(f"KL {MODALITY_TITLES[m]} (min-max)" for m in mods)
+    scored = "accuracy" in result
+    acc_head = (" | ".join(accuracy.COLUMNS) + " | ") if scored else ""
+    lines = [f"| folder | {acc_head}MB | mean KL | " + " | ".join(f"KL {MODALITY_TITLES[m]} (min-max)" for m in mods)
              + f" | top-1 | {OURS} / folder: all prompts | image prompts |",
-             "| --- | ---: | ---: | " + " | ".join("---:" for _ in mods) + " | ---: | --- | --- |"]
+             "| --- | " + ("--- | --- | " if scored else "") + "---: | ---: | " + " | ".join("---:" for _ in mods)
+             + " | ---: | --- | --- |"]
+    if scored:
+        lines.append(f"| fp32 | {accuracy.columns(result['accuracy']['reference'], reference=True)} | "
+                     + " | ".join("-" for _ in range(len(mods) + 5)) + " |")
     for n, r in result["rows"].items():
         p = result["paired"].get(n)
         pair = f"{pair_cell(p['all'])} | {pair_cell(p['image'])}" if p else "- | -"
-        lines.append(f"| {n} | {r['bytes'] / 1e6:.3f} | {r['mean_kl']:.3g} | "
+        acc = (accuracy.columns(r.get("accuracy")) + " | ") if scored else ""
+        lines.append(f"| {n} | {acc}{r['bytes'] / 1e6:.3f} | {r['mean_kl']:.3g} | "
                      + " | ".join(_kl_cell(r["modalities"].get(m)) for m in mods) + f" | {r['top1']:.3f} | {pair} |")
     n_cases = {m: v["cases"] for m, v in next(iter(result["rows"].values()))["modalities"].items()} \
         if result["rows"] else {}
@@ -118,6 +136,8 @@ def markdown(result: dict) -> str:
                   + ". Ratios: mean KL of int4-mixed / the folder's, with the 95 % paired bootstrap interval over "
                     "the cases (resampled within each modality); better / worse only where the interval excludes 1; "
                     "wins: the share of cases where int4-mixed's KL is lower."]
+    if scored:
+        lines += ["", accuracy.NOTE]
     for g in result["goals"]:
         lines += ["", f"Goal ({g['statement']}): against {g['anchor']} (bytes {g['bytes_ratio']:.2f}x): KL "
                       f"{g['ratio']:.2f}x [{g['interval'][0]:.2f}, {g['interval'][1]:.2f}]: "
@@ -125,7 +145,8 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(measure_files: dict[str, str | Path], out_json: str | Path, out_md: str | Path) -> dict:
+def write(measure_files: dict[str, str | Path], out_json: str | Path, out_md: str | Path,
+          answers: dict[str, str | Path] | None = None) -> dict:
     from vlsens.deploy.compare import write_pair
 
-    return write_pair(table(measure_files), markdown, out_json, out_md)
+    return write_pair(table(measure_files, answers), markdown, out_json, out_md)

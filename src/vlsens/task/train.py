@@ -27,19 +27,20 @@ from vlsens.task.questions import MODALITIES, Question, question
 log = logging.getLogger(__name__)
 
 #: Changes against the family's tiny preset (``vlsens.model.presets.tables``) the trained preset is
-#: built with: a wider LM, and a rope base at the scale of its positions. With the published base
-#: (1e6) and 16-dim heads the width section of mRoPE turns by under 0.01 rad across an image (its
-#: three frequencies are the lowest, 1.8e-4 and below), so the LM could not tell left from right;
-#: with 50 they are 0.086, 0.053 and 0.032 a position.
-TRAINED_TEXT = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 8,
-                "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 50.0}}
+#: built with: a wider LM with 32-dim heads, and a rope base at the scale of its positions. With the
+#: published base (1e6) the width section of mRoPE (the lowest frequencies) turns by under 0.01 rad
+#: across an image, so the LM could not tell left from right; with 50 its six frequencies are
+#: 0.087 to 0.026 rad a position. 4 heads of 32 dims learn the text questions faster than 8 of 16
+#: (text alone, 600 steps: 88 % against 78 % greedy on 200 held-out questions).
+TRAINED_TEXT = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "rope_parameters": {"rope_type": "default", "mrope_section": [4, 6, 6], "rope_theta": 50.0}}
 TRAINED_VISION = {"hidden_size": 64, "intermediate_size": 128, "out_hidden_size": 128}
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     seed: int = 0
-    steps: int = 2000
+    steps: int = 2500
     batch: int = 16
     lr: float = 1.5e-3
     warmup: int = 60
