@@ -195,7 +195,17 @@ def test_measured_md_takes_accuracy_and_the_recommendation_skips_a_plan_below_fp
     files = _write(tmp_path, measures)
     plain = table({"picked": picked}, files, kl_budget=mean(0.5))
     assert plain["recommended"]["folder"] == "plan-p1"  # KL alone: the smallest within the budget
-    result = table({"picked": picked}, files, kl_budget=mean(0.5), answers=_answers(tmp_path, right))
+    requested = {"within-1": {"request": {"accuracy_drop": 1.0}, "byte_limit": None, "plan": None},
+                 "small": {"request": {"accuracy_drop": 50, "bytes": 900}, "byte_limit": 900, "plan": None},
+                 "none": {"request": {"accuracy_drop": 0.5, "bytes": 900}, "byte_limit": 900, "plan": None}}
+    unscored = table({"picked": picked, "requested": requested}, files, kl_budget=mean(0.5))
+    assert not any(q["met"] for q in unscored["requested"].values())  # no answers: no accuracy request is met
+    result = table({"picked": picked, "requested": requested}, files, kl_budget=mean(0.5),
+                   answers=_answers(tmp_path, right))
+    got = result["requested"]
+    assert (got["within-1"]["plan"], got["within-1"]["drop"], got["within-1"]["met"]) == ("p2", 0.0, True)
+    assert got["small"]["plan"] == "p1" and abs(got["small"]["drop"] - 100 / 3) < 1e-9 and got["small"]["met"]
+    assert got["none"]["met"] is False and got["none"]["plan"] is None
     assert result["recommended"]["folder"] == "plan-p2" and "not resolved below fp32" in result["recommended"]["why"]
     assert result["recommended"]["accuracy"]["accuracy"] == 1.0
     v = next(v for v in result["versus"] if v["anchor"] == "int4-rtn")
@@ -206,3 +216,17 @@ def test_measured_md_takes_accuracy_and_the_recommendation_skips_a_plan_below_fp
     anchor_row = next(line for line in md.split("| anchor |")[1].splitlines() if line.startswith("| int4-rtn |"))
     assert "-33.3 [" in anchor_row and "| +0.0 [" in anchor_row  # its drop; the plan against it, paired
     assert "accuracy 100.0 %" in md.split("Recommended:")[1]
+    assert "Requested `within-1` (accuracy_drop 1): `plan-p2`" in md and "(a drop of 0.0 points against fp32): met" in md
+
+
+def test_an_accuracy_budget_needs_the_task_answers():
+    """plan.budgets' accuracy_drop is refused at DAG-build time where the run scores no answers."""
+    from vlsens.config import schema_errors
+    from vlsens.deploy import check_config
+
+    cfg = default_config(**{"plan.budgets": [{"name": "within-1", "accuracy_drop": 1.0}]})
+    assert not schema_errors(cfg)
+    assert cfg["deploy"]["measure"]["prompts"] == "builtin"  # the random preset: auto is builtin
+    with pytest.raises(ConfigError, match=r"plan.budgets \['within-1'\]: accuracy_drop .* deploy.measure.prompts"):
+        check_config(cfg)
+    assert schema_errors(default_config(**{"plan.budgets": [{"name": "x", "accuracy_drop": 101}]}))

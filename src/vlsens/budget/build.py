@@ -378,6 +378,14 @@ def _mixed_options(vision: dict, vision_csv) -> tuple[dict[str, dict], float]:
     return out, scale
 
 
+def byte_limit(request: dict, fp32_bytes: int) -> int | None:
+    """A ``plan.budgets`` entry's byte limit: ``bytes``, or ``bits_per_weight`` over the fp32
+    folder's parameters (``fp32_bytes / 4``), or None."""
+    if "bytes" in request:
+        return int(request["bytes"])
+    return int(float(request["bits_per_weight"]) * fp32_bytes / 32) if "bits_per_weight" in request else None
+
+
 def budget_point(points: list, request: dict, fp32_bytes: int) -> tuple[dict | None, int | None]:
     """``(point, byte limit)`` for a ``plan.budgets`` entry among ``points`` (the search's
     combinations, :func:`vlsens.budget.front.combinations`). Limits: ``bytes`` (the folder's graphs
@@ -386,8 +394,7 @@ def budget_point(points: list, request: dict, fp32_bytes: int) -> tuple[dict | N
     ``decode_ms`` (the estimated decode step, :mod:`vlsens.budget.latency`). Within them: with
     ``kl`` (mean KL per generated step) the point of fewest bytes whose estimated KL meets it, else
     the point of lowest estimated KL. None where no point does."""
-    limit = int(request["bytes"]) if "bytes" in request else \
-        int(float(request["bits_per_weight"]) * fp32_bytes / 32) if "bits_per_weight" in request else None
+    limit = byte_limit(request, fp32_bytes)
     fits = [p for p in points if (limit is None or p["bytes"] <= limit)
             and ("decode_ms" not in request or p.get("decode_ms", math.inf) <= float(request["decode_ms"]))]
     if "kl" in request:
@@ -419,6 +426,11 @@ def _budget_plans(plans: list, record: dict, points: list, budgets: list[dict], 
 
     out = {}
     for request in budgets:
+        if "accuracy_drop" in request:  # answered by the built plans (vlsens.budget.report: _requested)
+            out[request["name"]] = {"request": {k: v for k, v in request.items() if k != "name"},
+                                    "byte_limit": byte_limit(request, fp32_bytes), "plan": None,
+                                    "note": "chosen among the built plans once they have answered the task"}
+            continue
         point, limit = budget_point(points, request, fp32_bytes)
         entry = {"request": {k: v for k, v in request.items() if k != "name"}, "byte_limit": limit,
                  "plan": None if point is None else request["name"]}

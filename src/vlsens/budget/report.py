@@ -111,7 +111,7 @@ def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | 
         "no plan meets the KL budget" + (" with its accuracy not resolved below fp32's" if answers else "") \
         + ": the plan of lowest KL"
     within = [abs(p["estimate_error"]) <= ESTIMATE_GOAL for p in plans if p["estimate_error"] is not None]
-    requested = _requested(front.get("requested") or {}, {p["plan"]: p for p in plans})
+    requested = _requested(front.get("requested") or {}, {p["plan"]: p for p in plans}, bool(answers))
     return {"reference": "the fp32 folder through onnxruntime-genai, teacher-forced on its greedy tokens",
             "plans": plans, "anchors": anchors, "versus": versus,
             "estimate": {"goal": ESTIMATE_GOAL, "within": sum(within), "of": len(within)},
@@ -127,20 +127,54 @@ def table(front: dict, measure_files: dict[str, str | Path], kl_budget: float | 
             "volatile_keys": ["decode_error", "decode_q"]}  # measured times (vlsens.core.canonical)
 
 
-def _requested(requested: dict, plans: dict) -> dict:
+def _within(p: dict, r: dict) -> bool:
+    """Whether plan ``p`` as built and measured holds every limit of request ``r`` but accuracy."""
+    ask = r["request"]
+    return (r["byte_limit"] is None or p["bytes"] <= r["byte_limit"]) and \
+        ("kl" not in ask or p["kl"] <= float(ask["kl"])) and \
+        ("decode_ms" not in ask or p.get("decode_ms", float("inf")) <= float(ask["decode_ms"]))
+
+
+def drop_points(p: dict) -> float:
+    """A scored plan's accuracy drop against fp32 in points (fp32's accuracy minus the plan's, paired
+    on the same questions; negative where the plan answers more right)."""
+    return -100 * p["accuracy"]["vs_fp32"]["all"]["difference"]
+
+
+def _by_accuracy(name: str, r: dict, plans: dict, scored: bool) -> dict:
+    """A request with ``accuracy_drop`` (points against fp32, at most): the built plan of fewest bytes
+    within its other limits whose measured drop meets it."""
+    if not scored:
+        log.warning("plan.budgets %r asks for an accuracy drop, but the run does not answer the task "
+                    "(deploy.measure.prompts: task)", name)
+        return {**r, "met": False, "note": "the run does not answer the task"}
+    fits = [p for p in plans.values() if p.get("accuracy") and _within(p, r)
+            and drop_points(p) <= float(r["request"]["accuracy_drop"])]
+    if not fits:
+        log.warning("plan.budgets %r (accuracy drop %s points): no built plan meets it", name,
+                    r["request"]["accuracy_drop"])
+        return {**r, "met": False, "note": "no built plan meets it"}
+    p = min(fits, key=lambda p: (p["bytes"], p["kl"]))
+    return {**r, "plan": p["plan"], "bytes": p["bytes"], "kl": p["kl"], "drop": drop_points(p),
+            "accuracy": p["accuracy"]["accuracy"]["accuracy"], "met": True}
+
+
+def _requested(requested: dict, plans: dict, scored: bool = False) -> dict:
     """Each ``plan.budgets`` request against its built folder's measure: met when every limit it
     sets holds on the folder: its bytes within the byte limit, its measured KL within the KL asked
-    for, its measured decode step within ``decode_ms``."""
+    for, its measured decode step within ``decode_ms``. A request with ``accuracy_drop`` names the
+    built plan that meets it (:func:`_by_accuracy`; ``scored``: the plans carry their accuracy)."""
     out = {}
     for name, r in requested.items():
+        if "accuracy_drop" in r["request"]:
+            out[name] = _by_accuracy(name, r, plans, scored)
+            continue
         p = plans.get(r["plan"]) if r["plan"] else None
         if p is None:
             out[name] = {**r, "met": False}
             continue
         ask = r["request"]
-        met = (r["byte_limit"] is None or p["bytes"] <= r["byte_limit"]) and \
-            ("kl" not in ask or p["kl"] <= float(ask["kl"])) and \
-            ("decode_ms" not in ask or p.get("decode_ms", float("inf")) <= float(ask["decode_ms"]))
+        met = _within(p, r)
         out[name] = {**r, "bytes": p["bytes"], "kl": p["kl"], "met": bool(met),
                      **({"decode_ms": p["decode_ms"]} if "decode_ms" in p else {})}
         if not met:  # the estimate met it, the built folder does not: said where the run is watched
@@ -216,7 +250,11 @@ def markdown(result: dict) -> str:
         got = f"{q['bytes'] / 1e6:.3f} MB, KL {q['kl']:.3g}" if "kl" in q else q.get("note", "not built")
         if "decode_ms" in q:
             got += f", decode step {q['decode_ms']:.3g} ms"
-        lines += ["", f"Requested `plan-{name}` ({asked}): {got}: {'met' if q['met'] else 'NOT met'}."]
+        if "drop" in q:
+            got = (f"`plan-{q['plan']}`, {got}, accuracy {100 * q['accuracy']:.1f} % (a drop of "
+                   f"{round(q['drop'], 1) + 0.0:.1f} points against fp32)")
+        what = f"`{name}`" if "accuracy_drop" in q["request"] else f"`plan-{name}`"
+        lines += ["", f"Requested {what} ({asked}): {got}: {'met' if q['met'] else 'NOT met'}."]
     if r:
         acc = f", accuracy {100 * r['accuracy']['accuracy']:.1f} %" if "accuracy" in r else ""
         lines += ["", f"Recommended: `{r['folder']}` ({r['bytes'] / 1e6:.3f} MB{acc}, KL {r['kl']:.3g}): {r['why']}."]

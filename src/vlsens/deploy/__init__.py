@@ -244,6 +244,10 @@ def _check_plan(config: dict) -> None:
     names = [b["name"] for b in config["plan"]["budgets"]]
     if len(set(names)) < len(names):
         raise ConfigError(f"plan.budgets: names {names} repeat one; each names its folder deploy/plan-<name>/")
+    scored = [b["name"] for b in config["plan"]["budgets"] if "accuracy_drop" in b]
+    if scored and str(config["deploy"]["measure"]["prompts"]) == "builtin":
+        raise ConfigError(f"plan.budgets {scored}: accuracy_drop is judged on the task's answers, but "
+                          "deploy.measure.prompts is 'builtin'; set it to 'task' (or drop accuracy_drop)")
     dyn = config["vision"]["dynamic"]
     if "mixed" in config["plan"]["vision"]:
         lack = [f for f in ("int4", "int8-wo") if f not in config["plan"]["vision"]]
