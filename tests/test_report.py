@@ -379,6 +379,24 @@ def test_the_recommendation_judges_every_folder_one_way(tmp_path):
                  tmp_path / "recommend.json")
     assert page.index("Which folder to ship") < page.index("Deploy folders")
     assert page.count("— within the budget 0.0001") == 4 and page.count("— **above** the budget 0.0001") == 1
+    assert "task accuracy" not in page  # no answers scored: KL alone
+    # with the task's answers scored, the verdict judges by accuracy first and each folder's row opens on it
+    from vlsens.deploy.accuracy import table
+    from vlsens.deploy.genai.answers import summarize
+    from vlsens.report.recommend import add_accuracy
+
+    mods = ["text", "image", "images"] * 20
+    questions = [{"modality": m, "kind": "k", "answer": "red"} for m in mods]
+    right = {n: [True] * 60 for n in folders} | {"small-but-bad": [i % 3 != 1 for i in range(60)]}
+    add_accuracy(rec["folders"], table({n: summarize(n, questions, ["red" if c else "blue" for c in r], "q.jsonl")
+                                        for n, r in right.items()}))
+    (tmp_path / "recommend.json").write_text(json.dumps(rec))
+    page = build([], {}, {k: str(v) for k, v in folders.items() if k != "fp32"}, desc, "m", tmp_path / "v.rst",
+                 tmp_path / "recommend.json")
+    assert "Every folder is judged one way: its accuracy on the task" in page
+    rows = page[page.index("Deploy folders"):]
+    assert "- task accuracy [95 %], paired drop" in rows
+    assert "- 66.7 % [" in rows and "-33.3 pt vs fp32 (resolved below)" in rows  # small-but-bad's one-image losses
 
 
 def test_the_recommend_job_groups_its_sources_and_writes_both_files(tmp_path):

@@ -86,9 +86,12 @@ def recommend_lines(rec: dict) -> list[str]:
     """The first section: which folder to ship per device and what was missed (recommend.json)."""
     from vlsens.report.recommend import device_lines
 
+    scored = any("accuracy" in f for f in rec["folders"])
+    first = ("its accuracy on the task's evaluation questions (greedy answers through onnxruntime-genai) not resolved "
+             "below the fp32 folder's, paired on the same questions; " if scored else "")
     out = ["Which folder to ship", "--------------------", "",
-           f"Every folder is judged one way: its mean KL per generated step against {rec['reference']}, within the "
-           f"run's KL budget {rec['kl_budget']:g}, its vision graph past its gate; the fewest bytes wins.", ""]
+           f"Every folder is judged one way: {first}its mean KL per generated step against {rec['reference']}, within "
+           f"the run's KL budget {rec['kl_budget']:g}; its vision graph past its gate; the fewest bytes wins.", ""]
     out += device_lines(rec, ship=lambda device, path: f"**{device}: ship** {_literal(path)}", path=_literal)
     out.append("")
     if rec["missed"]:
@@ -97,9 +100,13 @@ def recommend_lines(rec: dict) -> list[str]:
 
 
 def deploy_rows(deploy: dict[str, str], rec: dict | None = None) -> list[list[str]]:
-    """A line per folder: its generation check; with the recommendation, every folder's KL against
-    the one KL budget (not only the folders whose own profile set a target)."""
+    """A line per folder: its task accuracy where the run scored it (first), its generation check;
+    with the recommendation, every folder's KL against the one KL budget (not only the folders
+    whose own profile set a target)."""
+    from vlsens.report.recommend import accuracy_cell
+
     facts = {f["folder"]: f for f in (rec or {}).get("folders", [])}
+    scored = any("accuracy" in f for f in facts.values())
     rows = []
     for precision, folder in deploy.items():
         ev = json.loads((Path(folder) / "eval.json").read_text())
@@ -117,7 +124,8 @@ def deploy_rows(deploy: dict[str, str], rec: dict | None = None) -> list[list[st
                 check += (f"; {f['source']} ({f['cases']} cases): KL {_g(f['kl'], 3)} — "
                           + ("within" if within else "**above**") + f" the budget {rec['kl_budget']:g}")
         speed = ev.get("tokens_per_second")
-        rows.append([precision, check, _g(speed, 3) if speed else "–"])
+        acc = [accuracy_cell(facts.get(precision, {}))] if scored else []
+        rows.append([precision, *acc, check, _g(speed, 3) if speed else "–"])
     return rows
 
 
@@ -132,8 +140,10 @@ def build(records: list[str], profiles: dict[str, str], deploy: dict[str, str], 
     lines += _table("Mixed-precision profiles (the built model, measured in its deployment target's arithmetic)",
                     ["graph [base]", "target", "status", "INT8", "speed-up vs fp32", "kept in float"],
                     profile_rows(profiles))
-    lines += _table("Deploy folders, run by onnxruntime-genai", ["folder", "generation check", "tokens/s"],
-                    deploy_rows(deploy, rec))
+    rows = deploy_rows(deploy, rec)
+    scored = bool(rows) and len(rows[0]) == 4  # deploy_rows put each folder's accuracy first
+    columns = ["folder", *(["task accuracy [95 %], paired drop"] if scored else []), "generation check", "tokens/s"]
+    lines += _table("Deploy folders, run by onnxruntime-genai", columns, rows)
     lines += ["The categories below hold the figures and tables behind each line.", "", "About this workflow",
               "-------------------", ""]
     lines += [Path(description).read_text()]
