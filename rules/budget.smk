@@ -133,6 +133,7 @@ rule plan_folder:
         unpack(budget_formats),
         unpack(mixed_vision_reference),
         unpack(plan_data),
+        unpack(task_questions),
         plan=f"{paths.BUDGET_PLANS}/{{plan}}.yaml",
         engine=paths.BUDGET_ENGINE,
         checkpoint=checkpoint_dir,

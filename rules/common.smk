@@ -156,21 +156,26 @@ def answered_folders(wildcards):
     """Every folder's answers to the task's questions, fp32's and the plans' among them, and the
     budget's measured front (the plans' anchors; rules/deploy.smk: accuracy)."""
     names = deploy_folders() + ([f"plan-{p}" for p in searched_plans(wildcards)] if PLAN_ON else [])
-    out = {n: paths.fill(paths.MEASURE_ANSWERS, model=wildcards.model, precision=n) for n in names}
+    out = {n: paths.fill(DEPLOY, model=wildcards.model, precision=n) for n in names}
     if PLAN_ON:
         out["measured"] = paths.fill(paths.BUDGET_MEASURED["json"], model=wildcards.model)
     return out
 
 
 def task_answers(wildcards, names):
-    """The answers records of ``names`` and of fp32 (the reference every folder is paired with), as
-    ``answers_<folder>``, where the run scores its folders on the task (else none)."""
+    """The deploy folders of ``names`` and of fp32 (the reference every folder is paired with), as
+    ``answers_<folder>``, whose answers.json a job reads, where the run scores its folders on the
+    task (else none)."""
     if not accuracy_targets():
         return {}
     return {
-        f"answers_{n}": paths.fill(paths.MEASURE_ANSWERS, model=wildcards.model, precision=n)
-        for n in dict.fromkeys(["fp32", *names])
+        f"answers_{n}": paths.fill(DEPLOY, model=wildcards.model, precision=n) for n in dict.fromkeys(["fp32", *names])
     }
+
+
+def task_questions(wildcards):
+    """The task's evaluation questions a deploy job answers into its folder, where the run has them."""
+    return {"questions": TASK_QUESTIONS} if TASK_QUESTIONS else {}
 
 
 def accuracy_targets():
@@ -525,6 +530,7 @@ def deploy_inputs(wildcards):
     src = {k: paths.fill(v, model=wildcards.model) for k, v in DEPLOY_SOURCES[wildcards.precision].items()}
     src["checkpoint"] = checkpoint_dir(wildcards)
     src["images"] = INPUTS["parity_images"]
+    src.update(task_questions(wildcards))
     if wildcards.precision != "fp32":
         src["fp32_folder"] = paths.fill(DEPLOY, model=wildcards.model, precision="fp32")
         src["vision_features"] = paths.fill(paths.DEPLOY_VISION_FEATURES, model=wildcards.model)

@@ -243,29 +243,8 @@ rule measure_compare:
         "../workflow/scripts/measure_compare.py"
 
 
-# The task's evaluation questions answered by every folder (greedy, through onnxruntime-genai), and
-# every folder's accuracy paired with fp32's (vlsens.deploy.accuracy).
-rule answers:
-    input:
-        folder=DEPLOY,
-        questions=TASK_QUESTIONS or [],
-    output:
-        paths.MEASURE_ANSWERS,
-    params:
-        provenance=provenance("deploy", "answers.py"),
-    log:
-        f"{paths.MODEL}/logs/measure/answers-{{precision}}.log",
-    benchmark:
-        f"{paths.MODEL}/benchmarks/measure/answers-{{precision}}.tsv"
-    conda:
-        "../envs/torch.yaml"
-    threads: cores(config["threads"])
-    resources:
-        **cluster("answers", threads=config["threads"]),
-    script:
-        "../workflow/scripts/answers.py"
-
-
+# Every folder's accuracy on the task (each deploy job answers the task's questions into the
+# folder's answers.json), paired with fp32's (vlsens.deploy.accuracy).
 rule accuracy:
     input:
         unpack(answered_folders),

@@ -172,8 +172,12 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
     out = {}
     common = dict(checkpoint=dec.ckpt, images=parity_refs)
     out["fp32"] = root / "fp32"
+    # the fp32 and fp16 folders answer 12 of the task's questions in their deploy job (answers.json)
+    from vlsens.task.questions import write_split
+
+    out["questions"] = write_split(root / "task", 0, "eval", 12)  # its questions.jsonl
     build_folder("fp32", out["fp32"], decoder=dec.model("fp32"), embedding=dec.folder("fp32") / "embedding.onnx",
-                 vision=vis.model("fp32"), checks=Checks(16, TOL_FP32), **common)
+                 vision=vis.model("fp32"), checks=Checks(16, TOL_FP32, questions=out["questions"]), **common)
     out["vision_features"] = root / "vision-features.npz"  # the rule vision_features
     write_vision_features(out["fp32"], dec.ckpt, parity_refs, out["vision_features"])
     out["fp32_logits"] = root / "eval-logits.npz"  # the rule eval_logits
@@ -181,7 +185,8 @@ def folders(graph_builder, parity_refs, tmp_path_factory):
     out["fp16"] = root / "fp16"  # its evaluation runs the fp32 folder (no stored logits)
     build_folder("fp16", out["fp16"], decoder=dec.model("fp16"), embedding=dec.folder("fp16") / "embedding.onnx",
                  vision=vis.model("fp16"), checks=Checks(16, TOL_FP16, fp32_folder=out["fp32"],
-                                                         vision_features=out["vision_features"]), **common)
+                                                         vision_features=out["vision_features"],
+                                                         questions=out["questions"]), **common)
     out["int8-mixed"] = root / "int8-mixed"
     build_folder("int8-mixed", out["int8-mixed"], decoder=profiles["decoder"],
                  embedding=dec.folder("fp32") / "embedding.onnx", vision=profiles["vision"],
@@ -671,6 +676,33 @@ def test_a_folder_ships_its_model_card_and_the_checkpoints_license(folders, tmp_
     card = ModelCard.load(staged / "README.md")
     assert card.data.license == "apache-2.0" and (staged / "LICENSE").read_text().startswith("Apache")
     assert "`plan.yaml` beside this card" in card.text and "(`LICENSE`, the checkpoint's own)" in card.text
+
+
+def test_a_folder_answers_the_task_in_its_deploy_job_and_its_card_opens_on_the_accuracy(folders):
+    """With the task's questions, the deploy job answers them with the runtime it checked the folder
+    with: answers.json ships in the folder (listed in eval.json, valid against its schema, the same
+    answers a fresh Chat gives), and the model card's first section is its accuracy with the paired
+    drop against the fp32 folder's answers."""
+    from vlsens.core.records import errors, schema_name
+    from vlsens.deploy.accuracy import read, table
+    from vlsens.deploy.genai.answers import FILE, answer_folder
+
+    fp16 = folders["fp16"]
+    got = json.loads((fp16 / FILE).read_text())
+    assert schema_name(fp16 / FILE) == "deploy_answers" and errors(fp16 / FILE) == []
+    assert got["folder"] == "fp16" and got["count"] == 12 and len(got["answers"]) == 12
+    assert FILE in json.loads((fp16 / "eval.json").read_text())["files"]
+    again = answer_folder(fp16, folders["questions"], "fp16")
+    assert again["answers"] == got["answers"] and again["correct"] == got["correct"]
+    row = table(read({"fp32": folders["fp32"], "fp16": fp16}))["rows"]["fp16"]
+    card = (fp16 / "README.md").read_text()
+    assert card.index("## Task accuracy") < card.index("## What is in it")
+    acc, d = row["accuracy"], row["vs_fp32"]["all"]
+    assert (f"| all ({acc['questions']}) | {100 * acc['accuracy']:.1f} [{100 * acc['low']:.1f}, {100 * acc['high']:.1f}] | "
+            f"{100 * d['difference']:+.1f} [") in card
+    fp32_card = (folders["fp32"] / "README.md").read_text()
+    assert "## Task accuracy" in fp32_card and "against fp32" not in fp32_card.split("## What is in it")[0]
+    assert not (folders["int8-mixed"] / FILE).exists()  # no questions: no answers, no section
 
 
 @pytest.mark.parametrize("provider", ["cuda", "dml"])

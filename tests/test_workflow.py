@@ -55,7 +55,7 @@ REPORT_RULES = {"report_heatmap", "report_ranked", "report_pareto", "report_engi
                 "report_tables", "report_int4"}
 #: The folders' measure and the whole-VLM plan: run with onnxruntime(-genai) or downstream of it.
 MEASURE_RULES = {"vision_features", "eval_logits", "budget_vision", "measure_reference", "measure", "measure_compare",
-                 "answers", "accuracy",
+                 "accuracy",
                  "budget_nbits", "budget_components", "budget_front", "plan_folder", "budget_latency",
                  "budget_measured", "recommend"}
 ORT_STAGES = {"sensitivity_prepare", "sensitivity_shard", "sensitivity_gather", "profile", "sensitivity_inc",
@@ -230,8 +230,11 @@ def _check_accuracy(res, folders):
     for m in ("text", "image", "images"):
         assert fp32[m]["questions"] == 200 and abs(fp32[m]["correct"] - trained[m]["correct"]) <= 2, (m, fp32, trained)
     for name, row in acc["rows"].items():
-        answers = json.loads((res / "measure" / "answers" / f"{name}.json").read_text())
+        answers = json.loads((res / "deploy" / name / "answers.json").read_text())
         assert answers["count"] == 600 and len(answers["answers"]) == 600 and row["accuracy"] == answers["accuracy"]
+        card = (res / "deploy" / name / "README.md").read_text()  # the model card opens on the accuracy
+        assert card.index("## Task accuracy") < card.index("## What is in it")
+        assert f"| one image (200) | {100 * row['modalities']['image']['accuracy']:.1f} [" in card
         if name != "fp32":
             pair = row["vs_fp32"]["all"]
             right = sum(c == "1" for c in answers["correct"])
@@ -240,6 +243,8 @@ def _check_accuracy(res, folders):
     pick = rec["devices"]["cpu"]["folder"]
     assert pick and not acc["rows"][pick].get("below_fp32"), pick
     assert "accuracy" in (res / "recommend.md").read_text()
+    assert (res / "measure" / "compare.md").read_text().startswith("| folder | accuracy % [95 %] |")
+    assert (res / "budget" / "measured.md").read_text().startswith("| plan | accuracy % [95 %] |")
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ run(snakemake, lambda sm: build_folder(  # noqa: F821
     sm.input.vision, image_refs(sm.input.images),
     Checks(sm.params.max_new_tokens, sm.params.tolerance, fp32_folder=sm.input.get("fp32_folder"),
            target=sm.params.target, vision_features=sm.input.get("vision_features"), provider=sm.params.provider,
-           fp32_logits=sm.input.get("fp32_logits"),
+           fp32_logits=sm.input.get("fp32_logits"), questions=sm.input.get("questions"),
            # a tied table's folder has the cases its embedding is gated on (vlsens.deploy.sources)
            tied={"reference": sm.input.embedding_reference, "exact_tolerance": sm.params.exact_tolerance}
            if "embedding_reference" in sm.input.keys() else None)))

@@ -330,7 +330,7 @@ def plan_job(inputs: Mapping, outputs: Mapping, params: Mapping, threads: int = 
                 exact_tolerance=params["exact_tolerance"])
     checks = Checks(params["max_new_tokens"], None, fp32_folder=inputs["fp32_folder"],
                     vision_features=inputs["vision_features"], provider=params.get("provider", "cpu"),
-                    fp32_logits=inputs.get("fp32_logits"))
+                    fp32_logits=inputs.get("fp32_logits"), questions=inputs.get("questions"))
     plan_folder(inputs["plan"], outputs["folder"], ckpt, sources, image_refs(inputs["images"]), checks, gate)
     chain = PartChain(outputs["folder"], inputs["reference"], load_cases(inputs["cases"]), ckpt, threads)
     record = chain.measure(f"plan-{Path(inputs['plan']).stem}")

@@ -79,9 +79,8 @@ DEPLOY_VISION_FEATURES = f"{MEASURE}/vision-features.npz"
 #: (every other folder's evaluation reference, computed once).
 DEPLOY_EVAL_LOGITS = f"{MEASURE}/eval-logits.npz"
 MEASURE_COMPARE = {k: f"{MEASURE}/compare.{k}" for k in ("json", "md")}
-#: Each folder's greedy answers to the task's evaluation questions (vlsens.deploy.genai.answers), and
-#: every folder's accuracy paired with fp32's (vlsens.deploy.accuracy).
-MEASURE_ANSWERS = f"{MEASURE}/answers/{{precision}}.json"
+#: Every folder's accuracy on the task paired with fp32's (vlsens.deploy.accuracy; each folder's
+#: answers are its answers.json, vlsens.deploy.genai.answers).
 MEASURE_ACCURACY = {k: f"{MEASURE}/accuracy.{k}" for k in ("json", "md")}
 #: The whole-VLM plan (vlsens.budget): the decoder's evaluation set made of the measure's cases, its
 #: weight-only sensitivity there, each part's formats measured end to end, the front's search and

@@ -22,7 +22,7 @@ record                 where                                                 sch
 ``<folder>.json``      ``measure/`` (one per deploy folder but fp32)         ``measure``
 ``compare.json``       ``measure/``                                          ``measure_compare``
 ``accuracy.json``      ``measure/``                                          ``measure_accuracy``
-``<folder>.json``      ``measure/answers/`` (one per deploy folder)          ``measure_answers``
+``answers.json``       ``deploy/<precision>/``                               ``deploy_answers``
 ``cases.json``         ``measure/cases/``                                    ``measure_cases``
 ``components.json``    ``budget/``                                           ``budget_components``
 ``front.json``         ``budget/``                                           ``budget_front``
@@ -61,8 +61,6 @@ def schema_name(path: str | Path) -> str | None:
     path = Path(path)
     if path.parent.name == "measure" and path.suffix == ".json":
         return {"compare.json": "measure_compare", "accuracy.json": "measure_accuracy"}.get(path.name, "measure")
-    if path.parent.name == "answers" and path.parent.parent.name == "measure" and path.suffix == ".json":
-        return "measure_answers"
     if path.name == "cases.json" and path.parent.name == "cases" and path.parent.parent.name == "measure":
         return "measure_cases"
     if path.parent.name == "budget" and path.name in BUDGET:
@@ -83,7 +81,9 @@ def schema_name(path: str | Path) -> str | None:
         return "parts_calibration"
     if path.name == "manifest.json" and "calib" not in path.parts:
         return None
-    if "deploy" in path.parts and path.name in ("parity.json", "eval.json"):
+    if path.name == "answers.json" and (path.parent / "genai_config.json").is_file():  # a folder copied elsewhere
+        return "deploy_answers"
+    if "deploy" in path.parts and path.name in ("parity.json", "eval.json", "answers.json"):
         return "deploy_" + path.stem
     return BY_NAME.get(path.name)
 
@@ -154,7 +154,7 @@ def invariants(path: str | Path, data: dict) -> list[str]:
         rows = _csv_rows(path.with_suffix(".csv"))
         if int(data["ops"]) != rows:
             out.append(f"ops: {data['ops']}, but {path.with_suffix('.csv').name} beside it has {rows} rows")
-    if name == "measure_answers":
+    if name == "deploy_answers":
         right = data["correct"].count("1")
         if len(data["correct"]) != data["count"] or right != data["accuracy"]["correct"]:
             out.append(f"accuracy.correct: {data['accuracy']['correct']}, but {right} of its {len(data['correct'])} "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vlsens.deploy.genai.answers import right_answers
+from vlsens.deploy.genai.answers import read_answers, right_answers
 from vlsens.task.questions import MODALITIES
 from vlsens.task.score import mcnemar
 
@@ -92,23 +92,20 @@ def markdown(t: dict) -> str:
     return "".join(out)
 
 
-#: The prefix of a job's named inputs that are answers records (``answers_<folder>``), beside
+#: The prefix of a job's named inputs that are answered deploy folders (``answers_<folder>``), beside
 #: its other inputs (rules/common.smk: ``task_answers``).
 INPUT_PREFIX = "answers_"
 
 
 def split_inputs(inputs: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """A job's named inputs as (the others, ``{folder: answers record}``)."""
+    """A job's named inputs as (the others, ``{folder name: deploy folder}``)."""
     answers = {k.removeprefix(INPUT_PREFIX): v for k, v in inputs.items() if k.startswith(INPUT_PREFIX)}
     return {k: v for k, v in inputs.items() if not k.startswith(INPUT_PREFIX)}, answers
 
 
 def read(answers: Mapping[str, str]) -> dict[str, dict]:
-    """The answers records ``{folder: path}`` read."""
-    import json
-    from pathlib import Path
-
-    return {name: json.loads(Path(p).read_text()) for name, p in answers.items()}
+    """The answers records ``{folder: the deploy folder (its answers.json) or the record}`` read."""
+    return {name: read_answers(p) for name, p in answers.items()}
 
 
 def columns(row: dict | None, reference: bool = False) -> str:
@@ -145,8 +142,8 @@ def plan_anchors(measured: dict) -> dict[str, str]:
 
 
 def write(answers: Mapping[str, str], out_json, out_md, measured: str | None = None) -> dict:
-    """Read the folders' answers records (``{folder: path}``; ``measured``: the budget's measured
-    front, for the plans' anchors) and write the comparison as JSON and Markdown."""
+    """Read the folders' answers records (``{folder name: deploy folder}``; ``measured``: the
+    budget's measured front, for the plans' anchors) and write the comparison as JSON and Markdown."""
     import json
     from pathlib import Path
 

@@ -43,6 +43,23 @@ def _finish(tmp: Path, record: dict, extra: dict[str, Path] | None) -> None:
     write_json(tmp / DONE, record)
 
 
+def _answer(tmp: Path, precision: str, runtime, checks: Checks) -> dict | None:
+    """The task's questions answered by the staged folder (``answers.json`` in it), with the fp32
+    folder's answers beside them for the card (None where the run does not score the task)."""
+    from vlsens.core.fsutil import write_json
+    from vlsens.deploy.genai.answers import FILE, answer
+
+    if not checks.questions:
+        return None
+    t0 = time.perf_counter()
+    record = answer(runtime, checks.questions, precision)
+    write_json(Path(tmp) / FILE, record)
+    log.info("deploy %s: answered %d questions in %.1f s, %.1f %% right", precision, record["count"],
+             time.perf_counter() - t0, 100 * record["accuracy"]["accuracy"])
+    fp32 = Path(checks.fp32_folder) / FILE if checks.fp32_folder else None
+    return {"own": record, "fp32": json.loads(fp32.read_text()) if fp32 is not None and fp32.is_file() else None}
+
+
 def _with_source(graph) -> tuple:
     """``(graph, what the record names as its source)``: a graph of the run is its own source."""
     return graph if isinstance(graph, tuple) else (graph, graph)
@@ -99,12 +116,14 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
             parity["embedding"]["tied"] = "embedding.onnx reads lm_head's weight from decoder.onnx.data"
         parity["sources"] = {"decoder": str(decoder_src), "embedding": str(embedding), "vision": str(vision_src)}
         write_json(tmp / paths.RECORD, parity)
+        answers = _answer(tmp, precision, runtime, checks)  # before the evaluation, which closes the runtime
         t0 = time.perf_counter()
         record = evaluate(tmp, precision, checkpoint, cases, checks, fp32_eval, runtime, expected)
         log.info("deploy %s: evaluated in %.1f s", precision, time.perf_counter() - t0)
         del runtime
         for c in record["cases"]:  # the images lived in a temporary folder: keep their names
             c["images"] = [{"source": f["source"], "size": f["size"]} for f in c["images"]]
-        write_card(tmp, out_dir.name, record, parity, checkpoint, out_dir.parents[1], plan="plan.yaml" in (extra or {}))
+        write_card(tmp, out_dir.name, record, parity, checkpoint, out_dir.parents[1], plan="plan.yaml" in (extra or {}),
+                   answers=answers)
         _finish(Path(tmp), record, extra)
     return record

@@ -91,10 +91,39 @@ def _usage(folder_name: str) -> list[str]:
             f'print(Chat("{folder_name}")("Describe this image.", images=["photo.jpg"]))', "```", ""]
 
 
+def _accuracy(answers: dict | None) -> list[str]:
+    """The card's first section: the folder's task accuracy per modality with its Wilson interval
+    and, beside the fp32 folder's answers, its paired drop (McNemar)."""
+    if not answers:
+        return []
+    from vlsens.deploy.accuracy import paired
+    from vlsens.task.questions import MODALITIES
+
+    own, fp32 = answers["own"], answers.get("fp32")
+    pair = paired(fp32, own) if fp32 is not None and fp32["folder"] != own["folder"] else None
+    rows = ["## Task accuracy", "",
+            f"Greedy answers to {own['count']} evaluation questions of vlsens' visual question task "
+            "(`answers.json`, through onnxruntime-genai), with the 95 % Wilson interval"
+            + ("; against the fp32 folder: the paired difference in points on the same questions (McNemar's exact "
+               "test: 'worse' only where it is resolved)." if pair else "."), "",
+            "| questions | accuracy % | " + ("against fp32, points |" if pair else ""),
+            "| --- | --- | " + ("--- |" if pair else "")]
+    titles = {"text": "text", "image": "one image", "images": "two images"}
+    for key, acc in [("all", own["accuracy"]), *[(m, own["modalities"][m]) for m in MODALITIES if m in own["modalities"]]]:
+        cell = f"{100 * acc['accuracy']:.1f} [{100 * acc['low']:.1f}, {100 * acc['high']:.1f}]"
+        if pair:
+            d = pair["all"] if key == "all" else pair["modalities"][key]
+            cell += (f" | {100 * d['difference']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}], "
+                     f"{d['lost']} lost / {d['gained']} gained: {d['resolved']}")
+        rows.append(f"| {titles.get(key, key)} ({acc['questions']}) | {cell} |")
+    return rows + [""]
+
+
 def write_card(folder: str | Path, name: str, record: dict, parity: dict, checkpoint: str | Path,
-               run_root: str | Path, plan: bool = False) -> Path:
+               run_root: str | Path, plan: bool = False, answers: dict | None = None) -> Path:
     """Write ``README.md`` (and the checkpoint's license file) into the staged ``folder``, the deploy
-    folder ``name`` (its precision, or ``plan-<name>``; ``plan``: a plan.yaml ships beside it)."""
+    folder ``name`` (its precision, or ``plan-<name>``; ``plan``: a plan.yaml ships beside it);
+    ``answers``: its answers to the task (``own``) and the fp32 folder's (``fp32``), shown first."""
     import shutil
 
     from vlsens import __version__
@@ -108,14 +137,16 @@ def write_card(folder: str | Path, name: str, record: dict, parity: dict, checkp
     where = ident["source"] + (f", {ident['files']} files, SHA-256 of their hashes `{ident['sha256']}`"
                                if ident.get("sha256") else "")
     if "recipe" in ident:
-        where += (f", a vlsens preset with random weights (`vlsens_preset.json`: "
+        kind = ("trained by vlsens on its visual question task (`training.json`)"
+                if ident["recipe"].get("weights") == "trained" else "with random weights")
+        where += (f", a vlsens preset {kind} (`vlsens_preset.json`: "
                   f"`{json.dumps(ident['recipe'], sort_keys=True)}`)")
     gate = ("passed" if parity.get("passed") else "measured, not gated (its graph passed its own gate)"
             if parity.get("gated") is False else "FAILED")
     lines = ["---", f"license: {license_name}", "library_name: onnxruntime-genai",
              f"tags: [onnx, onnxruntime-genai, vlsens, {name}]", "---", "",
              f"# {model}: {name} (onnxruntime-genai)", "",
-             f"Built by vlsens {__version__} from {where}.", "",
+             f"Built by vlsens {__version__} from {where}.", "", *_accuracy(answers),
              "## What is in it", "", "| graph | built from |", "| --- | --- |"]
     lines += [f"| `{g}.onnx` | `{src}` |" for g, src in sorted((parity.get("sources") or {}).items())]
     lines += ["", f"Vision graph against transformers' features on onnxruntime-genai's own preprocessing: **{gate}**.",

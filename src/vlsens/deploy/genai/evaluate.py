@@ -107,7 +107,8 @@ class Checks:
     embedding graph reads the decoder's lm_head weight, gated on the reference's embedding cases
     (:func:`vlsens.precision.weight_only.gate_tied`); ``provider``: the execution provider the folder
     is written for (``deploy.provider``; its genai_config), while every check runs it on this
-    machine's CPU."""
+    machine's CPU; ``questions``: the task's evaluation questions (a ``questions.jsonl``), answered
+    by the folder into its ``answers.json`` (:mod:`vlsens.deploy.genai.answers`), or None."""
 
     max_new_tokens: int
     tolerance: dict | None = None
@@ -117,6 +118,7 @@ class Checks:
     vision_features: str | Path | None = None
     provider: str = "cpu"
     fp32_logits: str | Path | None = None
+    questions: str | Path | None = None
 
 
 class _Timed:
