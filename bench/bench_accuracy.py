@@ -6,10 +6,13 @@ the anchor's is); the recommended folder's accuracy. Beside it, the per-case KL 
 measure (the trained model's distributions are peaked: KL no longer counts top-1 flips alone).
 
     python bench/bench_accuracy.py --results results/tiny [--wall SECONDS --baseline SECONDS]
+        [--random-results DIR]
 
 Reads the run's records (``measure/accuracy.json``, ``budget/measured.json``, ``recommend.json``,
 ``measure/<folder>.json``); the run itself is ``make run``. ``--wall`` / ``--baseline``: the
-measured wall time of ``make run`` and of the run it is compared with (the 1.2x goal).
+measured wall time of ``make run`` and of the run it is compared with (the 1.2x goal);
+``--random-results``: the same config's run on the random-weight preset, whose per-case KL spread
+is printed beside the trained model's.
 """
 
 from __future__ import annotations
@@ -60,9 +63,9 @@ def goals(acc: dict, rec: dict | None) -> list[tuple[str, str, bool]]:
     return out
 
 
-def kl_spread(root: Path) -> list[str]:
-    lines = ["| folder | cases | mean KL per step | median | min | max | max / min |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+def case_kls(root: Path) -> dict[str, list[float]]:
+    """Per folder of a finished run, the KL per generated step of each of the measure's cases."""
+    out = {}
     for f in sorted((root / "measure").glob("*.json")):
         try:
             m = json.loads(f.read_text())
@@ -70,14 +73,32 @@ def kl_spread(root: Path) -> list[str]:
             continue
         if "cases" not in m or not isinstance(m["cases"], list) or not m["cases"] or "kl" not in m["cases"][0]:
             continue
-        kls = [c["kl"] for c in m["cases"]]
-        lo = min(kls)
-        lines.append(f"| {m['folder']} | {len(kls)} | {statistics.fmean(kls):.3g} | {statistics.median(kls):.3g} | "
-                     f"{lo:.3g} | {max(kls):.3g} | {(max(kls) / lo) if lo > 0 else float('inf'):.3g} |")
+        out[m["folder"]] = [c["kl"] for c in m["cases"]]
+    return out
+
+
+def _spread(kls: list[float] | None) -> str:
+    if not kls:
+        return "- | - | - | - | -"
+    lo = min(kls)
+    return (f"{statistics.fmean(kls):.3g} | {statistics.median(kls):.3g} | {lo:.3g} | {max(kls):.3g} | "
+            f"{(max(kls) / lo) if lo > 0 else float('inf'):.3g}")
+
+
+def kl_spread(root: Path, random_root: Path | None = None) -> list[str]:
+    """The per-case KL spread of every folder; with ``random_root`` (a run of the same config on the
+    random-weight preset), the random model's beside it."""
+    trained = case_kls(root)
+    random = case_kls(random_root) if random_root else {}
+    cols = "mean KL per step | median | min | max | max / min"
+    head = f"| folder | cases | {cols} |" + (f" random weights: {cols} |" if random else "")
+    lines = [head, "| --- | ---: |" + " ---: |" * (5 + (5 if random else 0))]
+    for name, kls in trained.items():
+        lines.append(f"| {name} | {len(kls)} | {_spread(kls)} |" + (f" {_spread(random.get(name))} |" if random else ""))
     return lines
 
 
-def main(root: Path, wall: float | None, baseline: float | None) -> None:
+def main(root: Path, wall: float | None, baseline: float | None, random_root: Path | None = None) -> None:
     from vlsens.deploy.accuracy import markdown
 
     acc = json.loads((root / "measure" / "accuracy.json").read_text())
@@ -92,7 +113,10 @@ def main(root: Path, wall: float | None, baseline: float | None) -> None:
     for g, m, ok in rows:
         print(f"| {g} | {m} | {'yes' if ok else 'NO'} |")
     print("\n## KL per case on the measure's cases (teacher-forced on fp32's answers)\n")
-    print("\n".join(kl_spread(root)))
+    if random_root:
+        print(f"Beside it, the same config on the random-weight preset ({random_root}): its near-uniform "
+              "next-token distributions give KL that counts top-1 flips.\n")
+    print("\n".join(kl_spread(root, random_root)))
 
 
 if __name__ == "__main__":
@@ -100,6 +124,7 @@ if __name__ == "__main__":
     ap.add_argument("--results", default="results/tiny", help="results/<model> of a finished run")
     ap.add_argument("--wall", type=float, help="make run's measured wall time, seconds")
     ap.add_argument("--baseline", type=float, help="the compared run's wall time, seconds")
+    ap.add_argument("--random-results", type=Path, help="results/<model> of the same config on random weights")
     ap.add_argument("--publish", action="store_true", help="write the table to docs/benchmarks/ (default: results/bench/)")
     args = ap.parse_args()
     results = Path(args.results)
@@ -107,4 +132,4 @@ if __name__ == "__main__":
     from _publish import published
 
     with published(f"accuracy-{results.name}", f"Task accuracy of every folder of {results}", results=results):
-        main(results, args.wall, args.baseline)
+        main(results, args.wall, args.baseline, args.random_results)

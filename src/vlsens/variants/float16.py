@@ -234,6 +234,9 @@ def to_fp16(model, keep_fp32: list[str], retarget_casts: bool = True, repair: bo
     restored = keep_output_types(converted, out_types)
     if restored:
         log.info("graph outputs kept FP32 where the converter made them FP16: %s", restored)
+    bypassed = bypass_round_trips(converted, keep)
+    if bypassed:
+        log.info("%d FP32 -> FP16 -> FP32 round trip(s) between FP32 nodes bypassed", bypassed)
     repaired = repair_boundaries(converted, keep) if repair else 0
     if repaired:
         log.info("inserted %d Cast(s) the converter missed at FP32/FP16 boundaries", repaired)
@@ -244,12 +247,13 @@ def blocked_nodes(model, keep_fp32: list[str], casts: list[str]) -> set[str]:
     """The converter's block list: ``keep_fp32`` and every own Cast (of ``casts``) that only feeds
     FP32 nodes (an island's upcast): it stays a Cast to FLOAT and is blocked itself; retargeted,
     the converter would pair it with its own Cast back and drop both, wiring an int64 or FP16
-    tensor straight into the FP32 node."""
+    tensor straight into the FP32 node. Likewise every Constant that only FP32 nodes read (the
+    rotary frequencies: rounded to FP16 they move an angle of 120 rad by 0.013 rad)."""
     keep = set(keep_fp32)
     readers = consumers(model.graph.node)
     cast_set = set(casts)
-    entries = {n.name for n in model.graph.node if n.name in cast_set and n.name not in keep
-               and any(readers.get(o) for o in n.output)
+    entries = {n.name for n in model.graph.node if (n.name in cast_set or n.op_type == "Constant")
+               and n.name not in keep and any(readers.get(o) for o in n.output)
                and all(c.name in keep for o in n.output for c in readers.get(o, []))}
     return keep | entries
 
@@ -305,6 +309,50 @@ def keep_output_types(model, types: dict[str, int]) -> list[str]:
         out.type.tensor_type.elem_type = F32
         fixed.append(out.name)
     return fixed
+
+
+def bypass_round_trips(model, keep_fp32: set[str]) -> int:
+    """Read FP32 values where the converter rounds them through FP16 and back (in place).
+
+    Between two nodes kept in FP32 the converter casts the first one's output to FLOAT16 and the
+    second one's input back to FLOAT, a round trip its own clean-up does not always remove: the
+    rotary angles (position x frequency, up to a few hundred radians) then reach Cos and Sin at
+    FP16's resolution there (1/16 rad at 128), and the cos / sin tables are off by up to 4 %. A
+    ``Cast(to=FLOAT)`` that reads a ``Cast(to=FLOAT16)`` of an FP32 value (written by a node of
+    ``keep_fp32`` or by a Cast to FLOAT) is replaced by that value; Casts to FLOAT16 nothing reads
+    any more are dropped. Graph outputs are left as they are. Returns the round trips bypassed."""
+    from onnx import TensorProto
+
+    g = model.graph
+    outputs = {o.name for o in g.output}
+    producer = {o: n for n in g.node for o in n.output if o}
+
+    def cast_to(n) -> int | None:
+        return next((a.i for a in n.attribute if a.name == "to"), None) if n.op_type == "Cast" else None
+
+    def fp32(name: str) -> bool:
+        p = producer.get(name)
+        return p is not None and (p.name in keep_fp32 and p.op_type != "Cast" or cast_to(p) == TensorProto.FLOAT)
+
+    replace: dict[str, str] = {}
+    for n in g.node:
+        if cast_to(n) != TensorProto.FLOAT or n.output[0] in outputs:
+            continue
+        down = producer.get(n.input[0])
+        if down is not None and cast_to(down) == TensorProto.FLOAT16 and fp32(down.input[0]):
+            replace[n.output[0]] = down.input[0]
+    if not replace:
+        return 0
+    for n in g.node:
+        for i, x in enumerate(n.input):
+            n.input[i] = replace.get(x, x)
+    ups = {producer[o].name for o in replace}
+    nodes = [n for n in g.node if n.name not in ups]
+    read = {x for n in nodes for x in n.input} | outputs
+    nodes = [n for n in nodes if not (cast_to(n) == TensorProto.FLOAT16 and n.output[0] not in read)]
+    del g.node[:]
+    g.node.extend(nodes)
+    return len(replace)
 
 
 def repair_boundaries(model, keep_fp32: set[str]) -> int:
