@@ -133,3 +133,29 @@ def test_streamed_fp16_weights_equal_the_converters_own(fp32_224, tmp_path):
     assert got.keys() == want.keys() and len(want) > 10
     for k, v in want.items():
         assert got[k].dtype == v.dtype and np.array_equal(got[k], v), k
+
+
+def test_the_angles_of_an_fp32_island_never_pass_through_fp16():
+    """A rotary island (positions cast to float, times the frequencies, Cos): kept FP32, the angles
+    reach Cos as FP32 and the frequencies stay FP32 (a Constant only the island reads), so the cos
+    table equals float32's within float32 rounding; through FP16 an angle of 120 rad moves by up
+    to 1/32 rad."""
+
+    freq = np.array([1.0, 0.2718, 0.0739], np.float32)
+    nodes = [helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT, name="rot/Cast"),
+             helper.make_node("Constant", [], ["freq"], value=numpy_helper.from_array(freq), name="rot/Constant"),
+             helper.make_node("Mul", ["posf", "freq"], ["angle"], name="rot/Mul"),
+             helper.make_node("Cos", ["angle"], ["cos"], name="rot/Cos"),
+             helper.make_node("Mul", ["x", "cos"], ["y"], name="attn/Mul")]
+    graph = helper.make_graph(nodes, "rot", [helper.make_tensor_value_info("pos", TensorProto.INT64, [None, 1]),
+                                             helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    model = onnx.shape_inference.infer_shapes(model)
+    feeds = {"pos": np.arange(100, 128, dtype=np.int64)[:, None], "x": np.ones((28, 3), np.float32)}
+    want = np.cos(feeds["pos"].astype(np.float32) * freq)
+    converted, _ = to_fp16(model, ["rot/Mul", "rot/Cos"])
+    got = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.abs(got - want).max() < 1e-3  # the product's FP16 rounding alone (cos in [-1, 1])
+    rounded = np.cos((feeds["pos"] * freq.astype(np.float16)).astype(np.float16).astype(np.float32))
+    assert np.abs(rounded - want).max() > 1e-2  # what an FP16 angle would have cost
