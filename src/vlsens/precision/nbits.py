@@ -303,6 +303,9 @@ def _tie_lm_head(eng_dir, eng, rows: list[dict], ref) -> tuple[dict, dict]:
 #: quantized MatMuls; on the random tiny preset they agree exactly, on the trained preset (activations
 #: of a trained model) the built model's KL was 1.9 % above the engine's (9.29e-5 against 9.12e-5).
 BUILD_TOLERANCE = 0.05
+#: Below this relative difference the built model's error and the search's are the rounding of two
+#: sessions summing in another order (a log line, not a warning).
+BUILD_NOISE = 1e-3
 
 
 def _check_built(e_built: float, e_est: float) -> None:
@@ -313,9 +316,10 @@ def _check_built(e_built: float, e_est: float) -> None:
     if abs(e_built - e_est) > BUILD_TOLERANCE * max(abs(e_est), 1e-30):
         raise VlsensError(f"the built model's error {e_built:.6g} differs from the search's {e_est:.6g} by more "
                           f"than {BUILD_TOLERANCE:.0%}: the engine and the build are not the same arithmetic")
-    if e_built != e_est:  # the same quantized MatMuls; the two sessions differ (cause not isolated yet)
-        log.warning("the built model's error %.6g differs from the search's %.6g (%.2g relative)", e_built, e_est,
-                    abs(e_built - e_est) / max(abs(e_est), 1e-30))
+    rel = abs(e_built - e_est) / max(abs(e_est), 1e-30)
+    # the same quantized MatMuls in two sessions: below BUILD_NOISE their sums' order alone (logged)
+    (log.warning if rel > BUILD_NOISE else log.info)(
+        "the built model's error %.6g differs from the search's %.6g (%.2g relative)", e_built, e_est, rel)
 
 
 def _measure_built(model: Path, eng_dir, eval_npz, ref, feeds, threads: int) -> dict:
