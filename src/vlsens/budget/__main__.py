@@ -30,8 +30,9 @@ def main(argv: list[str]) -> int:
         print(f"{root}: {len(r['plans'])} plans built and measured; the goal met against {met} of {len(r['versus'])} "
               f"anchors ({record.with_name('measured.md')}, {record.with_name('front.png')})")
         if rec:
-            print(f"  recommended: {Path(root) / 'deploy' / rec['folder']} ({rec['bytes'] / 1e6:.3f} MB, "
-                  f"KL {rec['kl']:.3g} per step): {rec['why']}")
+            acc = f"accuracy {100 * rec['accuracy']['accuracy']:.1f} %, " if "accuracy" in rec else ""
+            print(f"  recommended: {Path(root) / 'deploy' / rec['folder']} ({rec['bytes'] / 1e6:.3f} MB of graphs and "
+                  f"weights, {acc}KL {rec['kl']:.3g} per step): {rec['why']}")
     return 0
 
 

@@ -237,7 +237,7 @@ def device_lines(rec: dict, ship=lambda device, path: f"**{device}: ship {path}*
             speed = f"; about {f['tokens_per_second']:.0f} tokens/s in its check" if f.get("tokens_per_second") else ""
             acc = (f"task accuracy {accuracy_cell(f)}, text / one image / two images {_modality_accuracy(f)} %; "
                    if f.get("accuracy") else "")
-            lines.append(f"- {ship(d.upper(), r['path'])} ({f['bytes'] / 1e6:.2f} MB, {acc}KL per step {f['kl']:.3g}; "
+            lines.append(f"- {ship(d.upper(), r['path'])} ({f['bytes'] / 1e6:.2f} MB folder, {acc}KL per step {f['kl']:.3g}; "
                          f"text / one image / two images {_kl_cell(f)}; top-1 {f['top1']:.2f}{speed}; vision gate "
                          f"{f['gate']}): {r['why']}.")
         else:
