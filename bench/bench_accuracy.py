@@ -98,7 +98,8 @@ def kl_spread(root: Path, random_root: Path | None = None) -> list[str]:
     return lines
 
 
-def main(root: Path, wall: float | None, baseline: float | None, random_root: Path | None = None) -> None:
+def main(root: Path, wall: float | None, baseline: float | None, random_root: Path | None = None,
+         random_wall: float | None = None) -> None:
     from vlsens.deploy.accuracy import markdown
 
     acc = json.loads((root / "measure" / "accuracy.json").read_text())
@@ -112,6 +113,9 @@ def main(root: Path, wall: float | None, baseline: float | None, random_root: Pa
                      f"{wall / baseline:.2f}x", wall <= 1.2 * baseline))
     for g, m, ok in rows:
         print(f"| {g} | {m} | {'yes' if ok else 'NO'} |")
+    if wall and random_wall:
+        print(f"\nThe same code and config on the random-weight preset (no task to answer, the photos for "
+              f"calibration): {random_wall:.0f} s of DAG; the trained preset takes {wall / random_wall:.2f}x of it.")
     print("\n## KL per case on the measure's cases (teacher-forced on fp32's answers)\n")
     if random_root:
         print(f"Beside it, the same config on the random-weight preset ({random_root}): its near-uniform "
@@ -125,6 +129,7 @@ if __name__ == "__main__":
     ap.add_argument("--wall", type=float, help="make run's measured wall time, seconds")
     ap.add_argument("--baseline", type=float, help="the compared run's wall time, seconds")
     ap.add_argument("--random-results", type=Path, help="results/<model> of the same config on random weights")
+    ap.add_argument("--random-wall", type=float, help="that run's wall time, seconds")
     ap.add_argument("--publish", action="store_true", help="write the table to docs/benchmarks/ (default: results/bench/)")
     args = ap.parse_args()
     results = Path(args.results)
@@ -132,4 +137,4 @@ if __name__ == "__main__":
     from _publish import published
 
     with published(f"accuracy-{results.name}", f"Task accuracy of every folder of {results}", results=results):
-        main(results, args.wall, args.baseline, args.random_results)
+        main(results, args.wall, args.baseline, args.random_results, args.random_wall)

@@ -137,7 +137,7 @@ def write_card(folder: str | Path, name: str, record: dict, parity: dict, checkp
     where = ident["source"] + (f", {ident['files']} files, SHA-256 of their hashes `{ident['sha256']}`"
                                if ident.get("sha256") else "")
     if "recipe" in ident:
-        kind = ("trained by vlsens on its visual question task (`training.json`)"
+        kind = ("trained on vlsens' visual question task (`training.json`)"
                 if ident["recipe"].get("weights") == "trained" else "with random weights")
         where += (f", a vlsens preset {kind} (`vlsens_preset.json`: "
                   f"`{json.dumps(ident['recipe'], sort_keys=True)}`)")
