@@ -217,6 +217,13 @@ def test_measured_md_takes_accuracy_and_the_recommendation_skips_a_plan_below_fp
     assert "-33.3 [" in anchor_row and "| +0.0 [" in anchor_row  # its drop; the plan against it, paired
     assert "accuracy 100.0 %" in md.split("Recommended:")[1]
     assert "Requested `within-1` (accuracy_drop 1): `plan-p2`" in md and "(a drop of 0.0 points against fp32): met" in md
+    from matplotlib import image
+
+    from vlsens.budget.report import figure
+
+    figure(result, tmp_path / "front.png")  # accuracy above the KL: a taller figure than the KL's alone
+    figure(plain, tmp_path / "plain.png")
+    assert image.imread(tmp_path / "front.png").shape[0] > 1.5 * image.imread(tmp_path / "plain.png").shape[0]
 
 
 def test_an_accuracy_budget_needs_the_task_answers():

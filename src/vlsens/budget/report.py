@@ -17,6 +17,8 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
+
 #: A plan's measured KL at most this share of an anchor's, at equal or fewer bytes.
 GOAL = 0.5
 #: The estimate of a built plan within this share of its measured KL.
@@ -270,8 +272,13 @@ def figure(result: dict, out: str | Path) -> None:
 
     from vlsens.core.fsutil import atomic_file
 
-    fig, ax = plt.subplots(figsize=(8, 5))
     plans = sorted(result["plans"], key=lambda p: p["bytes"])  # the line runs along the front
+    scored = any(p.get("accuracy") for p in plans)
+    if scored:  # accuracy first: the task's answers above, the KL below
+        fig, (top, ax) = plt.subplots(2, 1, figsize=(8, 8.5), sharex=True, gridspec_kw={"height_ratios": [1, 1.3]})
+        _accuracy_panel(top, plans, result["anchors"])
+    else:
+        fig, ax = plt.subplots(figsize=(8, 5))
     floor = min([p["kl"] for p in plans if p["kl"] > 0] + [a["kl"] for a in result["anchors"].values() if a["kl"] > 0]
                 + [1e-12]) / 10
     ax.plot([p["bytes"] / 1e6 for p in plans], [max(p["kl"], floor) for p in plans], "o-", color="C0",
@@ -288,13 +295,43 @@ def figure(result: dict, out: str | Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("folder weights (MB: graphs and data files)")
     ax.set_ylabel("mean KL per generated step vs fp32")
-    ax.set_title("The measured front: plans and anchors on the same cases")
+    (top if scored else ax).set_title("The measured front: plans and anchors on the same cases")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     with atomic_file(out, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110)
     plt.close(fig)
+
+
+def _accuracy_panel(ax, plans: list[dict], anchors: dict[str, dict]) -> None:
+    """Task accuracy against bytes with each 95 % Wilson interval: the plans (a line) and the
+    anchors, fp32's accuracy as a dashed line."""
+    import matplotlib.pyplot as plt
+
+    def point(row):
+        a = row["accuracy"]["accuracy"]
+        return 100 * a["accuracy"], [[max(0.0, 100 * (a["accuracy"] - a["low"]))],
+                                     [max(0.0, 100 * (a["high"] - a["accuracy"]))]]
+
+    scored = [p for p in plans if p.get("accuracy")]
+    ys = [point(p) for p in scored]
+    ax.errorbar([p["bytes"] / 1e6 for p in scored], [y for y, _ in ys],
+                yerr=np.concatenate([e for _, e in ys], axis=1) if ys else None, fmt="o-", color="C0", capsize=2,
+                label="plans")
+    colors, markers = plt.get_cmap("tab10").colors, "sD^vP*Xh"
+    for i, (name, a) in enumerate(anchors.items()):
+        if a.get("accuracy"):
+            y, e = point(a)
+            ax.errorbar(a["bytes"] / 1e6, y, yerr=e, fmt=markers[i % len(markers)], color=colors[(i + 1) % 10],
+                        capsize=2, label=name)
+    ref = next((p["accuracy"] for p in scored if p["accuracy"].get("vs_fp32")), None)
+    if ref is not None:
+        fp32 = 100 * (ref["accuracy"]["accuracy"] - ref["vs_fp32"]["all"]["difference"])
+        ax.axhline(fp32, ls="--", color="gray", lw=1, label="fp32")
+    ax.set_ylabel("task accuracy, % (95 % Wilson)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
 
 
 def write(front: dict, measure_files: dict[str, str | Path], out_json, out_md, out_png,
