@@ -188,7 +188,6 @@ def _requested(requested: dict, plans: dict, scored: bool = False) -> dict:
 
 def markdown(result: dict) -> str:
     from vlsens.deploy import accuracy
-    from vlsens.deploy.peers import pair_cell
 
     mods = ("text", "image", "images")
     timed = bool(result.get("latency"))
@@ -211,21 +210,7 @@ def markdown(result: dict) -> str:
                      f"{p['bytes'] / 1e6:.3f} | {p['estimate_kl']:.3g} | {p['kl']:.3g} | {err} | "
                      + " | ".join(f"{p['modalities'].get(m, float('nan')):.3g}" for m in mods) + f" | {p['top1']:.3f} |"
                      + step)
-    plan_acc = " plan - anchor accuracy, points (paired) |" if scored else ""
-    lines += ["", f"| anchor | {acc_head}MB | KL | best plan within its bytes |{plan_acc} plan / anchor KL, all prompts "
-                  "| image prompts | goal |",
-              f"| --- | {acc_rule}---: | ---: | --- |" + (" --- |" if scored else "") + " --- | --- | --- |"]
-    for v in result["versus"]:
-        a = result["anchors"][v["anchor"]]
-        acc = (accuracy.columns(a.get("accuracy")) + " | ") if scored else ""
-        if v["plan"] is None:
-            lines.append(f"| {v['anchor']} | {acc}{a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | - |"
-                         + (" - |" if scored else "") + f" - | - | {v['note']} |")
-            continue
-        cells = " | ".join(pair_cell(v[k], wins=False) for k in ("all", "image"))
-        against = f" {accuracy.drop_cell(v.get('accuracy'))} |" if scored else ""
-        lines.append(f"| {v['anchor']} | {acc}{a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | {v['plan']} "
-                     f"({v['bytes_ratio']:.2f}x bytes) |{against} {cells} | {'met' if v['met'] else 'not met'} |")
+    lines += ["", *_anchor_lines(result, scored)]
     e, r = result["estimate"], result["recommended"]
     lines += ["", f"KL per generated step against {result['reference']}; ratios with the 95 % paired bootstrap "
                   "interval over the cases (resampled within each modality); goal: at most "
@@ -247,16 +232,7 @@ def markdown(result: dict) -> str:
                                                        for w, ms in t["uniform_ms"].items())
                       + ") timed in the same rounds. The estimate shares the uniform steps by the MatMuls' float "
                       f"bytes: {t['within']} of {t['of']} plans within {ESTIMATE_GOAL:.0%} of their measured step."]
-    for name, q in result.get("requested", {}).items():
-        asked = ", ".join(f"{k} {v:g}" for k, v in q["request"].items())
-        got = f"{q['bytes'] / 1e6:.3f} MB, KL {q['kl']:.3g}" if "kl" in q else q.get("note", "not built")
-        if "decode_ms" in q:
-            got += f", decode step {q['decode_ms']:.3g} ms"
-        if "drop" in q:
-            got = (f"`plan-{q['plan']}`, {got}, accuracy {100 * q['accuracy']:.1f} % (a drop of "
-                   f"{round(q['drop'], 1) + 0.0:.1f} points against fp32)")
-        what = f"`{name}`" if "accuracy_drop" in q["request"] else f"`plan-{name}`"
-        lines += ["", f"Requested {what} ({asked}): {got}: {'met' if q['met'] else 'NOT met'}."]
+    lines += _requested_lines(result.get("requested", {}))
     if r:
         acc = f", accuracy {100 * r['accuracy']['accuracy']:.1f} %" if "accuracy" in r else ""
         lines += ["", f"Recommended: `{r['folder']}` ({r['bytes'] / 1e6:.3f} MB{acc}, KL {r['kl']:.3g}): {r['why']}."]
@@ -302,6 +278,47 @@ def figure(result: dict, out: str | Path) -> None:
     with atomic_file(out, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110)
     plt.close(fig)
+
+
+def _requested_lines(requested: dict) -> list[str]:
+    """A line per ``plan.budgets`` request: what it asked for, what was built (or chosen), met or not."""
+    lines: list[str] = []
+    for name, q in requested.items():
+        asked = ", ".join(f"{k} {v:g}" for k, v in q["request"].items())
+        got = f"{q['bytes'] / 1e6:.3f} MB, KL {q['kl']:.3g}" if "kl" in q else q.get("note", "not built")
+        if "decode_ms" in q:
+            got += f", decode step {q['decode_ms']:.3g} ms"
+        if "drop" in q:
+            got = (f"`plan-{q['plan']}`, {got}, accuracy {100 * q['accuracy']:.1f} % (a drop of "
+                   f"{round(q['drop'], 1) + 0.0:.1f} points against fp32)")
+        what = f"`{name}`" if "accuracy_drop" in q["request"] else f"`plan-{name}`"
+        lines += ["", f"Requested {what} ({asked}): {got}: {'met' if q['met'] else 'NOT met'}."]
+    return lines
+
+
+def _anchor_lines(result: dict, scored: bool) -> list[str]:
+    """The anchors' table: each anchor beside the best plan within its bytes (with ``scored``, both
+    accuracies first and the plan paired with the anchor on the same questions)."""
+    from vlsens.deploy import accuracy
+    from vlsens.deploy.peers import pair_cell
+
+    acc_head, acc_rule = (" | ".join(accuracy.COLUMNS) + " | ", "--- | --- | ") if scored else ("", "")
+    plan_acc = " plan - anchor accuracy, points (paired) |" if scored else ""
+    lines = [f"| anchor | {acc_head}MB | KL | best plan within its bytes |{plan_acc} plan / anchor KL, all prompts "
+             "| image prompts | goal |",
+             f"| --- | {acc_rule}---: | ---: | --- |" + (" --- |" if scored else "") + " --- | --- | --- |"]
+    for v in result["versus"]:
+        a = result["anchors"][v["anchor"]]
+        acc = (accuracy.columns(a.get("accuracy")) + " | ") if scored else ""
+        if v["plan"] is None:
+            lines.append(f"| {v['anchor']} | {acc}{a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | - |"
+                         + (" - |" if scored else "") + f" - | - | {v['note']} |")
+            continue
+        cells = " | ".join(pair_cell(v[k], wins=False) for k in ("all", "image"))
+        against = f" {accuracy.drop_cell(v.get('accuracy'))} |" if scored else ""
+        lines.append(f"| {v['anchor']} | {acc}{a['bytes'] / 1e6:.3f} | {a['kl']:.3g} | {v['plan']} "
+                     f"({v['bytes_ratio']:.2f}x bytes) |{against} {cells} | {'met' if v['met'] else 'not met'} |")
+    return lines
 
 
 def _accuracy_panel(ax, plans: list[dict], anchors: dict[str, dict]) -> None:

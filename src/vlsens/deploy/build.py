@@ -43,6 +43,17 @@ def _finish(tmp: Path, record: dict, extra: dict[str, Path] | None) -> None:
     write_json(tmp / DONE, record)
 
 
+def _complete_parity(parity: dict, files: dict, embedding_gate: dict | None, sources: dict) -> None:
+    """The folder's parity record completed (in place): its files, the tied embedding's gate, the
+    run's graphs it was built from."""
+    parity["files"] = files
+    if embedding_gate is not None:
+        parity["embedding"] = {k: embedding_gate[k] for k in ("passed", "metrics", "tolerance", "reference")}
+        parity["embedding"]["float_reference"] = embedding_gate["extra"]["float_reference"]["metrics"]
+        parity["embedding"]["tied"] = "embedding.onnx reads lm_head's weight from decoder.onnx.data"
+    parity["sources"] = sources
+
+
 def _answer(tmp: Path, precision: str, runtime, checks: Checks) -> dict | None:
     """The task's questions answered by the staged folder (``answers.json`` in it), with the fp32
     folder's answers beside them for the card (None where the run does not score the task)."""
@@ -109,12 +120,8 @@ def build_folder(precision: str, out_dir: str | Path, checkpoint: str | Path, de
         log.info("deploy %s: onnxruntime-genai loaded the folder in %.1f s; vision parity", precision,
                  time.perf_counter() - t0)
         parity = vision_parity(tmp, checkpoint, cases, checks.tolerance, runtime, checks.vision_features)
-        parity["files"] = file_entries(files.values(), single_file=True)
-        if embedding_gate is not None:
-            parity["embedding"] = {k: embedding_gate[k] for k in ("passed", "metrics", "tolerance", "reference")}
-            parity["embedding"]["float_reference"] = embedding_gate["extra"]["float_reference"]["metrics"]
-            parity["embedding"]["tied"] = "embedding.onnx reads lm_head's weight from decoder.onnx.data"
-        parity["sources"] = {"decoder": str(decoder_src), "embedding": str(embedding), "vision": str(vision_src)}
+        _complete_parity(parity, file_entries(files.values(), single_file=True), embedding_gate,
+                         {"decoder": str(decoder_src), "embedding": str(embedding), "vision": str(vision_src)})
         write_json(tmp / paths.RECORD, parity)
         answers = _answer(tmp, precision, runtime, checks)  # before the evaluation, which closes the runtime
         t0 = time.perf_counter()
