@@ -31,7 +31,10 @@ log = logging.getLogger(__name__)
 #: published base (1e6) the width section of mRoPE (the lowest frequencies) turns by under 0.01 rad
 #: across an image, so the LM could not tell left from right; with 50 its six frequencies are
 #: 0.087 to 0.026 rad a position. 4 heads of 32 dims learn the text questions faster than 8 of 16
-#: (text alone, 600 steps: 88 % against 78 % greedy on 200 held-out questions).
+#: (text alone, 600 steps: 88 % against 78 % greedy on 200 held-out questions). The base of 50 has
+#: a cost: its lowest frequency turns by 1 rad over 40 positions, so a look-up by content across a
+#: varying distance is hard to learn (docs/limits.md has the measurements); base 1e4 with
+#: mrope_section [1, 3, 12] learnt more of the look-ups but lost arithmetic and position.
 TRAINED_TEXT = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "rope_parameters": {"rope_type": "default", "mrope_section": [4, 6, 6], "rope_theta": 50.0}}
 TRAINED_VISION = {"hidden_size": 64, "intermediate_size": 128, "out_hidden_size": 128}
