@@ -137,6 +137,16 @@ def test_version_and_every_flag_has_help(tmp_path):
             assert a.help, f"vlsens {name} {a.option_strings or a.dest}: no help"
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_check_seconds_takes_a_finite_number(value, capsys):
+    from vlsens.cli import parser
+
+    with pytest.raises(SystemExit):
+        parser().parse_args(["upgrade", "--check-seconds", value])
+    assert f"{value} is not a number of seconds" in capsys.readouterr().err
+    assert parser().parse_args(["upgrade", "--check-seconds", "12.5"]).check_seconds == 12.5
+
+
 def test_progress_reads_snakemake_lines():
     from vlsens.cli.progress import Progress
 

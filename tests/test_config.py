@@ -121,6 +121,8 @@ def test_tolerance_range():
     ({"text__sensitivity": {"variants": ["fp32"]}}, "text.sensitivity.variants: renamed to text.sensitivity_variants"),
     ({"deploy__decoder__sensitivity_variants": []}, "deploy.precisions has 'int8-mixed', which needs 'fp32' in "
                                                     "deploy.decoder.sensitivity_variants"),
+    # NaN compares false with every bound of the schema: refused by name
+    ({"text__profile__target": float("nan")}, "text.profile.target: nan is not a number a run can use"),
 ])
 def test_cli_reports_bad_config_before_any_job(tmp_path, change, expect):
     cfg = tmp_path / "config.yaml"
@@ -133,6 +135,14 @@ def test_cli_reports_bad_config_before_any_job(tmp_path, change, expect):
     assert r.returncode != 0
     assert expect in r.stdout + r.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_nan_and_infinity_are_named_wherever_they_sit():
+    from vlsens.config import non_finite
+
+    cfg = {"a": {"b": float("inf"), "c": [1.0, float("nan")], "d": "nan"}, "e": 0.5}
+    assert [e.split(":")[0] for e in non_finite(cfg)] == ["a.b", "a.c[1]"]
+    assert not non_finite(_cfg())
 
 
 def test_text_keys_are_checked():

@@ -131,6 +131,21 @@ def schema_errors(config: dict, schema_path: str | Path = SCHEMA) -> list[str]:
     return out
 
 
+def non_finite(config: Any, where: str = "") -> list[str]:
+    """One line for each NaN or infinite number in ``config`` (the schema's ranges let them pass:
+    NaN compares false with every bound), naming its key."""
+    import math
+
+    if isinstance(config, dict):
+        return [e for k, v in config.items() for e in non_finite(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(config, (list, tuple)):
+        return [e for i, v in enumerate(config) for e in non_finite(v, f"{where}[{i}]")]
+    if isinstance(config, float) and not math.isfinite(config):
+        return [f"{where or '<config>'}: {config} is not a number a run can use (NaN and infinity are refused; "
+                "write a finite number)"]
+    return []
+
+
 #: What each ``goal`` builds (the default target; rules/common.smk: get_final_output).
 GOALS = {
     "all": "everything the config asks for",

@@ -70,6 +70,16 @@ def _run_parser(sub) -> None:
     r.add_argument("--strict", action="store_true", help="exit 3 when the run missed a target (recommend.json: missed)")
 
 
+def _seconds(text: str) -> float:
+    """A finite, non-negative number of seconds (NaN would compare false with every job's time)."""
+    import math
+
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds (a finite number, at least 0)")
+    return value
+
+
 def _upgrade_parser(sub) -> None:
     u = sub.add_parser("upgrade", help="after a library upgrade: re-run what it may change, stop where outputs come "
                                        "out equivalent (early cutoff)",
@@ -85,7 +95,7 @@ def _upgrade_parser(sub) -> None:
     u.add_argument("--gpus", type=int, default=1, help="GPUs jobs may take (--resources gpu=N; default 1)")
     u.add_argument("--check", action="store_true", help="say what would run, run only the phases that fit "
                                                         "--check-seconds, then print the plan left")
-    u.add_argument("--check-seconds", type=float, default=300.0, metavar="S",
+    u.add_argument("--check-seconds", type=_seconds, default=300.0, metavar="S",
                    help="with --check: run a phase when its jobs took at most S seconds last time (default 300)")
     u.add_argument("-v", "--verbose", action="store_true", help="Snakemake's own output instead of one line a job")
 
