@@ -147,6 +147,14 @@ def test_check_seconds_takes_a_finite_number(value, capsys):
     assert parser().parse_args(["upgrade", "--check-seconds", "12.5"]).check_seconds == 12.5
 
 
+def test_upgrade_in_a_folder_holding_no_run_says_so_and_builds_nothing(tmp_path):
+    r = _vlsens("upgrade", "--check", "--cores", "1", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "holds no run of this config" in r.stderr and "vlsens run" in r.stderr
+    # no job ran (the DAG build's own input manifests are another matter)
+    assert not list(tmp_path.glob("results/*/checkpoint")) and not list(tmp_path.rglob("*.onnx"))
+
+
 def test_progress_reads_snakemake_lines():
     from vlsens.cli.progress import Progress
 

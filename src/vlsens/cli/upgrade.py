@@ -166,10 +166,16 @@ def cmd_upgrade(args, extra: list[str], workflow: Path) -> int:
 
     up = Upgrade(args, extra, workflow)
     os.chdir(up.run_dir)  # Snakemake's paths are relative to the run's folder; so are the records read here
-    graph, plain = up.graph(), up.dry()
+    graph = up.graph()
     if not graph.jobs:
         print("vlsens: no jobs in this workflow's DAG")
         return 0
+    if not any(Path(o).exists() for o in graph.producer):
+        raise SystemExit(f"vlsens: {up.run_dir} holds no run of this config (none of its {len(graph.jobs)} jobs' "
+                         "outputs is here): upgrade re-runs what a library upgrade changed in a finished run; "
+                         "start one with `vlsens run` (or give the run's folder with --dir and its config with "
+                         "--config)")
+    plain = up.dry()
     graph.learn(plain)
     root = up.root(graph)
     print(f"vlsens: a plain snakemake would run {len(plain)} job(s), about {_time(plain)} by their last runs")
