@@ -155,6 +155,23 @@ def test_upgrade_in_a_folder_holding_no_run_says_so_and_builds_nothing(tmp_path)
     assert not list(tmp_path.glob("results/*/checkpoint")) and not list(tmp_path.rglob("*.onnx"))
 
 
+def test_a_stale_lock_is_named_with_the_way_out(tmp_path):
+    from vlsens.cli import parser
+    from vlsens.cli.progress import Progress
+    from vlsens.cli.run import snakemake_command
+
+    p = Progress()
+    out = [o for line in ("LockException:", "Error: Directory cannot be locked. Please make sure that no other "
+                          "Snakemake process is trying to create the same files in the following directory:",
+                          str(tmp_path), "If you are sure that no other instances of snakemake are running on this "
+                          "directory, the remaining lock was likely caused by a kill signal or a power loss. It can "
+                          "be removed with the --unlock argument.") for o in p.feed(line)]
+    assert out == [o for o in out if "--unlock" in o] and len(out) == 1 and "locked" in out[0]
+    assert p.closing(1, tmp_path / "log") == [f"vlsens: the run failed; Snakemake's output: {tmp_path / 'log'}"]
+    args = parser().parse_args(["run", "tiny", "--unlock"])
+    assert snakemake_command(args, REPO, tmp_path, [], [])[-1] == "--unlock"
+
+
 def test_progress_reads_snakemake_lines():
     from vlsens.cli.progress import Progress
 

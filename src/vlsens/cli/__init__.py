@@ -66,6 +66,7 @@ def _run_parser(sub) -> None:
     r.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="cores for the jobs (default: all)")
     r.add_argument("--gpus", type=int, default=1, help="GPUs jobs may take (--resources gpu=N; default 1)")
     r.add_argument("-n", "--dry-run", action="store_true", help="show what would run, run nothing")
+    r.add_argument("--unlock", action="store_true", help="remove the lock a killed run left in --dir, run nothing")
     r.add_argument("-v", "--verbose", action="store_true", help="Snakemake's own output instead of one line a job")
     r.add_argument("--strict", action="store_true", help="exit 3 when the run missed a target (recommend.json: missed)")
 

@@ -69,6 +69,11 @@ class Progress:
         return []
 
     def feed(self, line: str) -> list[str]:
+        if "Directory cannot be locked" in line:  # Snakemake's LockException, whether in a block or not
+            self.exception = None
+            self.errors.append("locked")
+            return ["vlsens: the run's folder is locked: a run is going on in it, or one was killed and left its "
+                    "lock; if none is going on, the same command with --unlock removes the lock"]
         if self.exception is not None:
             return self._exception(line)
         if self.in_stats:

@@ -94,6 +94,8 @@ def snakemake_command(args, workflow: Path, run_dir: Path, configs: list[Path], 
         cmd += ["--workflow-profile", str(prof if prof.is_dir() else workflow / "profiles" / args.profile)]
     if args.dry_run:
         cmd.append("-n")
+    if getattr(args, "unlock", False):
+        cmd.append("--unlock")
     return cmd + extra + ["--", *args.targets] if args.targets else cmd + extra
 
 
@@ -143,7 +145,9 @@ def cmd_run(args, extra: list[str], workflow: Path) -> int:
     if progress:
         for line in progress.closing(rc, log_file):
             print(line)
-    if rc or args.dry_run:
+    if args.unlock and not rc:
+        print(f"vlsens: the lock in {run_dir} is removed; run the command again without --unlock")
+    if rc or args.dry_run or args.unlock:
         return rc
     print(f"vlsens: done in {clock(time.monotonic() - start)}; results in {root}/")
     if args.targets:  # what was asked for by name; the recommendation is a goal's (it may predate these)
