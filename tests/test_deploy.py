@@ -583,6 +583,32 @@ print("good", len(chat.tokens("Describe.", [{str(jpg)!r}], max_new_tokens=2)) > 
         assert f"{tmp_path}/{name}" in ln
 
 
+def test_the_runtimes_refusals_reach_the_caller_as_vlsens_errors(folders, parity_refs, tmp_path):
+    """onnxruntime-genai's RuntimeErrors on a prompt (an image whose sides are too far apart, more
+    images than placeholders, a prompt past the context length) come out as vlsens' errors saying
+    what is wrong and what would do."""
+    import numpy as np
+    from PIL import Image
+
+    from vlsens.core.errors import ImageError, VlsensError
+    from vlsens.deploy.genai.runtime import Chat
+
+    strip = tmp_path / "strip.png"
+    Image.fromarray(np.zeros((1, 3000, 3), np.uint8)).save(strip)
+    image = str(parity_refs[0].path)
+    chat = Chat(folders["fp32"], prepack=False)
+    try:
+        with pytest.raises(ImageError, match=f"{strip}: an image's long side is over 200 times"):
+            chat("Describe.", [strip], max_new_tokens=2)
+        with pytest.raises(VlsensError, match="holds 1 image placeholder.* but 2 image"):
+            chat.generate(chat.prompt("Describe.", 1), [image, image], 2)
+        with pytest.raises(VlsensError, match=f"past .*context length of {chat.max_length}"):
+            chat.generate(chat.prompt("word " * (chat.max_length + 10)), [], 2)
+        assert len(chat.tokens("Describe.", [image], max_new_tokens=2)) > 0  # the runtime goes on
+    finally:
+        chat.close()
+
+
 def test_chat_reads_every_format_the_pipeline_reads_as_the_pipeline_reads_it(folders, parity_refs, tmp_path):
     """onnxruntime-genai's decoder reads only RGB / grayscale PNG and JPEG (a TIFF or WebP fails
     with "Not a JPEG file", a CMYK JPEG with "Unsupported JPEG color space", naming no file), and a

@@ -282,12 +282,15 @@ class Chat:
         generator: layers x 2 x KV heads x head size x 4 bytes a position, 9.4 GB for the 36-layer
         3B decoder in float32, allocated again for each prompt. The tokens and logits do not depend
         on the buffer's length (``tests/test_deploy.py``; :func:`search_length`)."""
-        inputs = self.inputs(prompt, images)
-        params = self.og.GeneratorParams(self.model)
-        length = min(search_length(inputs, new_tokens), self.max_length)
-        params.set_search_options(**{"do_sample": False, "max_length": length, **search})
-        gen = self.og.Generator(self.model, params)
-        gen.set_inputs(inputs)
+        try:
+            inputs = self.inputs(prompt, images)
+            params = self.og.GeneratorParams(self.model)
+            length = min(search_length(inputs, new_tokens), self.max_length)
+            params.set_search_options(**{"do_sample": False, "max_length": length, **search})
+            gen = self.og.Generator(self.model, params)
+            gen.set_inputs(inputs)
+        except RuntimeError as e:
+            raise runtime_error(e, self.folder, self.max_length, images) from None
         return gen
 
     def generate(self, prompt: str, images: Sequence = (), max_new_tokens: int = 64, **search) -> list[int]:
@@ -366,6 +369,31 @@ def rope_positions(checkpoint: str | Path, inputs: dict) -> np.ndarray:
                   "second_per_grid_ts")}
     pos, _ = model.model.get_rope_index(**t)
     return pos.numpy().astype(np.int64)
+
+
+def runtime_error(error: RuntimeError, folder: Path, max_length: int, images: Sequence) -> Exception:
+    """onnxruntime-genai's RuntimeError on a prompt as vlsens' own error: what was wrong with the
+    input and what would be valid (a VlsensError; an ImageError when an image is the cause)."""
+    import re
+
+    from vlsens.core.errors import ImageError, VlsensError
+
+    text = str(error)
+    names = ", ".join(str(i) if isinstance(i, (str, Path)) else f"image {k + 1}" for k, i in enumerate(images))
+    m = re.search(r"contained (\d+) vision_start tokens but received (\d+) images", text)
+    if m:
+        return VlsensError(f"the prompt holds {m.group(1)} image placeholder(s) but {m.group(2)} image(s) were given "
+                           "(Chat.prompt(text, n_images) writes one per image; Chat(text, images) does it for you)")
+    m = re.search(r"input_ids size \((\d+)\).*exceeds max length \((\d+)\)", text)
+    if m:
+        return VlsensError(f"the prompt is {m.group(1)} tokens, past {folder}'s context length of {max_length} "
+                           "(genai_config.json: search.max_length): shorten it, or use fewer or smaller images")
+    if "aspect ratio" in text:
+        return ImageError(f"{names}: an image's long side is over 200 times its short side (the Qwen-VL "
+                          "processor's limit); crop or pad it")
+    if "dimensions exceed" in text:
+        return ImageError(f"{names}: an image is larger than onnxruntime-genai's decoder reads; resize it")
+    return VlsensError(f"{folder}: onnxruntime-genai refused the prompt: {text}")
 
 
 def prompt_logits(checkpoint: str | Path, vision_graph: str | Path, text_graph: str | Path, inputs: dict,
