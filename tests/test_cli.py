@@ -23,32 +23,60 @@ def _planned(out: str) -> dict[str, int]:
     return {r: int(n) for r, n in (c.rsplit(" ", 1) for c in line.split(": ", 2)[2].split(", "))}
 
 
-def test_run_writes_the_config_under_its_results_and_plans_the_dag(tiny_ckpt, tmp_path):
-    r = _vlsens("run", tiny_ckpt, "--sizes", "224x224", "--set", "vision.batch_size=2", "--set",
-                "deploy.enabled=false", "--name", "mine", "-n", "--cores", "2", cwd=tmp_path)
+def test_run_plans_the_dag_and_a_dry_run_writes_no_config(tiny_ckpt, tmp_path):
+    from vlsens.cli import parser
+    from vlsens.cli.run import run_config
+
+    argv = ["run", str(tiny_ckpt), "--sizes", "224x224", "--set", "vision.batch_size=2", "--set",
+            "deploy.enabled=false", "--name", "mine", "-n", "--cores", "2"]
+    r = _vlsens(*argv, cwd=tmp_path)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    cfg = yaml.safe_load((tmp_path / "results" / "mine" / "run.yaml").read_text())
-    assert cfg == {"model": {"checkpoint": str(tiny_ckpt), "name": "mine"}, "vision": {"sizes": ["224x224"],
-                   "batch_size": 2}, "deploy": {"enabled": False}}
+    assert run_config(parser().parse_args(argv)) == {
+        "model": {"checkpoint": str(tiny_ckpt), "name": "mine"}, "vision": {"sizes": ["224x224"], "batch_size": 2},
+        "deploy": {"enabled": False}}
     assert _planned(out)["export"] >= 1 and "deploy" not in _planned(out)
+    assert "(not written: nothing runs)" in out
+    # -n writes neither run.yaml nor a log under results/ (the DAG build's input manifests aside)
+    assert not (tmp_path / "results" / "mine" / "run.yaml").exists()
+    assert not (tmp_path / "results" / "mine" / "logs").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".snakemake", "results"]  # no vlsens-<name>.yaml here
-    log = (tmp_path / "results" / "mine" / "logs" / "vlsens-run.log").read_text()
-    assert f"--snakefile {REPO / 'Snakefile'}" not in out and "Job stats" in log  # Snakemake's output: in the log
+    assert f"--snakefile {REPO / 'Snakefile'}" not in out and "Job stats" not in out  # Snakemake's own: not shown
     v = _vlsens("run", tiny_ckpt, "--name", "mine", "-n", "-v", "--set", "deploy.enabled=false", cwd=tmp_path)
     assert v.returncode == 0 and "Job stats" in v.stdout  # -v: Snakemake's own output
 
 
+def test_a_refused_run_keeps_the_last_runs_config_and_a_new_one_says_what_changed(tmp_path, capsys):
+    from vlsens.cli.run import _keep_config, config_text
+
+    config = tmp_path / "results" / "mine" / "run.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text(config_text([], {"model": {"checkpoint": "tiny"}, "vision": {"sizes": ["224x224"]}}))
+    before = config.read_text()
+    r = _vlsens("run", "tiny", "--name", "mine", "--set", "vision.sizes=230x224", "--cores", "1", cwd=tmp_path)
+    assert r.returncode != 0 and "Nearest valid sizes" in r.stdout + r.stderr
+    assert config.read_text() == before and not (tmp_path / "results" / "mine" / "logs").exists()
+    new = {"model": {"checkpoint": "tiny"}, "vision": {"sizes": ["224x336"]}, "goal": "deploy"}
+    _keep_config(config, new, config_text([], new))
+    said = capsys.readouterr().out
+    assert "vision.sizes: ['224x224'] -> ['224x336']" in said and "goal: (unset) -> deploy" in said
+    assert yaml.safe_load(config.read_text()) == new
+
+
 def test_list_keys_take_a_comma_list_or_one_value_and_config_files_stack(tmp_path):
+    from vlsens.cli import parser
+    from vlsens.cli.run import config_text, run_config
+
     mine = tmp_path / "mine.yaml"
     mine.write_text("deploy:\n  max_new_tokens: 4\nmodel:\n  name: other\n")
-    r = _vlsens("run", "tiny", "--config", mine, "--set", "vision.sizes=224x224", "--set",
-                "deploy.precisions=fp32,int4-mixed", "--precisions", "fp32", "fp16", "-n", "--dir", tmp_path / "run",
-                cwd=tmp_path)
+    argv = ["run", "tiny", "--config", str(mine), "--set", "vision.sizes=224x224", "--set",
+            "deploy.precisions=fp32,int4-mixed", "--precisions", "fp32", "fp16", "-n", "--dir", str(tmp_path / "run")]
+    r = _vlsens(*argv, cwd=tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    cfg = yaml.safe_load((tmp_path / "run" / "results" / "other" / "run.yaml").read_text())
+    assert "vlsens: other," in r.stdout  # the name the config file gives
+    cfg = run_config(parser().parse_args(argv))
     assert cfg["vision"]["sizes"] == ["224x224"] and cfg["deploy"]["precisions"] == ["fp32", "int4-mixed"]
-    assert f"and {mine}" in (tmp_path / "run" / "results" / "other" / "run.yaml").read_text().splitlines()[0]
+    assert f"and {mine}" in config_text([mine], cfg).splitlines()[0]
 
 
 @pytest.mark.parametrize("goal, has, lacks", [

@@ -8,7 +8,8 @@
     vlsens recommend results/Qwen2.5-VL-3B-Instruct                      # which folder to ship, again
     vlsens upgrade --check --config results/Qwen2.5-VL-3B-Instruct/run.yaml   # after pip install -U torch: what re-runs
 
-``run`` writes the config it runs with to ``<dir>/results/<name>/run.yaml`` (the checkpoint, the
+``run`` writes the config it runs with to ``<dir>/results/<name>/run.yaml`` once the run goes ahead
+(not for ``-n``, ``--unlock`` or a run refused before any job; the checkpoint, the
 goal, and every flag below; it extends the workflow's ``config/config.yaml`` and the ``--config``
 files, in that order) and runs the same Snakemake workflow ``make run`` runs, in ``<dir>`` (the
 current directory unless ``--dir``): the results under ``<dir>/results/<name>/``, Snakemake's own

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,27 +100,91 @@ def snakemake_command(args, workflow: Path, run_dir: Path, configs: list[Path], 
     return cmd + extra + ["--", *args.targets] if args.targets else cmd + extra
 
 
+#: Snakemake's first line of a run that goes ahead (jobs to run, or nothing to do): until it, the
+#: run has written nothing of its own (:func:`_stream` with ``held``)
+STARTED = ("Job stats:", "Nothing to be done")
+
+
 def _stream(cmd: list[str], log_file: Path, progress: Progress | None, run_dir: Path) -> int:
     """Run Snakemake, its output into ``log_file``; each line through ``progress`` (which says what
     to print), or printed as it is (``-v``). The libraries' caches (Snakemake's source cache, ONNX
     Runtime's) go under ``<dir>/.snakemake/cache`` unless ``$XDG_CACHE_HOME`` says otherwise, so a
     run writes nothing outside its folder."""
+    return _stream_held(cmd, log_file, progress, run_dir, None)[0]
+
+
+def _stream_held(cmd: list[str], log_file: Path, progress: Progress | None, run_dir: Path,
+                 held: Path | None, go: bool = True) -> tuple[int, bool]:
+    """:func:`_stream`, with ``held``: the output is kept in memory until the run goes ahead
+    (:data:`STARTED`; never when not ``go``: a dry run, an unlock), then written to ``log_file``;
+    a run that never does (refused by validation, a locked folder) leaves it in ``held`` instead.
+    Returns (exit status, whether the run went ahead)."""
     import os
 
-    log_file.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME") or str(run_dir / ".snakemake" / "cache")}
-    with open(log_file, "w", encoding="utf-8") as log, \
-            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                             errors="replace", env=env) as proc:
+    kept: list[str] = []
+    log = None if held is not None else _open_log(log_file)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                          errors="replace", env=env) as proc:
         try:
             for line in proc.stdout:
-                log.write(line)
+                if log is None and go and line.startswith(STARTED):
+                    log = _open_log(log_file)
+                    log.writelines(kept)
+                if log is None:
+                    kept.append(line)
+                else:
+                    log.write(line)
                 out = progress.feed(line.rstrip("\n")) if progress else [line.rstrip("\n")]
                 for o in out:
                     print(o, flush=True)
-            return proc.wait()
+            return proc.wait(), log is not None
         except KeyboardInterrupt:  # Snakemake got the same signal: let it put the previous outputs back
-            return proc.wait() or 130
+            return proc.wait() or 130, log is not None
+        finally:
+            if log is not None:
+                log.close()
+            elif held is not None:
+                held.parent.mkdir(parents=True, exist_ok=True)
+                held.write_text("".join(kept), encoding="utf-8")
+
+
+def _open_log(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "w", encoding="utf-8")
+
+
+def _changes(old: dict, new: dict, where: str = "") -> list[str]:
+    """``key: old -> new`` for every key whose value differs between two run configs."""
+    out = []
+    for k in sorted(set(old) | set(new), key=str):
+        key = f"{where}.{k}" if where else str(k)
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changes(a, b, key)
+        elif a != b:
+            out.append(f"{key}: {'(unset)' if a is None else a} -> {'(unset)' if b is None else b}")
+    return out
+
+
+def config_text(configs: list[Path], cfg: dict) -> str:
+    """``run.yaml``: the run's own keys, under a line naming the config files they extend."""
+    return ("# written by `vlsens run`; extends config/config.yaml of the workflow"
+            + "".join(f" and {c}" for c in configs) + "\n" + yaml.safe_dump(cfg, sort_keys=False))
+
+
+def _keep_config(config_file: Path, cfg: dict, text: str) -> None:
+    """Write the config of a run that went ahead to ``config_file``, saying what changed since the
+    last run there."""
+    from vlsens.core.fsutil import atomic_file
+
+    if config_file.is_file():
+        old = yaml.safe_load(config_file.read_text()) or {}
+        changed = _changes(old, cfg)
+        if changed:
+            print(f"vlsens: this run's config differs from the last one's ({config_file}): " + "; ".join(changed))
+    with atomic_file(config_file) as tmp:
+        tmp.write_text(text)
 
 
 def cmd_run(args, extra: list[str], workflow: Path) -> int:
@@ -131,19 +196,24 @@ def cmd_run(args, extra: list[str], workflow: Path) -> int:
     name = run_name(workflow, configs, cfg)
     run_dir = Path(args.dir or ".").resolve()
     root = run_dir / "results" / name
-    root.mkdir(parents=True, exist_ok=True)
-    config_file = root / "run.yaml"
-    config_file.write_text("# written by `vlsens run`; extends config/config.yaml of the workflow"
-                           + "".join(f" and {c}" for c in configs) + "\n" + yaml.safe_dump(cfg, sort_keys=False))
-    cmd = snakemake_command(args, workflow, run_dir, [*configs, config_file], extra)
-    log_file = root / "logs" / "vlsens-run.log"
+    config_file, log_file = root / "run.yaml", root / "logs" / "vlsens-run.log"
+    text = config_text(configs, cfg)
+    go = not (args.dry_run or args.unlock)  # a dry run and an unlock write nothing in results/, run.yaml included
     goal = cfg.get("goal") or "as the config says"
-    print(f"vlsens: {name}, goal {goal}: config {config_file}; Snakemake's output {log_file}", flush=True)
+    print(f"vlsens: {name}, goal {goal}: config {config_file}{'' if go else ' (not written: nothing runs)'}; "
+          f"Snakemake's output {log_file if go else 'on the console only'}", flush=True)
     start = time.monotonic()
     progress = None if args.verbose else Progress(dry_run=args.dry_run)
-    rc = _stream(cmd, log_file, progress, run_dir)
+    with tempfile.TemporaryDirectory(prefix="vlsens-run-") as scratch:
+        staged = Path(scratch) / "run.yaml"  # Snakemake reads it; results/<name>/run.yaml once the run goes ahead
+        staged.write_text(text)
+        cmd = snakemake_command(args, workflow, run_dir, [*configs, staged], extra)
+        held = run_dir / ".snakemake" / "log" / "vlsens-run-not-started.log"
+        rc, went = _stream_held(cmd, log_file, progress, run_dir, held, go)
+    if went:
+        _keep_config(config_file, cfg, text)
     if progress:
-        for line in progress.closing(rc, log_file):
+        for line in progress.closing(rc, log_file if went else held):
             print(line)
     if args.unlock and not rc:
         print(f"vlsens: the lock in {run_dir} is removed; run the command again without --unlock")
