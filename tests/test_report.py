@@ -423,3 +423,15 @@ def test_the_recommend_job_groups_its_sources_and_writes_both_files(tmp_path):
     assert len(rec["missed"]) == 2 and rec["missed"][1].startswith("plan.budgets 'small': not met")
     assert json.loads((tmp_path / "recommend.json").read_text()) == rec
     assert "**NPU:** " + str(parts) in (tmp_path / "recommend.md").read_text()
+
+
+def test_a_missed_target_is_written_with_the_digits_that_tell_it_apart():
+    """A folder 0.2 % over its KL target (1.002e-4 against 1e-4) reads as a miss, not as
+    "0.0001 against 0.0001"."""
+    from vlsens.report.recommend import apart, missed
+
+    assert apart(1.002e-4, 1e-4) == ("0.0001002", "0.0001") and apart(0.5, 0.25) == ("0.5", "0.25")
+    facts = [{"folder": "int4-mixed", "path": "deploy/int4-mixed",
+              "target": {"met": False, "metric": "kl", "target": 1e-4, "measured": 1.002e-4}}]
+    (line,) = missed(facts, [], None)
+    assert "target kl 0.0001 is not met end to end (measured 0.0001002" in line

@@ -151,19 +151,31 @@ def npu_picks(toolchains: list[str]) -> list[str]:
     return [min(v)[1] for _, v in sorted(by_graph.items())]
 
 
+def apart(measured: float, target: float) -> tuple[str, str]:
+    """``measured`` and ``target`` written with the fewest significant digits (3 at least) that tell
+    them apart: a miss by 0.2 % does not read as "0.0001 against 0.0001"."""
+    for digits in range(3, 10):
+        a, b = f"{measured:.{digits}g}", f"{target:.{digits}g}"
+        if a != b:
+            return a, b
+    return a, b
+
+
 def missed(facts: list[dict], npu: list[dict], measured: dict | None) -> list[str]:
     """Targets this run set and did not meet, one line each."""
     out = []
     for f in facts:
         t = f.get("target")
         if t and t.get("met") is False:  # None: a metric the end-to-end check does not measure
-            out.append(f"{f['folder']}: its profile's target {t['metric']} {t['target']:g} is not met end to end "
-                       f"(measured {t['measured']:.3g} in {f['path']}/eval.json)")
+            got, want = apart(t["measured"], t["target"])
+            out.append(f"{f['folder']}: its profile's target {t['metric']} {want} is not met end to end "
+                       f"(measured {got} in {f['path']}/eval.json)")
     for n in npu:
         p = n["profile"]
         if p and p["status"] != "met":
+            got, want = apart(p["measured"], p["target"]["value"])
             out.append(f"{n['graph']}: its INT8 profile is {p['status']} ({p['target']['metric']} "
-                       f"{p['measured']:.6g} against {p['target']['value']:g}; {p['path']}/eval.json)")
+                       f"{got} against {want}; {p['path']}/eval.json)")
     for name, r in ((measured or {}).get("requested") or {}).items():
         if not r.get("met"):
             out.append(f"plan.budgets '{name}': not met by its built folder"
