@@ -52,8 +52,9 @@ try:
 except WorkflowError:
     # Snakemake's message buries the key in a dump of the whole schema: name it first, one line each.
     raise WorkflowError("invalid configuration: " + "\n".join(schema_errors(config))) from None
-if _non_finite(config):  # NaN passes every range of the schema (it compares false with each bound)
-    raise WorkflowError("invalid configuration: " + "\n".join(_non_finite(config)))
+_not_finite = _non_finite(config)  # NaN passes every range of the schema (it compares false with each bound)
+if _not_finite:
+    raise WorkflowError("invalid configuration: " + "\n".join(_not_finite))
 apply_goal(config)  # goal: deploy-int4 narrows deploy.precisions (vlsens.config.GOALS)
 try:  # "task": the visual question task's splits, written once in the results folder (vlsens.task.files)
     _task_files(config, paths.RESULTS)

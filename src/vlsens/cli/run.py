@@ -95,7 +95,7 @@ def snakemake_command(args, workflow: Path, run_dir: Path, configs: list[Path], 
         cmd += ["--workflow-profile", str(prof if prof.is_dir() else workflow / "profiles" / args.profile)]
     if args.dry_run:
         cmd.append("-n")
-    if getattr(args, "unlock", False):
+    if args.unlock:
         cmd.append("--unlock")
     return cmd + extra + ["--", *args.targets] if args.targets else cmd + extra
 
